@@ -1,0 +1,184 @@
+"""The OpenAI-compatible HTTP API: chat completions, embeddings, models, and health.
+
+Routes take the raw ``Request`` and validate bodies themselves (one pydantic pass, no FastAPI
+body machinery on the hot path); the request schemas are still published in the OpenAPI spec.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from queen_server import __version__
+from queen_server.http_io import ClientGone, DisconnectGuard, parse, read_body
+from queen_server.relay import (
+    CompletionContext,
+    assemble_chat,
+    collect,
+    embeddings_answer,
+    stream_chat,
+)
+from shared_schema import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    ErrorResponse,
+    ModelAvailability,
+    ModelCard,
+    ModelList,
+)
+
+if TYPE_CHECKING:
+    from queen_server.app import QueenState
+
+router = APIRouter()
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": text}
+    for status, text in {
+        400: "Invalid request",
+        401: "Missing or wrong API key",
+        404: "No connected worker serves the model",
+        413: "Request body too large",
+        502: "The worker failed",
+        503: "No capacity; retry after the Retry-After header",
+        504: "The worker timed out",
+    }.items()
+}
+
+
+def body_schema(name: str) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}},
+        }
+    }
+
+
+def json_response(data: Any, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status_code, media_type="application/json")
+
+
+def _state(request: Request) -> QueenState:
+    return request.app.state.queen
+
+
+@router.post(
+    "/v1/chat/completions",
+    summary="Create a chat completion (plain, or streamed as server-sent events)",
+    openapi_extra=body_schema("ChatCompletionRequest"),
+    responses={
+        200: {
+            "model": ChatCompletion,
+            "content": {"text/event-stream": {"schema": {"$ref": "#/components/schemas/"
+                                                                "ChatCompletionChunk"}}},
+        },
+        **ERRORS,
+    },
+)
+async def chat_completions(request: Request) -> Response:
+    state = _state(request)
+    state.auth.check(request.headers.get("authorization"))
+    req = parse(ChatCompletionRequest, await read_body(request, state.settings.max_body_bytes))
+    openai_req = req.model_dump(mode="json", exclude_unset=True)
+    completion_id = "chatcmpl-" + secrets.token_hex(12)
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    ctx = CompletionContext(completion_id, req.model, int(time.time()), include_usage)
+    dispatcher = state.dispatcher
+    try:
+        async with DisconnectGuard(request):
+            run = await dispatcher.start(
+                completion_id, req.model, "/v1/chat/completions", openai_req, stream=req.stream
+            )
+            if req.stream:
+                return StreamingResponse(
+                    stream_chat(run, ctx, dispatcher),
+                    media_type="text/event-stream",
+                    headers=SSE_HEADERS,
+                )
+            try:
+                chunks, result = await collect(run)
+            finally:
+                await run.finish()
+    except ClientGone:
+        return Response(status_code=499)
+    dispatcher.record_result(run.handle, result)
+    return json_response(assemble_chat(ctx, chunks, result))
+
+
+@router.post(
+    "/v1/embeddings",
+    summary="Create embeddings: one mean-pooled vector per input",
+    openapi_extra=body_schema("EmbeddingRequest"),
+    responses={200: {"model": EmbeddingResponse}, **ERRORS},
+)
+async def embeddings(request: Request) -> Response:
+    state = _state(request)
+    state.auth.check(request.headers.get("authorization"))
+    req = parse(EmbeddingRequest, await read_body(request, state.settings.max_body_bytes))
+    openai_req = req.model_dump(mode="json", exclude_unset=True)
+    openai_req["encoding_format"] = "float"  # workers send floats; the queen encodes base64
+    job_id = "embd-" + secrets.token_hex(12)
+    try:
+        async with DisconnectGuard(request):
+            run = await state.dispatcher.start(
+                job_id, req.model, "/v1/embeddings", openai_req, stream=False
+            )
+            try:
+                _, result = await collect(run)
+            finally:
+                await run.finish()
+    except ClientGone:
+        return Response(status_code=499)
+    return json_response(embeddings_answer(result, req.model, req.encoding_format))
+
+
+@router.get("/v1/models", response_model=ModelList, summary="Models the connected workers hold")
+async def list_models(request: Request) -> Response:
+    state = _state(request)
+    state.auth.check(request.headers.get("authorization"))
+    registry = state.registry
+    cards = []
+    for name in registry.model_names():
+        holders = registry.holders(name)
+        descriptor = next(iter(holders)).models[name]
+        cards.append(
+            ModelCard(
+                id=name,
+                created=int(min(session.connected_at for session in holders)),
+                apiary=ModelAvailability(
+                    workers=len(holders),
+                    loaded_on=sum(1 for session in holders if name in session.loaded),
+                    parameter_count=descriptor.parameter_count,
+                    size_bytes=descriptor.size_bytes or None,
+                ),
+            )
+        )
+    return json_response(ModelList(data=cards).model_dump(mode="json"))
+
+
+@router.get("/health", summary="Liveness and a one-line view of the swarm")
+async def health(request: Request) -> dict[str, Any]:
+    state = _state(request)
+    registry = state.registry
+    return {
+        "status": "ok",
+        "version": __version__,
+        "workers": len(registry),
+        "job_slots": sum(session.max_jobs for session in registry),
+        "jobs_running": sum(len(session.jobs) for session in registry),
+        "jobs_queued": registry.waiting,
+        "models": registry.model_names(),
+    }
+
+
+SCHEMAS = (ChatCompletionRequest, ChatCompletionChunk, EmbeddingRequest)

@@ -1,0 +1,99 @@
+"""Errors the queen raises, each carrying its OpenAI-shaped HTTP rendering."""
+
+from __future__ import annotations
+
+from shared_schema import ErrorDetail, ErrorResponse
+
+
+class QueenError(Exception):
+    """Base class for the queen's errors."""
+
+
+class ApiError(QueenError):
+    """An error answered to an API client as ``{"error": {message, type, param, code}}``."""
+
+    status_code = 500
+    error_type = "server_error"
+    code: str | None = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> ErrorResponse:
+        return ErrorResponse(
+            error=ErrorDetail(
+                message=self.message, type=self.error_type, param=self.param, code=self.code
+            )
+        )
+
+
+class InvalidRequest(ApiError):
+    status_code = 400
+    error_type = "invalid_request_error"
+    code = "invalid_value"
+
+
+class Unauthorized(ApiError):
+    status_code = 401
+    error_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(ApiError):
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class PayloadTooLarge(ApiError):
+    status_code = 413
+    error_type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class WorkerFailed(ApiError):
+    """Every attempt on a worker failed, or a worker failed after the answer had started."""
+
+    status_code = 502
+    error_type = "server_error"
+    code = "worker_error"
+
+
+class NoCapacity(ApiError):
+    """No worker could take the job in time; the client should retry later."""
+
+    status_code = 503
+    error_type = "server_error"
+    code = "no_capacity"
+
+
+class GatewayTimeout(ApiError):
+    status_code = 504
+    error_type = "timeout_error"
+    code = "timeout"
+
+
+class HandshakeRefused(QueenError):
+    """A worker's handshake was refused; ``code`` goes into the ``refused`` message."""
+
+    def __init__(self, code: str, reason: str, close_code: int = 1008) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+        self.close_code = close_code

@@ -1,0 +1,127 @@
+"""Small HTTP edge helpers: bounded body reading, strict parsing, auth, client disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+
+from queen_server.errors import InvalidRequest, PayloadTooLarge, Unauthorized
+
+M = TypeVar("M", bound=BaseModel)
+
+_TYPE_WORDS = {"str", "int", "float", "bool", "none", "list", "dict"}
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing anything over ``limit`` bytes before or while reading it."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"the request body is {declared} bytes; the limit is {limit}")
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > limit:
+            raise PayloadTooLarge(f"the request body is over the limit of {limit} bytes")
+    return bytes(body)
+
+
+def parse(model: type[M], body: bytes) -> M:
+    """Validate a JSON body, or raise a 400 that names the offending parameter."""
+    if not body:
+        raise InvalidRequest("the request body is empty; send a JSON object", code="invalid_json")
+    try:
+        return model.model_validate_json(body, extra="ignore")
+    except ValidationError as exc:
+        raise validation_error(exc) from exc
+
+
+def validation_error(exc: ValidationError) -> InvalidRequest:
+    first = exc.errors(include_url=False)[0]
+    if first["type"] == "json_invalid":
+        return InvalidRequest(
+            f"the request body is not valid JSON: {first['msg']}", code="invalid_json"
+        )
+    param = param_name(first["loc"])
+    code = "missing_required_parameter" if first["type"] == "missing" else "invalid_value"
+    where = f"'{param}'" if param else "the request body"
+    return InvalidRequest(f"Invalid value for {where}: {first['msg']}", param=param, code=code)
+
+
+def param_name(loc: Iterable[Any]) -> str | None:
+    """``('messages', 0, 'role')`` -> ``messages.0.role``, without pydantic's union branch names."""
+    parts: list[str] = []
+    for part in loc:
+        if isinstance(part, int):
+            parts.append(str(part))
+        elif part in ("body", "query") and not parts:
+            continue
+        elif part.lower() in _TYPE_WORDS or any(c in part for c in "[]-"):
+            break
+        else:
+            parts.append(part)
+    return ".".join(parts) or None
+
+
+class Authenticator:
+    """Bearer-key check against a configured list; an empty list leaves the API open."""
+
+    def __init__(self, keys: Iterable[str]) -> None:
+        self._digests = {hashlib.sha256(key.encode()).digest() for key in keys}
+
+    @property
+    def open(self) -> bool:
+        return not self._digests
+
+    def check(self, authorization: str | None) -> None:
+        if not self._digests:
+            return
+        if not authorization or not authorization.startswith("Bearer "):
+            raise Unauthorized(
+                "You didn't provide an API key. Send 'Authorization: Bearer YOUR_KEY'.",
+                code="missing_api_key",
+            )
+        digest = hashlib.sha256(authorization[7:].strip().encode()).digest()
+        if digest not in self._digests:
+            raise Unauthorized("Incorrect API key provided.")
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected while its request was being served."""
+
+
+class DisconnectGuard:
+    """Cancels the request's task if the client disconnects inside the ``async with`` block.
+
+    The block then raises ``ClientGone`` instead of ``CancelledError``, so the handler can clean
+    up (the dispatcher sends ``cancel`` to the worker) and return quietly.
+    """
+
+    __slots__ = ("_gone", "_receive", "_task", "_watcher")
+
+    def __init__(self, request: Request) -> None:
+        self._receive = request.receive
+        self._gone = False
+
+    async def __aenter__(self) -> DisconnectGuard:
+        self._task = asyncio.current_task()
+        self._watcher = asyncio.create_task(self._watch())
+        return self
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        self._gone = True
+        if self._task is not None:
+            self._task.cancel()
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        self._watcher.cancel()
+        if self._gone and exc_type is asyncio.CancelledError and self._task is not None:
+            self._task.uncancel()
+            raise ClientGone from exc
+        return False

@@ -1,0 +1,100 @@
+"""Choosing a worker for a job: a pure function of the request and a snapshot of the swarm.
+
+Workers are ranked by tier first: the model already loaded in memory, then cached on disk, then
+able to fetch it on demand (legacy workers). Within a tier, a worker with a free job slot comes
+before a busy one, and a better speed record (an EMA of seconds per completion token for that
+worker and model) before a worse one. A small random factor on the speed spreads load between
+equals. No I/O happens here; the registry hands in its sessions, which satisfy ``WorkerView``.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Collection, Iterable, Mapping
+from typing import Protocol, TypeVar
+
+TIER_LOADED = 0
+TIER_CACHED = 1
+TIER_FETCH = 2
+
+
+class WorkerView(Protocol):
+    """What routing needs to know about a worker."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def loaded(self) -> Collection[str]: ...
+    @property
+    def cached(self) -> Collection[str]: ...
+    @property
+    def can_fetch(self) -> bool: ...
+    @property
+    def free_slots(self) -> int: ...
+
+
+W = TypeVar("W", bound=WorkerView)
+
+
+def tier(worker: WorkerView, model: str) -> int | None:
+    """The worker's tier for this model, or None if it cannot serve it."""
+    if model in worker.loaded:
+        return TIER_LOADED
+    if model in worker.cached:
+        return TIER_CACHED
+    if worker.can_fetch:
+        return TIER_FETCH
+    return None
+
+
+def rank(
+    model: str,
+    workers: Iterable[W],
+    speeds: Mapping[str, float],
+    rng: random.Random,
+    *,
+    exclude: Collection[str] = (),
+    jitter: float = 0.1,
+) -> list[W]:
+    """Workers able to serve ``model``, best first.
+
+    ``speeds`` maps a worker key to its seconds-per-token EMA for this model. A worker with no
+    record yet is scored at the median of the known ones, so newcomers get their share of work.
+    """
+    capable: list[tuple[int, int, float, W]] = []
+    unknown = statistics.median(speeds.values()) if speeds else 1.0
+    for worker in workers:
+        if worker.key in exclude:
+            continue
+        worker_tier = tier(worker, model)
+        if worker_tier is None:
+            continue
+        busy = 0 if worker.free_slots > 0 else 1
+        score = speeds.get(worker.key, unknown) * (1.0 + jitter * rng.random())
+        capable.append((worker_tier, busy, score, worker))
+    capable.sort(key=lambda entry: entry[:3])
+    return [entry[3] for entry in capable]
+
+
+class SpeedBook:
+    """Exponential moving averages of seconds per completion token, per worker and model."""
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        if not 0 < alpha <= 1:
+            raise ValueError("alpha must be in (0, 1]")
+        self.alpha = alpha
+        self._by_model: dict[str, dict[str, float]] = {}
+
+    def record(self, worker_key: str, model: str, seconds: float, tokens: int) -> None:
+        if tokens <= 0 or seconds < 0:
+            return
+        sample = seconds / tokens
+        book = self._by_model.setdefault(model, {})
+        previous = book.get(worker_key)
+        book[worker_key] = sample if previous is None else previous + self.alpha * (
+            sample - previous
+        )
+
+    def for_model(self, model: str) -> Mapping[str, float]:
+        return self._by_model.get(model, {})

@@ -1,0 +1,55 @@
+"""The queen's settings: environment variables with the ``APIARY_`` prefix, or CLI flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import platformdirs
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def default_db_url() -> str:
+    data_dir = Path(platformdirs.user_data_dir("apiary", appauthor=False))
+    return f"sqlite+aiosqlite:///{data_dir / 'queen.sqlite3'}"
+
+
+class QueenSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="APIARY_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    db: str = Field(default_factory=default_db_url, description="SQLAlchemy async URL.")
+    log_level: str = "info"
+
+    # Clients. An empty list leaves the API open (the billing issue replaces this).
+    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+
+    # Workers.
+    heartbeat_interval_s: float = Field(default=15.0, gt=0)
+    heartbeat_misses: int = Field(default=3, ge=1)
+    hello_timeout_s: float = Field(default=10.0, gt=0)
+    max_hello_bytes: int = Field(default=256 * 1024, ge=1024)
+    max_frame_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024)
+    max_bad_frames: int = Field(default=50, ge=1)
+
+    # Jobs.
+    queue_timeout_s: float = Field(default=30.0, ge=0)
+    max_queued_jobs: int = Field(default=1000, ge=0)
+    max_attempts: int = Field(default=3, ge=1)
+    first_token_timeout_s: float = Field(default=120.0, gt=0)
+    total_timeout_s: float = Field(default=600.0, gt=0)
+    retry_after_s: int = Field(default=5, ge=1)
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [key.strip() for key in value.split(",") if key.strip()]
+        return value
+
+    @property
+    def heartbeat_timeout_s(self) -> float:
+        return self.heartbeat_interval_s * self.heartbeat_misses

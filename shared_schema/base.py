@@ -1,0 +1,20 @@
+"""The base model of every wire type.
+
+Sending is strict: building a model rejects unknown fields and wrong types. Receiving is lenient
+about additions: decoders call ``model_validate_json(..., extra="ignore")`` so that a newer peer's
+extra fields never break an older one.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class WireModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class LenientModel(BaseModel):
+    """A wire type that keeps fields it does not know (OpenAI payloads we relay untouched)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)

@@ -1,0 +1,55 @@
+"""Hardware and model facts a worker reports in its hello and status messages.
+
+Field names inherited from the original registration message keep their old spelling
+(``memory``, ``vram``, ``disk_space``); their units are documented here and fixed:
+``memory`` and ``vram`` are megabytes of GPU memory, ``disk_space`` is gigabytes of free disk
+where models live. New fields carry their unit in the name.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from shared_schema.base import WireModel
+
+
+class NvGpu(WireModel):
+    """One NVIDIA GPU as read through NVML."""
+
+    name: str
+    memory: int = Field(ge=0, description="Total GPU memory in MB.")
+    memory_free_mb: int | None = Field(default=None, ge=0)
+    compute_capability: str | None = None
+    utilization_pct: int | None = Field(default=None, ge=0, le=100)
+    uuid: str | None = None
+
+
+class ClGpu(WireModel):
+    """One OpenCL GPU device."""
+
+    name: str
+    vendor: str | None = None
+    memory: int = Field(default=0, ge=0, description="Global memory in MB.")
+    driver_version: str | None = None
+
+
+class ModelDescriptor(WireModel):
+    """A model the worker holds: cached on disk, and maybe loaded in memory."""
+
+    name: str = Field(min_length=1, description="hf-user/hf-repo:filter, or an imported name.")
+    file_name: str | None = None
+    size_bytes: int = Field(default=0, ge=0)
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    parameter_count: int | None = Field(default=None, ge=0)
+    quant: str | None = None
+    context_length: int | None = Field(default=None, ge=0)
+    loaded: bool = False
+
+
+class DownloadProgress(WireModel):
+    """A model download in progress on the worker."""
+
+    name: str
+    downloaded_bytes: int = Field(ge=0)
+    total_bytes: int | None = Field(default=None, ge=0)
+    bytes_per_s: float | None = Field(default=None, ge=0)

@@ -1,0 +1,175 @@
+"""The OpenAI API shapes Apiary serves and relays: chat completions, embeddings, models, errors.
+
+Requests are validated with unknown fields ignored (OpenAI adds parameters often); the fields
+Apiary honours are typed and range-checked, so a bad value is a 400 naming its ``param``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from shared_schema.base import LenientModel, WireModel
+
+
+class Usage(WireModel):
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(default=0, ge=0)
+    total_tokens: int = Field(ge=0)
+
+
+# --- chat completions -------------------------------------------------------------------------
+
+
+class ChatMessage(WireModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class StreamOptions(WireModel):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(WireModel):
+    model: str = Field(min_length=1, max_length=512)
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = 1
+    user: str | None = Field(default=None, max_length=512)
+
+    @field_validator("n")
+    @classmethod
+    def _only_one_choice(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError("only n=1 is supported")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > 4:
+            raise ValueError("at most 4 stop sequences are allowed")
+        return value
+
+
+class AssistantMessage(LenientModel):
+    role: str = "assistant"
+    content: str | None = None
+
+
+class Choice(LenientModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str | None = None
+
+
+class ChatCompletion(LenientModel):
+    """A whole chat answer. The original system's bare answers lack id/model/created."""
+
+    id: str = ""
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = 0
+    model: str = ""
+    choices: list[Choice] = Field(min_length=1)
+    usage: Usage | None = None
+
+
+class Delta(LenientModel):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChunkChoice(LenientModel):
+    index: int = 0
+    delta: Delta
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(LenientModel):
+    id: str = ""
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = 0
+    model: str = ""
+    choices: list[ChunkChoice] = Field(default_factory=list)
+    usage: Usage | None = None
+
+
+# --- embeddings -------------------------------------------------------------------------------
+
+
+class EmbeddingRequest(WireModel):
+    model: str = Field(min_length=1, max_length=512)
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = Field(default=None, max_length=512)
+
+    @field_validator("input")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise ValueError("input must not be empty")
+        return value
+
+
+class Embedding(LenientModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(LenientModel):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+
+
+class EmbeddingResponse(LenientModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str = ""
+    usage: EmbeddingUsage = Field(default_factory=EmbeddingUsage)
+
+
+# --- models and errors ------------------------------------------------------------------------
+
+
+class ModelAvailability(WireModel):
+    """Apiary's extension to a model card: who serves it right now."""
+
+    workers: int = Field(ge=0)
+    loaded_on: int = Field(ge=0)
+    parameter_count: int | None = None
+    size_bytes: int | None = None
+
+
+class ModelCard(WireModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "apiary"
+    apiary: ModelAvailability | None = None
+
+
+class ModelList(WireModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(WireModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(WireModel):
+    error: ErrorDetail

@@ -1,0 +1,189 @@
+"""Protocol v1 between the queen and its workers: one JSON text frame per message.
+
+Every message is a pydantic model with a ``type`` literal; ``Message`` is their discriminated
+union. ``encode`` turns a message into a frame, ``decode`` turns a frame into a message and raises
+``ProtocolError`` for anything else. See docs/ARCHITECTURE.md for the sequence.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import Field, TypeAdapter, ValidationError
+
+from shared_schema.base import WireModel
+from shared_schema.errors import ProtocolError
+from shared_schema.hardware import ClGpu, DownloadProgress, ModelDescriptor, NvGpu
+from shared_schema.openai_types import Usage
+
+PROTOCOL_VERSION = 1
+HELLO_SIGNATURE_CONTEXT = b"apiary-hello/1"
+
+# Close codes the queen uses on the worker websocket (RFC 6455 private range for our own).
+CLOSE_GOING_AWAY = 1001
+CLOSE_POLICY = 1008
+CLOSE_TOO_BIG = 1009
+CLOSE_REPLACED = 4000
+CLOSE_HEARTBEAT = 4001
+
+
+class Challenge(WireModel):
+    type: Literal["challenge"] = "challenge"
+    nonce: str = Field(pattern=r"^[0-9a-f]{32,128}$")
+    protocol: int = PROTOCOL_VERSION
+
+
+class Hello(WireModel):
+    """The worker's answer to a challenge: who it is, what it has, signed with its key."""
+
+    type: Literal["hello"] = "hello"
+    protocol: int
+    worker_version: str
+    pubkey: str = Field(pattern=r"^[0-9a-f]{64}$", description="Ed25519 public key, hex.")
+    signature: str = Field(pattern=r"^[0-9a-f]{128}$", description="Ed25519 signature, hex.")
+    # The original registration fields.
+    ln_url: str | None = Field(default=None, max_length=2048)
+    cpu_count: int = Field(ge=0)
+    disk_space: int = Field(ge=0, description="Free disk for models, GB.")
+    vram: int = Field(ge=0, description="Total GPU memory, MB.")
+    nv_gpu_count: int = Field(default=0, ge=0)
+    nv_driver_version: str | None = None
+    nv_gpus: list[NvGpu] = Field(default_factory=list)
+    cl_driver_version: str | None = None
+    cl_gpus: list[ClGpu] = Field(default_factory=list)
+    # Added by protocol v1.
+    models: list[ModelDescriptor] = Field(default_factory=list)
+    capabilities: list[str] = Field(default_factory=list)
+    max_jobs: int = Field(default=1, ge=1, le=256)
+
+
+class Welcome(WireModel):
+    type: Literal["welcome"] = "welcome"
+    session_id: str
+    worker_id: str = Field(description="The worker's short public id.")
+    heartbeat_interval_s: float = Field(gt=0)
+    protocol: int = PROTOCOL_VERSION
+
+
+class Refused(WireModel):
+    type: Literal["refused"] = "refused"
+    code: str
+    reason: str
+
+
+class Job(WireModel):
+    type: Literal["job"] = "job"
+    id: str
+    openai_url: str
+    openai_req: dict[str, Any]
+
+
+class Chunk(WireModel):
+    """One streamed piece of a job: ``data`` is an OpenAI ``chat.completion.chunk`` object."""
+
+    type: Literal["chunk"] = "chunk"
+    id: str
+    seq: int = Field(ge=0)
+    data: dict[str, Any]
+
+
+class Result(WireModel):
+    """The end of a job. For a streamed job ``data`` may be empty; ``usage`` is always true."""
+
+    type: Literal["result"] = "result"
+    id: str
+    data: dict[str, Any] = Field(default_factory=dict)
+    usage: Usage
+
+
+class JobError(WireModel):
+    type: Literal["error"] = "error"
+    id: str
+    code: str
+    message: str
+    retryable: bool = False
+
+
+class Cancel(WireModel):
+    type: Literal["cancel"] = "cancel"
+    id: str
+    reason: str = "cancelled"
+
+
+class Status(WireModel):
+    """The worker's load and holdings; may arrive at any time after the welcome."""
+
+    type: Literal["status"] = "status"
+    active_jobs: int = Field(default=0, ge=0)
+    max_jobs: int | None = Field(default=None, ge=1, le=256)
+    models: list[ModelDescriptor] | None = None
+    downloads: list[DownloadProgress] = Field(default_factory=list)
+    vram_free_mb: int | None = Field(default=None, ge=0)
+    disk_space: int | None = Field(default=None, ge=0, description="Free disk for models, GB.")
+
+
+class Ping(WireModel):
+    type: Literal["ping"] = "ping"
+    ts: float = 0.0
+
+
+class Pong(WireModel):
+    type: Literal["pong"] = "pong"
+    ts: float = 0.0
+
+
+Message = Annotated[
+    Challenge | Hello | Welcome | Refused | Job | Chunk | Result | JobError | Cancel | Status
+    | Ping | Pong,
+    Field(discriminator="type"),
+]
+MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
+
+
+def encode(message: WireModel) -> str:
+    """Serialise a message into one text frame."""
+    return message.model_dump_json()
+
+
+def decode(frame: str | bytes) -> Message:
+    """Parse one frame into a message, ignoring unknown fields.
+
+    Raises ``ProtocolError`` with code ``invalid_json``, ``unknown_type`` or ``invalid_message``.
+    """
+    try:
+        return MESSAGE_ADAPTER.validate_json(frame, extra="ignore")
+    except ValidationError as exc:
+        raise _protocol_error(frame, exc) from exc
+
+
+def _protocol_error(frame: str | bytes, exc: ValidationError) -> ProtocolError:
+    first = exc.errors(include_url=False)[0]
+    kind = first["type"]
+    if kind == "json_invalid":
+        return ProtocolError("invalid_json", f"frame is not valid JSON: {first['msg']}")
+    if kind in {"union_tag_invalid", "union_tag_not_found", "model_attributes_type"}:
+        return ProtocolError("unknown_type", f"frame has no known message type: {first['msg']}")
+    where = ".".join(str(p) for p in first["loc"][1:]) or "frame"
+    return ProtocolError("invalid_message", f"{where}: {first['msg']}")
+
+
+def hello_signing_payload(nonce: str, pubkey: str, ln_url: str | None) -> bytes:
+    """The bytes a worker signs: the queen's nonce, its own key and its payout address.
+
+    Signing the payout address means only the holder of the key can change where it is paid.
+    """
+    return b"\n".join(
+        [HELLO_SIGNATURE_CONTEXT, nonce.encode(), pubkey.encode(), (ln_url or "").encode()]
+    )
+
+
+def loads_object(frame: str | bytes) -> dict[str, Any]:
+    """Parse a frame that must be a JSON object (used for legacy, untyped frames)."""
+    try:
+        value = orjson.loads(frame)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError("invalid_json", f"frame is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ProtocolError("invalid_message", "frame is not a JSON object")
+    return value
