@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         port=settings.port,
         log_level=settings.log_level,
         ws_max_size=settings.max_frame_bytes,
-        ws_ping_interval=None,  # the protocol has its own heartbeat
+        ws_per_message_deflate=False,  # small JSON frames: compression costs more than it saves
         access_log=False,
     )
     uvicorn.Server(config).run()

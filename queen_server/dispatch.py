@@ -108,10 +108,12 @@ class Dispatcher:
                 await session.send_job(handle, openai_url, openai_req)
                 first = await handle.next(first_deadline)
             except TimeoutError:
-                await self.end(handle, "first-token timeout")
-                raise GatewayTimeout(
-                    "the worker did not start answering in time", code="first_token_timeout"
-                ) from None
+                await self.end(handle, "timeout")
+                if first_deadline < deadline:
+                    raise GatewayTimeout(
+                        "the worker did not start answering in time", code="first_token_timeout"
+                    ) from None
+                raise GatewayTimeout("the worker did not answer in time") from None
             except asyncio.CancelledError:
                 await self.end(handle, "client went away")
                 raise
@@ -151,9 +153,8 @@ class Dispatcher:
                 if session.free_slots > 0:
                     return session
             if all(session.key in tried for session in candidates):
-                raise NoCapacity(
-                    f"every worker serving '{model}' failed this job; last error: {last_error}",
-                    headers=self._retry_after(),
+                raise WorkerFailed(
+                    f"every worker serving '{model}' failed this job; last error: {last_error}"
                 )
             now = loop.time()
             if queue_deadline is None:

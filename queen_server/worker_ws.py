@@ -20,6 +20,7 @@ from queen_server.identity import new_nonce, public_id, verify_hello
 from queen_server.sessions import LegacySession, WorkerSession
 from shared_schema import (
     PROTOCOL_VERSION,
+    SUBPROTOCOL,
     Challenge,
     Hello,
     LegacyRegistration,
@@ -71,10 +72,11 @@ async def _receive_text(websocket: WebSocket) -> str:
 
 async def worker_endpoint(websocket: WebSocket) -> None:
     state: QueenState = websocket.app.state.queen
-    await websocket.accept()
+    v1 = SUBPROTOCOL in websocket.scope.get("subprotocols", ())
+    await websocket.accept(subprotocol=SUBPROTOCOL if v1 else None)
     transport = WebSocketTransport(websocket)
     try:
-        session = await _handshake(websocket, transport, state)
+        session = await _handshake(websocket, transport, state, v1=v1)
     except HandshakeRefused as refusal:
         log.warning("refused a worker from %s: %s", _peer(websocket), refusal.reason)
         with contextlib.suppress(Exception):
@@ -123,11 +125,14 @@ async def worker_endpoint(websocket: WebSocket) -> None:
 
 
 async def _handshake(
-    websocket: WebSocket, transport: WebSocketTransport, state: QueenState
+    websocket: WebSocket, transport: WebSocketTransport, state: QueenState, *, v1: bool
 ) -> WorkerSession:
+    """A v1 worker gets a challenge and must answer with a signed hello; a legacy worker (no
+    subprotocol) speaks first, with its bare registration."""
     settings = state.settings
     nonce = new_nonce()
-    await transport.send_text(encode(Challenge(nonce=nonce)))
+    if v1:
+        await transport.send_text(encode(Challenge(nonce=nonce)))
     try:
         async with asyncio.timeout(settings.hello_timeout_s):
             frame = await _receive_text(websocket)
@@ -147,7 +152,13 @@ async def _handshake(
         raise HandshakeRefused(exc.code, exc.message) from exc
     loop_now = asyncio.get_running_loop().time()
     session_id = secrets.token_hex(8)
-    if looks_like_registration(body):
+    if not v1:
+        if not looks_like_registration(body):
+            raise HandshakeRefused(
+                "unexpected_message",
+                f"a worker that does not offer the {SUBPROTOCOL!r} subprotocol must start with "
+                "the original registration message",
+            )
         try:
             registration = LegacyRegistration.model_validate(body, extra="ignore")
         except ValidationError as exc:

@@ -19,6 +19,7 @@ from shared_schema.openai_types import (
 )
 from shared_schema.protocol import (
     PROTOCOL_VERSION,
+    SUBPROTOCOL,
     Cancel,
     Challenge,
     Chunk,
@@ -40,6 +41,7 @@ from shared_schema.protocol import (
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "SUBPROTOCOL",
     "Cancel",
     "Challenge",
     "ChatCompletion",

@@ -19,6 +19,9 @@ from shared_schema.openai_types import Usage
 
 PROTOCOL_VERSION = 1
 HELLO_SIGNATURE_CONTEXT = b"apiary-hello/1"
+# v1 workers offer this websocket subprotocol. A connection without it is a legacy worker: the
+# queen sends it no challenge and waits for its bare registration, as the original server did.
+SUBPROTOCOL = "apiary.v1"
 
 # Close codes the queen uses on the worker websocket (RFC 6455 private range for our own).
 CLOSE_GOING_AWAY = 1001

@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+os.environ.setdefault("no_proxy", "127.0.0.1,localhost")
+
+from tests.support.queen import QueenHarness, running_queen
+
+
+@pytest.fixture
+async def queen(tmp_path: Path) -> AsyncIterator[QueenHarness]:
+    async with running_queen(tmp_path) as harness:
+        yield harness

@@ -1,0 +1,356 @@
+"""Protocol v1 messages: round trips, lenient decoding, strict construction, hello signatures."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from pydantic import ValidationError
+
+from queen_server.errors import HandshakeRefused
+from queen_server.identity import public_id, verify_hello
+from shared_schema import (
+    PROTOCOL_VERSION,
+    Cancel,
+    Challenge,
+    Chunk,
+    ClGpu,
+    DownloadProgress,
+    Hello,
+    Job,
+    JobError,
+    ModelDescriptor,
+    NvGpu,
+    Ping,
+    Pong,
+    ProtocolError,
+    Refused,
+    Result,
+    Status,
+    Usage,
+    Welcome,
+    decode,
+    encode,
+    hello_signing_payload,
+    loads_object,
+)
+from tests.support.workers import ECHO_MODEL, new_key, pubkey_hex, signed_hello
+
+NONCE = "0123456789abcdef" * 4
+PUBKEY = "ab" * 32
+SIGNATURE = "cd" * 64
+SHA = "ef" * 32
+
+
+def _hello(**overrides: object) -> Hello:
+    fields: dict[str, object] = {
+        "protocol": PROTOCOL_VERSION,
+        "worker_version": "1.2.3",
+        "pubkey": PUBKEY,
+        "signature": SIGNATURE,
+        "ln_url": "lnurl1dp68gurn8ghj7",
+        "cpu_count": 16,
+        "disk_space": 250,
+        "vram": 24576,
+        "nv_gpu_count": 1,
+        "nv_driver_version": "550.54.14",
+        "nv_gpus": [
+            NvGpu(
+                name="NVIDIA GeForce RTX 4090",
+                memory=24564,
+                memory_free_mb=20000,
+                compute_capability="8.9",
+                utilization_pct=3,
+                uuid="GPU-1234",
+            )
+        ],
+        "cl_driver_version": "3.0",
+        "cl_gpus": [ClGpu(name="gfx1100", vendor="AMD", memory=16384, driver_version="3.0")],
+        "models": [
+            ModelDescriptor(
+                name=ECHO_MODEL,
+                file_name="echo.Q4_K_M.gguf",
+                size_bytes=123456,
+                sha256=SHA,
+                parameter_count=135_000_000,
+                quant="Q4_K_M",
+                context_length=8192,
+                loaded=True,
+            )
+        ],
+        "capabilities": ["chat", "embeddings", "stream"],
+        "max_jobs": 4,
+    }
+    fields.update(overrides)
+    return Hello(**fields)
+
+
+USAGE = Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10)
+
+EVERY_MESSAGE = [
+    Challenge(nonce=NONCE),
+    _hello(),
+    Welcome(session_id="s-1", worker_id="abcdefghijkl", heartbeat_interval_s=15.0),
+    Refused(code="bad_signature", reason="the hello's signature does not verify"),
+    Job(
+        id="job-1",
+        openai_url="/v1/chat/completions",
+        openai_req={"model": ECHO_MODEL, "messages": [{"role": "user", "content": "hi"}]},
+    ),
+    Chunk(
+        id="job-1",
+        seq=3,
+        data={"choices": [{"index": 0, "delta": {"content": " hi"}, "finish_reason": None}]},
+    ),
+    Result(
+        id="job-1",
+        data={"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}]},
+        usage=USAGE,
+    ),
+    JobError(id="job-1", code="engine_failed", message="out of memory", retryable=True),
+    Cancel(id="job-1", reason="client_gone"),
+    Status(
+        active_jobs=2,
+        max_jobs=8,
+        models=[ModelDescriptor(name=ECHO_MODEL, size_bytes=1000, loaded=False)],
+        downloads=[
+            DownloadProgress(
+                name="org/repo:Q8_0", downloaded_bytes=10, total_bytes=100, bytes_per_s=2.5
+            )
+        ],
+        vram_free_mb=1024,
+        disk_space=99,
+    ),
+    Ping(ts=1234.5),
+    Pong(ts=1234.5),
+]
+
+
+@pytest.mark.parametrize("message", EVERY_MESSAGE, ids=lambda m: m.type)
+def test_every_message_round_trips(message):
+    frame = encode(message)
+    assert isinstance(frame, str)
+    decoded = decode(frame)
+    assert type(decoded) is type(message)
+    assert decoded == message
+    # Bytes frames decode the same way.
+    assert decode(frame.encode()) == message
+
+
+def test_every_message_type_is_covered():
+    types = {message.type for message in EVERY_MESSAGE}
+    assert types == {
+        "challenge", "hello", "welcome", "refused", "job", "chunk", "result", "error",
+        "cancel", "status", "ping", "pong",
+    }
+
+
+def test_decode_ignores_unknown_top_level_fields():
+    frame = encode(Cancel(id="job-9", reason="timeout"))
+    body = orjson.loads(frame)
+    body["added_in_protocol_v7"] = {"anything": [1, 2, 3]}
+    decoded = decode(orjson.dumps(body))
+    assert decoded == Cancel(id="job-9", reason="timeout")
+
+
+def test_decode_ignores_unknown_nested_fields():
+    body = orjson.loads(encode(_hello()))
+    body["nv_gpus"][0]["pcie_gen"] = 4
+    body["cl_gpus"][0]["new_thing"] = "x"
+    body["models"][0]["license"] = "apache-2.0"
+    decoded = decode(orjson.dumps(body))
+    assert decoded == _hello()
+
+    status = orjson.loads(encode(EVERY_MESSAGE[9]))
+    status["downloads"][0]["eta_s"] = 12
+    status["models"][0]["arch"] = "llama"
+    assert decode(orjson.dumps(status)) == EVERY_MESSAGE[9]
+
+    result = orjson.loads(encode(EVERY_MESSAGE[6]))
+    result["usage"]["prompt_tokens_details"] = {"cached_tokens": 0}
+    assert decode(orjson.dumps(result)) == EVERY_MESSAGE[6]
+
+
+def test_decode_keeps_openai_payloads_untouched():
+    """Free-form payloads are relayed: their unknown keys are data, not protocol fields."""
+    request = {"model": "m", "messages": [], "logit_bias": {"42": -100}, "x_vendor": True}
+    decoded = decode(encode(Job(id="j", openai_url="/v1/chat/completions", openai_req=request)))
+    assert isinstance(decoded, Job)
+    assert decoded.openai_req == request
+
+
+@pytest.mark.parametrize(
+    ("cls", "fields"),
+    [
+        (Cancel, {"id": "j", "surprise": 1}),
+        (Ping, {"ts": 1.0, "extra": "x"}),
+        (Chunk, {"id": "j", "seq": 0, "data": {}, "sequence": 0}),
+        (Status, {"active_jobs": 0, "gpu_temp": 70}),
+        (NvGpu, {"name": "g", "memory": 1, "pcie_gen": 4}),
+    ],
+)
+def test_constructing_with_an_unknown_field_raises(cls, fields):
+    with pytest.raises(ValidationError) as info:
+        cls(**fields)
+    assert info.value.errors()[0]["type"] == "extra_forbidden"
+
+
+@pytest.mark.parametrize(
+    ("cls", "fields"),
+    [
+        (Chunk, {"id": "j", "seq": "three", "data": {}}),
+        (Chunk, {"id": "j", "seq": -1, "data": {}}),
+        (Chunk, {"id": "j", "seq": 0, "data": ["not", "an", "object"]}),
+        (Job, {"id": 17, "openai_url": "/v1/chat/completions", "openai_req": {}}),
+        (Result, {"id": "j", "usage": {"prompt_tokens": -1, "total_tokens": 0}}),
+        (JobError, {"id": "j", "code": "c", "message": "m", "retryable": "perhaps"}),
+        (Challenge, {"nonce": "not-hex"}),
+        (Welcome, {"session_id": "s", "worker_id": "w", "heartbeat_interval_s": 0}),
+    ],
+)
+def test_constructing_with_a_wrong_type_raises(cls, fields):
+    with pytest.raises(ValidationError):
+        cls(**fields)
+
+
+def test_constructing_a_hello_with_a_bad_key_or_too_many_jobs_raises():
+    with pytest.raises(ValidationError):
+        _hello(pubkey="zz" * 32)
+    with pytest.raises(ValidationError):
+        _hello(signature="cd" * 10)
+    with pytest.raises(ValidationError):
+        _hello(max_jobs=0)
+    with pytest.raises(ValidationError):
+        _hello(max_jobs=257)
+
+
+@pytest.mark.parametrize("frame", ["garbage", "", "{", '{"type": "ping",}', b"\xff\xfe"])
+def test_decode_garbage_is_invalid_json(frame):
+    with pytest.raises(ProtocolError) as info:
+        decode(frame)
+    assert info.value.code == "invalid_json"
+    assert info.value.message
+
+
+@pytest.mark.parametrize(
+    "frame",
+    ['{"type": "nope"}', '{"type": 5}', "{}", '{"id": "j", "seq": 0, "data": {}}'],
+)
+def test_decode_bad_or_missing_type_is_unknown_type(frame):
+    with pytest.raises(ProtocolError) as info:
+        decode(frame)
+    assert info.value.code == "unknown_type"
+
+
+@pytest.mark.parametrize(
+    ("frame", "where"),
+    [
+        ('{"type": "chunk", "id": "j", "seq": -1, "data": {}}', "seq"),
+        ('{"type": "chunk", "id": "j", "seq": "x", "data": {}}', "seq"),
+        ('{"type": "chunk", "id": "j", "data": {}}', "seq"),
+        ('{"type": "job", "id": 5, "openai_url": "/v1/x", "openai_req": {}}', "id"),
+        ('{"type": "status", "models": [{"name": ""}]}', "models.0.name"),
+        ('{"type": "result", "id": "j", "usage": {"prompt_tokens": 1}}', "usage.total_tokens"),
+    ],
+)
+def test_decode_wrong_field_is_invalid_message(frame, where):
+    with pytest.raises(ProtocolError) as info:
+        decode(frame)
+    assert info.value.code == "invalid_message"
+    assert info.value.message.startswith(f"{where}:")
+
+
+@pytest.mark.parametrize("frame", ["[1, 2]", "42", "null", '"ping"'])
+def test_decode_a_json_value_that_is_not_an_object_is_refused(frame):
+    with pytest.raises(ProtocolError) as info:
+        decode(frame)
+    # Same code loads_object uses for a non-object frame.
+    assert info.value.code == "invalid_message"
+    with pytest.raises(ProtocolError) as legacy:
+        loads_object(frame)
+    assert legacy.value.code == info.value.code
+
+
+def test_loads_object():
+    assert loads_object(b'{"a": [1, {"b": null}]}') == {"a": [1, {"b": None}]}
+    with pytest.raises(ProtocolError) as info:
+        loads_object("{oops")
+    assert info.value.code == "invalid_json"
+
+
+# --- hello signing ---------------------------------------------------------------------------
+
+
+def test_hello_signing_payload_covers_nonce_pubkey_and_ln_url():
+    base = hello_signing_payload(NONCE, PUBKEY, "lnurl-a")
+    assert base == hello_signing_payload(NONCE, PUBKEY, "lnurl-a")
+    assert NONCE.encode() in base
+    assert PUBKEY.encode() in base
+    assert b"lnurl-a" in base
+    variants = {
+        hello_signing_payload("f" * 64, PUBKEY, "lnurl-a"),
+        hello_signing_payload(NONCE, "12" * 32, "lnurl-a"),
+        hello_signing_payload(NONCE, PUBKEY, "lnurl-b"),
+        hello_signing_payload(NONCE, PUBKEY, None),
+    }
+    assert base not in variants
+    assert len(variants) == 4
+
+
+def test_signed_hello_verifies():
+    key = new_key()
+    hello = signed_hello(key, NONCE, models=[], ln_url="http://pay.example/me")
+    assert hello.pubkey == pubkey_hex(key)
+    verify_hello(hello, NONCE)  # does not raise
+    # It still verifies after crossing the wire.
+    verify_hello(decode(encode(hello)), NONCE)
+
+
+def test_signed_hello_without_ln_url_verifies():
+    key = new_key()
+    verify_hello(signed_hello(key, NONCE, models=[]), NONCE)
+
+
+def test_hello_signed_over_another_nonce_is_refused():
+    key = new_key()
+    hello = signed_hello(key, NONCE, models=[], sign_nonce="9" * 64)
+    with pytest.raises(HandshakeRefused) as info:
+        verify_hello(hello, NONCE)
+    assert info.value.code == "bad_signature"
+    # And a correctly signed hello replayed against a fresh nonce is refused too.
+    good = signed_hello(key, NONCE, models=[])
+    with pytest.raises(HandshakeRefused) as replay:
+        verify_hello(good, "a" * 64)
+    assert replay.value.code == "bad_signature"
+
+
+def test_hello_with_a_changed_ln_url_is_refused():
+    key = new_key()
+    hello = signed_hello(key, NONCE, models=[], ln_url="http://pay.example/owner")
+    hijacked = hello.model_copy(update={"ln_url": "http://pay.example/thief"})
+    with pytest.raises(HandshakeRefused) as info:
+        verify_hello(hijacked, NONCE)
+    assert info.value.code == "bad_signature"
+    dropped = hello.model_copy(update={"ln_url": None})
+    with pytest.raises(HandshakeRefused):
+        verify_hello(dropped, NONCE)
+
+
+def test_hello_signed_by_another_key_is_refused():
+    hello = signed_hello(new_key(), NONCE, models=[])
+    impostor = hello.model_copy(update={"pubkey": pubkey_hex(new_key())})
+    with pytest.raises(HandshakeRefused) as info:
+        verify_hello(impostor, NONCE)
+    assert info.value.code == "bad_signature"
+
+
+def test_public_id_is_stable_and_short():
+    key = pubkey_hex(new_key())
+    first = public_id(key)
+    assert first == public_id(key)
+    assert len(first) == 12
+    assert first == first.lower()
+    assert first.isalnum()
+    assert public_id(pubkey_hex(new_key())) != first
+    # A fixed key maps to a fixed id, across processes and releases.
+    # sha256 of the raw key bytes, base32, first 12 characters, lower case.
+    assert public_id("00" * 32) == "mzuhvlpymk6x"

@@ -1,0 +1,79 @@
+"""A real queen for tests: uvicorn serving ``create_app`` on a free 127.0.0.1 port, in the
+test's own event loop, so tests can both talk to it over sockets and look at its registry."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from openai import AsyncOpenAI
+
+from queen_server.app import QueenState, create_app
+from queen_server.settings import QueenSettings
+
+log = logging.getLogger(__name__)
+
+
+class QueenHarness:
+    def __init__(self, server: uvicorn.Server, state: QueenState, port: int) -> None:
+        self.server = server
+        self.state = state
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.ws_url = f"ws://127.0.0.1:{port}/worker"
+        self.clients: list[AsyncOpenAI] = []
+
+    def client(self, api_key: str = "test-key", **kwargs: Any) -> AsyncOpenAI:
+        kwargs.setdefault("max_retries", 0)
+        kwargs.setdefault("timeout", 20)
+        client = AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key=api_key, **kwargs)
+        self.clients.append(client)
+        return client
+
+    async def wait_until(
+        self, predicate: Callable[[], bool], timeout_s: float = 5.0, what: str = "condition"
+    ) -> None:
+        """Poll a condition on the queen's state until it holds (fails after ``timeout_s``)."""
+        async with asyncio.timeout(timeout_s):
+            while not predicate():
+                await asyncio.sleep(0.01)
+        log.debug("%s reached", what)
+
+
+@contextlib.asynccontextmanager
+async def running_queen(tmp_path: Path, **overrides: Any) -> AsyncIterator[QueenHarness]:
+    values: dict[str, Any] = {
+        "db": f"sqlite+aiosqlite:///{tmp_path / 'queen.sqlite3'}",
+        "heartbeat_interval_s": 0.5,
+        "queue_timeout_s": 1.0,
+        "first_token_timeout_s": 5.0,
+        "total_timeout_s": 10.0,
+    }
+    values.update(overrides)
+    settings = QueenSettings(**values)
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
+        ws_max_size=settings.max_frame_bytes, ws_per_message_deflate=False,
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    async with asyncio.timeout(10):
+        while not server.started:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    harness = QueenHarness(server, app.state.queen, port)
+    try:
+        yield harness
+    finally:
+        for client in harness.clients:
+            await client.close()
+        server.should_exit = True
+        await task

@@ -1,0 +1,286 @@
+"""Scripted workers for tests and benchmarks: real websockets clients speaking the real protocol.
+
+``ScriptedWorker`` does the v1 handshake with its own Ed25519 key and answers each job through
+``answer`` (override it, or pick a ``behaviour``). ``LegacyWorker`` speaks the original untyped
+messages. Both record what they received, so tests can assert on cancels and job frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from shared_schema import (
+    PROTOCOL_VERSION,
+    SUBPROTOCOL,
+    Cancel,
+    Challenge,
+    Chunk,
+    Hello,
+    Job,
+    JobError,
+    ModelDescriptor,
+    Ping,
+    Pong,
+    Refused,
+    Result,
+    Usage,
+    Welcome,
+    decode,
+    encode,
+    hello_signing_payload,
+)
+
+ECHO_MODEL = "test-org/echo-GGUF:Q4_K_M"
+
+
+def new_key() -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.generate()
+
+
+def pubkey_hex(key: Ed25519PrivateKey) -> str:
+    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+
+
+def signed_hello(
+    key: Ed25519PrivateKey,
+    nonce: str,
+    *,
+    models: list[ModelDescriptor],
+    max_jobs: int = 1,
+    ln_url: str | None = None,
+    capabilities: list[str] | None = None,
+    sign_nonce: str | None = None,
+) -> Hello:
+    pubkey = pubkey_hex(key)
+    signature = key.sign(hello_signing_payload(sign_nonce or nonce, pubkey, ln_url)).hex()
+    return Hello(
+        protocol=PROTOCOL_VERSION,
+        worker_version="scripted-1",
+        pubkey=pubkey,
+        signature=signature,
+        ln_url=ln_url,
+        cpu_count=2,
+        disk_space=50,
+        vram=0,
+        models=models,
+        capabilities=capabilities or ["chat", "embeddings", "stream"],
+        max_jobs=max_jobs,
+    )
+
+
+def last_user_text(request: dict[str, Any]) -> str:
+    for message in reversed(request.get("messages") or []):
+        if message.get("role") == "user" and isinstance(message.get("content"), str):
+            return message["content"]
+    return ""
+
+
+def echo_words(request: dict[str, Any]) -> list[str]:
+    """The scripted answer: 'echo:' and the user's words, one token per word."""
+    words = ["echo:", *last_user_text(request).split()]
+    return [word if i == 0 else " " + word for i, word in enumerate(words)]
+
+
+def fake_embedding(text: str) -> list[float]:
+    return [float(len(text)), 1.0, 0.5, -0.25]
+
+
+class ScriptedWorker:
+    """A protocol-v1 worker whose answers are scripted.
+
+    behaviour: ``echo`` (default), ``die`` (drop the connection when a job arrives), ``hang``
+    (never answer; record the cancel), ``error`` (a retryable error), ``fatal`` (a non-retryable
+    error), ``gated`` (stream the first chunk, then wait for ``release`` before the rest).
+    """
+
+    def __init__(
+        self,
+        ws_url: str,
+        *,
+        models: list[str] | None = None,
+        loaded: bool = True,
+        max_jobs: int = 1,
+        behaviour: str = "echo",
+        key: Ed25519PrivateKey | None = None,
+        ln_url: str | None = None,
+        answer_pongs: bool = True,
+        tokens_per_answer: int | None = None,
+    ) -> None:
+        self.ws_url = ws_url
+        self.key = key or new_key()
+        self.pubkey = pubkey_hex(self.key)
+        self.models = [
+            ModelDescriptor(name=name, size_bytes=1000, parameter_count=135_000_000, loaded=loaded)
+            for name in (models if models is not None else [ECHO_MODEL])
+        ]
+        self.max_jobs = max_jobs
+        self.behaviour = behaviour
+        self.ln_url = ln_url
+        self.answer_pongs = answer_pongs
+        self.tokens_per_answer = tokens_per_answer
+        self.jobs: list[Job] = []
+        self.cancels: list[Cancel] = []
+        self.cancelled = asyncio.Event()
+        self.job_arrived = asyncio.Event()
+        self.release = asyncio.Event()
+        self.closed = asyncio.Event()
+        self.welcome: Welcome | None = None
+        self.close_code: int | None = None
+        self._ws: ClientConnection | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> ScriptedWorker:
+        self._ws = await connect(self.ws_url, compression=None, proxy=None, ping_interval=None,
+                                 max_size=None, subprotocols=[SUBPROTOCOL])
+        challenge = decode(await self._ws.recv())
+        assert isinstance(challenge, Challenge), challenge
+        hello = signed_hello(self.key, challenge.nonce, models=self.models,
+                             max_jobs=self.max_jobs, ln_url=self.ln_url)
+        await self._ws.send(encode(hello))
+        reply = decode(await self._ws.recv())
+        if isinstance(reply, Refused):
+            raise RuntimeError(f"refused: {reply.code}: {reply.reason}")
+        assert isinstance(reply, Welcome), reply
+        self.welcome = reply
+        self._reader = asyncio.create_task(self._read())
+        return self
+
+    async def stop(self) -> None:
+        if self._ws is not None:
+            await self._ws.close()
+        if self._reader is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def send_raw(self, frame: str | bytes) -> None:
+        assert self._ws is not None
+        await self._ws.send(frame)
+
+    async def _read(self) -> None:
+        assert self._ws is not None
+        try:
+            async for frame in self._ws:
+                message = decode(frame)
+                if isinstance(message, Job):
+                    self.jobs.append(message)
+                    self.job_arrived.set()
+                    task = asyncio.create_task(self._run(message))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                elif isinstance(message, Cancel):
+                    self.cancels.append(message)
+                    self.cancelled.set()
+                    await self._send(JobError(id=message.id, code="cancelled",
+                                              message="cancelled by the queen"))
+                elif isinstance(message, Ping) and self.answer_pongs:
+                    await self._send(Pong(ts=message.ts))
+        except ConnectionClosed:
+            pass
+        finally:
+            self.close_code = self._ws.close_code
+            self.closed.set()
+
+    async def _send(self, message: Any) -> None:
+        assert self._ws is not None
+        with contextlib.suppress(ConnectionClosed):
+            await self._ws.send(encode(message))
+
+    async def _run(self, job: Job) -> None:
+        behaviour = self.behaviour
+        if behaviour == "die":
+            assert self._ws is not None
+            await self._ws.close()
+            return
+        if behaviour == "hang":
+            return
+        if behaviour in {"error", "fatal"}:
+            await self._send(JobError(id=job.id, code="engine_failed", message="scripted failure",
+                                      retryable=behaviour == "error"))
+            return
+        if job.openai_url == "/v1/embeddings":
+            await self._send(self._embed(job))
+            return
+        words = echo_words(job.openai_req)
+        if self.tokens_per_answer is not None:
+            words = [" tok"] * self.tokens_per_answer
+        usage = Usage(prompt_tokens=7, completion_tokens=len(words), total_tokens=7 + len(words))
+        if not job.openai_req.get("stream"):
+            data = {"choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": "".join(words)}}]}
+            await self._send(Result(id=job.id, data=data, usage=usage))
+            return
+        for seq, word in enumerate(words):
+            delta: dict[str, Any] = {"content": word}
+            if seq == 0:
+                delta["role"] = "assistant"
+            await self._send(Chunk(id=job.id, seq=seq, data={
+                "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}))
+            if seq == 0 and behaviour == "gated":
+                await self.release.wait()
+        await self._send(Chunk(id=job.id, seq=len(words), data={
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+        await self._send(Result(id=job.id, usage=usage))
+
+    def _embed(self, job: Job) -> Result:
+        inputs = job.openai_req["input"]
+        texts = [inputs] if isinstance(inputs, str) else [str(item) for item in inputs]
+        data = {"object": "list", "data": [
+            {"object": "embedding", "index": i, "embedding": fake_embedding(text)}
+            for i, text in enumerate(texts)]}
+        tokens = sum(len(text.split()) for text in texts)
+        return Result(id=job.id, data=data, usage=Usage(prompt_tokens=tokens, total_tokens=tokens))
+
+
+class LegacyWorker:
+    """A worker from before protocol v1: a bare registration, bare requests, bare answers."""
+
+    REGISTRATION = {
+        "ln_url": "http://example.com", "cpu_count": 8, "disk_space": 500, "vram": 2048,
+        "nv_gpu_count": 1, "nv_driver_version": "465.19.01",
+        "nv_gpus": [{"name": "NVIDIA Tesla K80", "memory": 11441}],
+    }
+    ANSWER = {
+        "choices": [{"message": {"role": "assistant",
+                                 "content": "The Los Angeles Dodgers won the World Series in 2020."},
+                     "finish_reason": "stop", "index": 0}],
+        "usage": {"prompt_tokens": 56, "completion_tokens": 31, "total_tokens": 87},
+    }
+
+    def __init__(self, ws_url: str, answer: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
+        self.ws_url = ws_url
+        self.answer = answer or (lambda _request: self.ANSWER)
+        self.requests: list[dict[str, Any]] = []
+        self._ws: ClientConnection | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self) -> LegacyWorker:
+        self._ws = await connect(self.ws_url, compression=None, proxy=None)
+        await self._ws.send(orjson.dumps(self.REGISTRATION).decode())
+        self._reader = asyncio.create_task(self._read())
+        return self
+
+    async def _read(self) -> None:
+        assert self._ws is not None
+        with contextlib.suppress(ConnectionClosed):
+            async for frame in self._ws:
+                request = orjson.loads(frame)
+                self.requests.append(request)
+                await self._ws.send(orjson.dumps(self.answer(request)).decode())
+
+    async def stop(self) -> None:
+        if self._ws is not None:
+            await self._ws.close()
+        if self._reader is not None:
+            await self._reader
