@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from shared_schema import Result, Usage, encode
 from tests.support.queen import running_queen
 from tests.support.workers import ECHO_MODEL, ScriptedWorker
 
@@ -199,9 +200,10 @@ async def test_frames_for_jobs_that_are_not_the_workers_are_dropped(queen):
         second = asyncio.create_task(queen.client().chat.completions.create(
             model=ECHO_MODEL, messages=[{"role": "user", "content": "mine"}]))
         await queen.wait_until(lambda: len(victim.jobs) == 1, what="victim has the job")
-        forged = ('{"type":"result","id":"%s","data":{"choices":[{"index":0,"message":'
-                  '{"role":"assistant","content":"forged"}}]},"usage":{"prompt_tokens":1,'
-                  '"total_tokens":1}}') % victim.jobs[0].id
+        forged = encode(Result(
+            id=victim.jobs[0].id, usage=Usage(prompt_tokens=1, total_tokens=1),
+            data={"choices": [{"index": 0, "message": {"role": "assistant",
+                                                       "content": "forged"}}]}))
         await intruder.send_raw(forged)
         intruder.release.set()
         assert (await second).choices[0].message.content == "echo: mine"

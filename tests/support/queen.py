@@ -40,7 +40,8 @@ class QueenHarness:
     ) -> None:
         """Poll a condition on the queen's state until it holds (fails after ``timeout_s``)."""
         async with asyncio.timeout(timeout_s):
-            while not predicate():
+            # The queen's state has no change events for tests to await, so poll it briefly.
+            while not predicate():  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
         log.debug("%s reached", what)
 

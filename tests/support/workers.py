@@ -253,12 +253,15 @@ class LegacyWorker:
     }
     ANSWER = {
         "choices": [{"message": {"role": "assistant",
-                                 "content": "The Los Angeles Dodgers won the World Series in 2020."},
+                                 "content": "The Los Angeles Dodgers won the World Series "
+                                            "in 2020."},
                      "finish_reason": "stop", "index": 0}],
         "usage": {"prompt_tokens": 56, "completion_tokens": 31, "total_tokens": 87},
     }
 
-    def __init__(self, ws_url: str, answer: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
+    def __init__(
+        self, ws_url: str, answer: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    ) -> None:
         self.ws_url = ws_url
         self.answer = answer or (lambda _request: self.ANSWER)
         self.requests: list[dict[str, Any]] = []

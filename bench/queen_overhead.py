@@ -1,0 +1,751 @@
+"""What the queen costs: routed requests per second, added latency, and relay cost per token.
+
+One run starts three processes besides this one and drives the same HTTP load at each target:
+
+* ``baseline``: a stub OpenAI server (raw asyncio + httptools on uvloop) that answers every chat
+  completion at once, plain JSON or SSE, exactly as the queen's answers look;
+* ``queen``: the real queen (``python -m queen_server.cli``) with stub workers in a third process
+  (``tests.support.workers.ScriptedWorker``, ``echo`` behaviour, many job slots) that answer at once.
+
+The load generator lives in this process: N keep-alive HTTP/1.1 connections, each sending the
+next request as soon as the last answer is complete (closed loop), parsed with httptools in
+``asyncio.Protocol`` callbacks so that it costs a few microseconds per request. It reports req/s,
+latency percentiles, and the CPU time each process used (from /proc), so the queen's CPU per
+request and per relayed token can be read without the stub worker's and the client's share.
+
+    .venv/bin/python bench/queen_overhead.py                      # the whole benchmark (~1 min)
+    .venv/bin/python bench/queen_overhead.py --duration 5 --concurrency 1,16,64 --tokens 1,256
+    .venv/bin/python bench/queen_overhead.py --profile /tmp/queen  # pyinstrument the queen
+
+The answer's size is asked for with ``max_tokens`` (the stub worker and the baseline both answer
+with that many `` tok`` tokens), so one worker process serves every phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httptools
+import orjson
+import uvloop
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "test-org/echo-GGUF:Q4_K_M"  # tests.support.workers.ECHO_MODEL
+PLAIN_TOKENS = 16  # tokens in each non-streamed answer
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+TARGETS = {"per_token_us": 50.0, "added_p50_ms": 2.0, "routed_rps": 2000.0}
+
+
+# --- the load generator ---------------------------------------------------------------------
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 client connection; ``request`` sends bytes, returns the answer."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
+        self.body: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(exc)
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        body = b"".join(self.body)
+        self.body = []
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result((self.parser.get_status_code(), body))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(exc or ConnectionError("the server closed the connection"))
+
+    def _fail(self, exc: BaseException) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+    def request(self, data: bytes) -> asyncio.Future[tuple[int, bytes]]:
+        assert self.transport is not None
+        self.waiter = waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        return waiter
+
+
+def chat_request(port: int, *, stream: bool, tokens: int) -> bytes:
+    body = orjson.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hello there, queen"}],
+            "max_tokens": tokens,
+            "stream": stream,
+        }
+    )
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nAuthorization: Bearer bench\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def answer_check(stream: bool, tokens: int) -> tuple[Callable[[bytes], bool], Callable[[bytes], None]]:
+    """A cheap check for every answer, and a full one for the first answer of each phase."""
+    token_count = b'" tok"'
+
+    def cheap(body: bytes) -> bool:
+        if stream:
+            return body.endswith(b"data: [DONE]\n\n") and body.count(token_count) == tokens
+        return body.count(b'"content":"' + b" tok" * tokens + b'"') == 1
+
+    def full(body: bytes) -> None:
+        if stream:
+            events = [e for e in body.split(b"\n\n") if e]
+            assert events[-1] == b"data: [DONE]", events[-1]
+            chunks = [orjson.loads(e[len(b"data: "):]) for e in events[:-1]]
+            text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+            assert all(c["object"] == "chat.completion.chunk" and c["model"] == MODEL
+                       for c in chunks), chunks[0]
+            assert chunks[-1]["choices"][0]["finish_reason"] == "stop", chunks[-1]
+        else:
+            answer = orjson.loads(body)
+            assert answer["object"] == "chat.completion" and answer["model"] == MODEL, answer
+            text = answer["choices"][0]["message"]["content"]
+        assert text == " tok" * tokens, text[:80]
+
+    return cheap, full
+
+
+@dataclass
+class Phase:
+    target: str
+    load: str
+    tokens: int
+    concurrency: int
+    seconds: float
+    requests: int
+    errors: int
+    rps: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    cpu_s: dict[str, float]  # CPU seconds each process used in the measured window
+
+    def cpu_pct(self, who: str) -> float:
+        return 100.0 * self.cpu_s.get(who, 0.0) / self.seconds
+
+    def cpu_us_per_request(self, who: str) -> float:
+        return 1e6 * self.cpu_s.get(who, 0.0) / max(self.requests, 1)
+
+
+def percentile(ordered: list[float], q: float) -> float:
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def proc_cpu_s(pid: int) -> float:
+    """utime + stime of a process, in seconds (10 ms resolution)."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        fields = fh.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
+    snap = {name: proc_cpu_s(pid) for name, pid in pids.items()}
+    snap["client"] = time.process_time()
+    return snap
+
+
+async def drive(
+    target: str,
+    port: int,
+    *,
+    stream: bool,
+    tokens: int,
+    concurrency: int,
+    warmup: float,
+    duration: float,
+    pids: dict[str, int],
+) -> Phase:
+    """Closed-loop load: each connection sends its next request when its answer is complete."""
+    loop = asyncio.get_running_loop()
+    request = chat_request(port, stream=stream, tokens=tokens)
+    cheap, full = answer_check(stream, tokens)
+    conns = []
+    for _ in range(concurrency):
+        _, conn = await loop.create_connection(Connection, "127.0.0.1", port)
+        conns.append(conn)
+    status, body = await conns[0].request(request)
+    assert status == 200, (status, body[:300])
+    full(body)
+
+    measuring = False
+    stopping = False
+    latencies: list[float] = []
+    errors = 0
+    clock = time.perf_counter
+
+    async def client(conn: Connection) -> None:
+        nonlocal errors
+        record = latencies.append
+        while not stopping:
+            t0 = clock()
+            status, body = await conn.request(request)
+            t1 = clock()
+            if measuring:
+                record(t1 - t0)
+                if status != 200 or not cheap(body):
+                    errors += 1
+
+    tasks = [asyncio.create_task(client(conn)) for conn in conns]
+    await asyncio.sleep(warmup)
+    cpu0 = cpu_snapshot(pids)
+    t0 = clock()
+    measuring = True
+    await asyncio.sleep(duration)
+    measuring = False
+    t1 = clock()
+    cpu1 = cpu_snapshot(pids)
+    stopping = True
+    await asyncio.gather(*tasks)
+    for conn in conns:
+        assert conn.transport is not None
+        conn.transport.close()
+
+    seconds = t1 - t0
+    ordered = sorted(latencies)
+    return Phase(
+        target=target,
+        load="stream" if stream else "plain",
+        tokens=tokens,
+        concurrency=concurrency,
+        seconds=seconds,
+        requests=len(ordered),
+        errors=errors,
+        rps=len(ordered) / seconds,
+        p50_ms=1e3 * percentile(ordered, 0.50),
+        p90_ms=1e3 * percentile(ordered, 0.90),
+        p99_ms=1e3 * percentile(ordered, 0.99),
+        mean_ms=1e3 * sum(ordered) / max(len(ordered), 1),
+        cpu_s={name: cpu1[name] - cpu0[name] for name in cpu0},
+    )
+
+
+# --- the baseline: a stub OpenAI server -------------------------------------------------------
+
+
+class StubOpenAI(asyncio.Protocol):
+    """Answers ``POST /v1/chat/completions`` at once with ``max_tokens`` `` tok`` tokens, in the
+    same JSON or SSE shape as the queen; ``GET /health`` answers ``{"status":"ok"}``."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.url = b""
+        self.body: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            assert self.transport is not None
+            self.transport.close()
+
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.body = []
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        assert self.transport is not None
+        if self.url == b"/health":
+            self._send(b"application/json", b'{"status":"ok"}')
+            return
+        req = orjson.loads(b"".join(self.body))
+        tokens = int(req.get("max_tokens") or 1)
+        completion_id = "chatcmpl-" + secrets.token_hex(12)
+        created = int(time.time())
+        usage = {"prompt_tokens": 7, "completion_tokens": tokens, "total_tokens": 7 + tokens}
+        if not req.get("stream"):
+            self._send(b"application/json", orjson.dumps({
+                "id": completion_id, "object": "chat.completion", "created": created,
+                "model": req["model"],
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": " tok" * tokens}}],
+                "usage": usage,
+            }))
+            return
+        out = [b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+               b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"]
+        stamp = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                 "model": req["model"]}
+        for seq in range(tokens + 2):
+            if seq < tokens:
+                delta = {"role": "assistant", "content": " tok"} if seq == 0 else {"content": " tok"}
+                choice = {"index": 0, "delta": delta, "finish_reason": None}
+                event = b"data: " + orjson.dumps({**stamp, "choices": [choice]}) + b"\n\n"
+            elif seq == tokens:
+                choice = {"index": 0, "delta": {}, "finish_reason": "stop"}
+                event = b"data: " + orjson.dumps({**stamp, "choices": [choice]}) + b"\n\n"
+            else:
+                event = b"data: [DONE]\n\n"
+            out.append(b"%x\r\n%s\r\n" % (len(event), event))
+        out.append(b"0\r\n\r\n")
+        self.transport.write(b"".join(out))
+
+    def _send(self, content_type: bytes, body: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s"
+            % (content_type, len(body), body)
+        )
+
+
+async def serve_baseline(port: int) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(StubOpenAI, "127.0.0.1", port)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with server:
+        await stop.wait()
+
+
+# --- the stub workers -------------------------------------------------------------------------
+
+
+async def serve_workers(ws_url: str, count: int, max_jobs: int) -> None:
+    sys.path.insert(0, str(ROOT))
+    from tests.support.workers import ECHO_MODEL, ScriptedWorker
+
+    assert ECHO_MODEL == MODEL
+
+    class BenchWorker(ScriptedWorker):
+        """The scripted echo worker, answering with as many tokens as the job's ``max_tokens``."""
+
+        async def _run(self, job: Any) -> None:
+            # ScriptedWorker._run reads tokens_per_answer before its first await, so setting it
+            # just before is safe even with many jobs in flight.
+            self.tokens_per_answer = int(job.openai_req.get("max_tokens") or 1)
+            await super()._run(job)
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    workers = [await BenchWorker(ws_url, max_jobs=max_jobs).start() for _ in range(count)]
+    await stop.wait()
+    for worker in workers:
+        with contextlib.suppress(Exception):
+            await worker.stop()
+
+
+# --- processes --------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+class Processes:
+    """The child processes of a run; stopped (SIGINT, then SIGKILL) when the run ends."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
+        self.procs[name] = subprocess.Popen(
+            argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+        log.close()
+        return self.procs[name].pid
+
+    def pids(self) -> dict[str, int]:
+        return {name: proc.pid for name, proc in self.procs.items()}
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        path = self.workdir / f"{name}.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, name: str, timeout: float = 30.0) -> int | None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return None if proc is None else proc.returncode
+        proc.send_signal(signal.SIGINT)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            self.stop(name, timeout=10.0)
+
+
+def wait_healthy(
+    procs: Processes, port: int, ready: Callable[[dict[str, Any]], bool], timeout: float = 30.0
+) -> None:
+    """Poll ``GET /health`` until ``ready`` holds for its JSON, or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        procs.check_alive()
+        try:
+            status, body = http_get(port, "/health")
+            if status == 200 and ready(orjson.loads(body)):
+                return
+            last = body
+        except (OSError, ValueError) as exc:
+            last = exc
+        time.sleep(0.05)
+    raise RuntimeError(f"port {port} was not ready after {timeout:.0f} s: {last!r}")
+
+
+def start_queen(
+    procs: Processes, args: argparse.Namespace, profile_session: Path | None = None
+) -> int:
+    port = free_port()
+    queen = ["-m", "queen_server.cli", "--port", str(port), "--log-level", "warning",
+             "--db", f"sqlite+aiosqlite:///{procs.workdir / 'queen.sqlite3'}"]
+    prefix = [sys.executable]
+    if profile_session is not None:
+        prefix += ["-m", "pyinstrument", "-r", "pyisession", "-o", str(profile_session),
+                   "-i", str(args.profile_interval)]
+    procs.start("queen", prefix + queen, env={"PYTHONPATH": str(ROOT)})
+    wait_healthy(procs, port, lambda health: health.get("status") == "ok")
+    procs.start("worker", [sys.executable, __file__, "--role", "workers", "--port", str(port),
+                           "--workers", str(args.workers), "--max-jobs", str(args.max_jobs)],
+                env={"PYTHONPATH": str(ROOT)})
+    wait_healthy(procs, port, lambda health: health.get("workers") == args.workers
+                 and health.get("job_slots") == args.workers * args.max_jobs)
+    return port
+
+
+def start_baseline(procs: Processes) -> int:
+    port = free_port()
+    procs.start("baseline", [sys.executable, __file__, "--role", "baseline", "--port", str(port)])
+    wait_healthy(procs, port, lambda health: health.get("status") == "ok")
+    return port
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+def run_phases(args: argparse.Namespace, procs: Processes, ports: dict[str, int]) -> list[Phase]:
+    pids = procs.pids()
+    plan: list[tuple[str, bool, int, int]] = []  # (target, stream, tokens, concurrency)
+    for concurrency in args.concurrency:
+        for target in ports:
+            plan.append((target, False, PLAIN_TOKENS, concurrency))
+    for tokens in args.tokens:
+        for concurrency in sorted({1, args.stream_concurrency}):
+            for target in ports:
+                plan.append((target, True, tokens, concurrency))
+
+    async def go() -> list[Phase]:
+        phases = []
+        for target, stream, tokens, concurrency in plan:
+            phase = await drive(
+                target, ports[target], stream=stream, tokens=tokens, concurrency=concurrency,
+                warmup=args.warmup, duration=args.duration,
+                pids={name: pid for name, pid in pids.items() if name == target
+                      or (target == "queen" and name == "worker")},
+            )
+            procs.check_alive()
+            print(row(phase), flush=True)
+            phases.append(phase)
+        return phases
+
+    print(HEADER, flush=True)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(go())
+
+
+HEADER = (
+    f"{'target':<9}{'load':<12}{'conc':>5}{'req/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
+    f"{'errors':>7}{'srv cpu%':>9}{'wrk cpu%':>9}{'cli cpu%':>9}{'srv µs/req':>11}"
+)
+
+
+def row(p: Phase) -> str:
+    load = f"{p.load} k={p.tokens}"
+    server = p.target
+    worker = f"{p.cpu_pct('worker'):9.0f}" if p.target == "queen" else f"{'-':>9}"
+    return (
+        f"{p.target:<9}{load:<12}{p.concurrency:>5}{p.rps:>10.0f}{p.p50_ms:>9.3f}{p.p90_ms:>9.3f}"
+        f"{p.p99_ms:>9.3f}{p.errors:>7}{p.cpu_pct(server):>9.0f}{worker}"
+        f"{p.cpu_pct('client'):>9.0f}{p.cpu_us_per_request(server):>11.0f}"
+    )
+
+
+def find(phases: list[Phase], target: str, load: str, tokens: int, conc: int) -> Phase | None:
+    for p in phases:
+        if (p.target, p.load, p.tokens, p.concurrency) == (target, load, tokens, conc):
+            return p
+    return None
+
+
+def summarise(args: argparse.Namespace, phases: list[Phase]) -> dict[str, Any]:
+    lines = ["", "Added by the queen (queen minus baseline, non-streamed, same concurrency):",
+             f"{'conc':>5}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}{'queen req/s':>13}"
+             f"{'baseline req/s':>16}{'queen cpu µs/req':>18}"]
+    summary: dict[str, Any] = {"added": {}, "per_token": {}}
+    for conc in args.concurrency:
+        q = find(phases, "queen", "plain", PLAIN_TOKENS, conc)
+        b = find(phases, "baseline", "plain", PLAIN_TOKENS, conc)
+        if q is None or b is None:
+            continue
+        added = {"p50_ms": q.p50_ms - b.p50_ms, "p99_ms": q.p99_ms - b.p99_ms,
+                 "mean_ms": q.mean_ms - b.mean_ms}
+        summary["added"][conc] = added
+        lines.append(f"{conc:>5}{added['p50_ms']:>9.3f}{added['p99_ms']:>9.3f}"
+                     f"{added['mean_ms']:>9.3f}{q.rps:>13.0f}{b.rps:>16.0f}"
+                     f"{q.cpu_us_per_request('queen'):>18.0f}")
+    small, big = min(args.tokens), max(args.tokens)
+    if big > small:
+        lines += ["", f"Relay cost per streamed token (k={big} against k={small}, "
+                      f"divided by {big - small} extra tokens):"]
+        for conc in sorted({1, args.stream_concurrency}):
+            q_big = find(phases, "queen", "stream", big, conc)
+            q_small = find(phases, "queen", "stream", small, conc)
+            b_big = find(phases, "baseline", "stream", big, conc)
+            b_small = find(phases, "baseline", "stream", small, conc)
+            if None in (q_big, q_small, b_big, b_small):
+                continue
+            assert q_big and q_small and b_big and b_small
+            extra = big - small
+            cpu = (q_big.cpu_us_per_request("queen") - q_small.cpu_us_per_request("queen")) / extra
+            wall_q = 1e3 * (q_big.mean_ms - q_small.mean_ms) / extra
+            wall_b = 1e3 * (b_big.mean_ms - b_small.mean_ms) / extra
+            tokens_s = q_big.rps * big
+            summary["per_token"][conc] = {
+                "queen_cpu_us": cpu, "queen_wall_us": wall_q, "baseline_wall_us": wall_b,
+                "added_wall_us": wall_q - wall_b, "tokens_per_s": tokens_s,
+                "baseline_tokens_per_s": b_big.rps * big,
+            }
+            lines.append(
+                f"  conc {conc:>3}: queen CPU {cpu:6.1f} µs/token; wall {wall_q:6.1f} µs/token "
+                f"(baseline {wall_b:5.1f}, added {wall_q - wall_b:6.1f}); relayed "
+                f"{tokens_s:,.0f} tokens/s (baseline {b_big.rps * big:,.0f})"
+            )
+    routed = max((p.rps for p in phases if p.target == "queen" and p.load == "plain"), default=0)
+    summary["routed_rps"] = routed
+    lines += ["", "Targets:"]
+    lines.append(f"  routed req/s      {routed:8.0f}   target >= {TARGETS['routed_rps']:.0f}   "
+                 f"{'MET' if routed >= TARGETS['routed_rps'] else 'NOT MET'}")
+    if 1 in summary["added"]:
+        p50 = summary["added"][1]["p50_ms"]
+        lines.append(f"  added p50 (c=1)   {p50:8.3f} ms target <= {TARGETS['added_p50_ms']} ms  "
+                     f"{'MET' if p50 <= TARGETS['added_p50_ms'] else 'NOT MET'}")
+    if summary["per_token"]:
+        conc = max(summary["per_token"])
+        cpu = summary["per_token"][conc]["queen_cpu_us"]
+        wall = summary["per_token"][1]["added_wall_us"] if 1 in summary["per_token"] else cpu
+        worst = max(cpu, wall)
+        lines.append(f"  per token         {worst:8.1f} µs target <= {TARGETS['per_token_us']:.0f} µs  "
+                     f"{'MET' if worst <= TARGETS['per_token_us'] else 'NOT MET'}  "
+                     f"(worse of queen CPU at c={conc} and added wall at c=1)")
+    print("\n".join(lines), flush=True)
+    return summary
+
+
+def run_benchmark(args: argparse.Namespace) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="queen-bench-"))
+    procs = Processes(workdir)
+    try:
+        ports = {"baseline": start_baseline(procs), "queen": start_queen(procs, args)}
+        print(f"# {machine()}; duration {args.duration:g} s (+{args.warmup:g} s warm-up) per row; "
+              f"{args.workers} stub workers x {args.max_jobs} slots; plain answers carry "
+              f"{PLAIN_TOKENS} tokens", flush=True)
+        print("# srv = the server under test (baseline stub or queen); wrk = the stub workers' "
+              "process; cli = this load generator; cpu% of one core", flush=True)
+        phases = run_phases(args, procs, ports)
+        summary = summarise(args, phases)
+        if args.json:
+            Path(args.json).write_text(json.dumps(
+                {"machine": machine(), "argv": sys.argv, "phases": [asdict(p) for p in phases],
+                 "summary": summary}, indent=2))
+    except BaseException:
+        for name in procs.procs:
+            tail = procs.log_tail(name)
+            if tail:
+                print(f"--- {name} log ---\n{tail}", file=sys.stderr)
+        raise
+    finally:
+        procs.stop_all()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    """Run the queen under pyinstrument through one load, then render its profile."""
+    workdir = Path(tempfile.mkdtemp(prefix="queen-bench-"))
+    procs = Processes(workdir)
+    out = Path(args.profile)
+    session = out.with_suffix(".pyisession")
+    stream = args.profile_load == "stream"
+    tokens = max(args.tokens) if stream else PLAIN_TOKENS
+    conc = args.stream_concurrency if stream else max(args.concurrency)
+    try:
+        port = start_queen(procs, args, profile_session=session)
+        print(HEADER, flush=True)
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            phase = runner.run(drive(
+                "queen", port, stream=stream, tokens=tokens, concurrency=conc,
+                warmup=args.warmup, duration=args.duration, pids=procs.pids()))
+        print(row(phase), flush=True)
+        procs.stop("worker")
+        code = procs.stop("queen", timeout=60.0)
+        if not session.exists():
+            raise RuntimeError(f"pyinstrument wrote no session (exit {code}):\n"
+                               f"{procs.log_tail('queen')}")
+    finally:
+        procs.stop_all()
+        shutil.rmtree(workdir, ignore_errors=True)
+    for renderer, suffix in (("text", ".txt"), ("pstats", ".pstats")):
+        subprocess.run(
+            [sys.executable, "-m", "pyinstrument", "--load", str(session), "-r", renderer,
+             "--no-color", "--show-all", "-o", str(out.with_suffix(suffix))],
+            check=True,
+        )
+    print(f"profile: {out.with_suffix('.txt')} (call tree), {out.with_suffix('.pstats')} (pstats)")
+    print_self_time(out.with_suffix(".pstats"), args.profile_top)
+    return 0
+
+
+def print_self_time(path: Path, top: int) -> None:
+    """The functions with the most self time, as shares of all sampled time."""
+    import pstats
+
+    stats = pstats.Stats(str(path))
+    rows = [(tottime, cumtime, func) for func, (_cc, _nc, tottime, cumtime, _callers)
+            in stats.stats.items()]  # type: ignore[attr-defined]
+    total = sum(r[0] for r in rows) or 1.0
+    print(f"\nself time, top {top} of {total:.2f} s sampled:")
+    for tottime, _cumtime, (filename, line, name) in sorted(rows, reverse=True)[:top]:
+        where = filename.replace(str(ROOT) + "/", "").split("site-packages/")[-1]
+        print(f"  {100 * tottime / total:5.1f}%  {name}  ({where}:{line})")
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as fh:
+        for line in fh:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return (f"{os.cpu_count()} CPUs ({model}), Python {sys.version.split()[0]}, "
+            f"{sys.platform}")
+
+
+def int_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=3.0,
+                        help="measured seconds per row (default 3)")
+    parser.add_argument("--warmup", type=float, default=0.5,
+                        help="unmeasured seconds before each row (default 0.5)")
+    parser.add_argument("--concurrency", type=int_list, default=[1, 16, 64],
+                        help="client connections for the non-streamed rows (default 1,16,64)")
+    parser.add_argument("--tokens", type=int_list, default=[1, 256],
+                        help="tokens per streamed answer (default 1,256)")
+    parser.add_argument("--stream-concurrency", type=int, default=16,
+                        help="connections for the saturated streaming rows (default 16)")
+    parser.add_argument("--workers", type=int, default=4, help="stub workers (default 4)")
+    parser.add_argument("--max-jobs", type=int, default=64,
+                        help="job slots per stub worker (default 64)")
+    parser.add_argument("--json", help="also write every row and the summary to this file")
+    parser.add_argument("--profile", metavar="PATH",
+                        help="instead: run the queen under pyinstrument through one load and "
+                        "write PATH.txt (call tree) and PATH.pstats")
+    parser.add_argument("--profile-load", choices=["plain", "stream"], default="plain",
+                        help="the load to profile: non-streamed at the highest --concurrency, or "
+                        "streamed with the most --tokens at --stream-concurrency")
+    parser.add_argument("--profile-interval", type=float, default=0.0005,
+                        help="pyinstrument sampling interval in seconds (default 0.0005)")
+    parser.add_argument("--profile-top", type=int, default=25)
+    parser.add_argument("--role", choices=["bench", "baseline", "workers"], default="bench",
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.role == "baseline":
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve_baseline(args.port))
+        return 0
+    if args.role == "workers":
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve_workers(f"ws://127.0.0.1:{args.port}/worker", args.workers,
+                                     args.max_jobs))
+        return 0
+    if args.profile:
+        return run_profile(args)
+    return run_benchmark(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
