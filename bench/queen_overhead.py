@@ -406,11 +406,11 @@ class Processes:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
-        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
-        self.procs[name] = subprocess.Popen(
-            argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-        )
-        log.close()
+        with open(self.workdir / f"{name}.log", "wb") as log:
+            self.procs[name] = subprocess.Popen(
+                argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+            )
         return self.procs[name].pid
 
     def pids(self) -> dict[str, int]:
