@@ -4,8 +4,9 @@ One run starts three processes besides this one and drives the same HTTP load at
 
 * ``baseline``: a stub OpenAI server (raw asyncio + httptools on uvloop) that answers every chat
   completion at once, plain JSON or SSE, exactly as the queen's answers look;
-* ``queen``: the real queen (``python -m queen_server.cli``) with stub workers in a third process
-  (``tests.support.workers.ScriptedWorker``, ``echo`` behaviour, many job slots) that answer at once.
+* ``queen``: the real queen (``python -m queen_server.cli``) with stub workers in a third
+  process (``tests.support.workers.ScriptedWorker``, ``echo`` behaviour, many job slots) that
+  answer at once.
 
 The load generator lives in this process: N keep-alive HTTP/1.1 connections, each sending the
 next request as soon as the last answer is complete (closed loop), parsed with httptools in
@@ -66,8 +67,7 @@ class Connection(asyncio.Protocol):
         self.body: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -117,7 +117,9 @@ def chat_request(port: int, *, stream: bool, tokens: int) -> bytes:
     return head.encode() + body
 
 
-def answer_check(stream: bool, tokens: int) -> tuple[Callable[[bytes], bool], Callable[[bytes], None]]:
+def answer_check(
+    stream: bool, tokens: int
+) -> tuple[Callable[[bytes], bool], Callable[[bytes], None]]:
     """A cheap check for every answer, and a full one for the first answer of each phase."""
     token_count = b'" tok"'
 
@@ -137,7 +139,8 @@ def answer_check(stream: bool, tokens: int) -> tuple[Callable[[bytes], bool], Ca
             assert chunks[-1]["choices"][0]["finish_reason"] == "stop", chunks[-1]
         else:
             answer = orjson.loads(body)
-            assert answer["object"] == "chat.completion" and answer["model"] == MODEL, answer
+            assert answer["object"] == "chat.completion", answer
+            assert answer["model"] == MODEL, answer
             text = answer["choices"][0]["message"]["content"]
         assert text == " tok" * tokens, text[:80]
 
@@ -196,6 +199,8 @@ async def drive(
     warmup: float,
     duration: float,
     pids: dict[str, int],
+    on_start: Callable[[], None] | None = None,
+    on_stop: Callable[[], None] | None = None,
 ) -> Phase:
     """Closed-loop load: each connection sends its next request when its answer is complete."""
     loop = asyncio.get_running_loop()
@@ -229,6 +234,8 @@ async def drive(
 
     tasks = [asyncio.create_task(client(conn)) for conn in conns]
     await asyncio.sleep(warmup)
+    if on_start is not None:
+        on_start()
     cpu0 = cpu_snapshot(pids)
     t0 = clock()
     measuring = True
@@ -236,6 +243,8 @@ async def drive(
     measuring = False
     t1 = clock()
     cpu1 = cpu_snapshot(pids)
+    if on_stop is not None:
+        on_stop()
     stopping = True
     await asyncio.gather(*tasks)
     for conn in conns:
@@ -275,8 +284,7 @@ class StubOpenAI(asyncio.Protocol):
         self.body: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -320,7 +328,9 @@ class StubOpenAI(asyncio.Protocol):
                  "model": req["model"]}
         for seq in range(tokens + 2):
             if seq < tokens:
-                delta = {"role": "assistant", "content": " tok"} if seq == 0 else {"content": " tok"}
+                delta = {"content": " tok"}
+                if seq == 0:
+                    delta = {"role": "assistant", "content": " tok"}
                 choice = {"index": 0, "delta": delta, "finish_reason": None}
                 event = b"data: " + orjson.dumps({**stamp, "choices": [choice]}) + b"\n\n"
             elif seq == tokens:
@@ -390,12 +400,25 @@ def free_port() -> int:
 
 def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     "Connection: close\r\n\r\n".encode())
         data = b""
         while chunk := sock.recv(65536):
             data += chunk
+            head, sep, body = data.partition(b"\r\n\r\n")
+            length = _content_length(head) if sep else None
+            if length is not None and len(body) >= length:
+                break
     head, _, body = data.partition(b"\r\n\r\n")
     return int(head.split()[1]), body
+
+
+def _content_length(head: bytes) -> int | None:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return None
 
 
 class Processes:
@@ -456,7 +479,7 @@ def wait_healthy(
             if status == 200 and ready(orjson.loads(body)):
                 return
             last = body
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, IndexError) as exc:
             last = exc
         time.sleep(0.05)
     raise RuntimeError(f"port {port} was not ready after {timeout:.0f} s: {last!r}")
@@ -571,9 +594,8 @@ def summarise(args: argparse.Namespace, phases: list[Phase]) -> dict[str, Any]:
             q_small = find(phases, "queen", "stream", small, conc)
             b_big = find(phases, "baseline", "stream", big, conc)
             b_small = find(phases, "baseline", "stream", small, conc)
-            if None in (q_big, q_small, b_big, b_small):
+            if q_big is None or q_small is None or b_big is None or b_small is None:
                 continue
-            assert q_big and q_small and b_big and b_small
             extra = big - small
             cpu = (q_big.cpu_us_per_request("queen") - q_small.cpu_us_per_request("queen")) / extra
             wall_q = 1e3 * (q_big.mean_ms - q_small.mean_ms) / extra
@@ -603,8 +625,9 @@ def summarise(args: argparse.Namespace, phases: list[Phase]) -> dict[str, Any]:
         cpu = summary["per_token"][conc]["queen_cpu_us"]
         wall = summary["per_token"][1]["added_wall_us"] if 1 in summary["per_token"] else cpu
         worst = max(cpu, wall)
-        lines.append(f"  per token         {worst:8.1f} µs target <= {TARGETS['per_token_us']:.0f} µs  "
-                     f"{'MET' if worst <= TARGETS['per_token_us'] else 'NOT MET'}  "
+        target = TARGETS["per_token_us"]
+        lines.append(f"  per token         {worst:8.1f} µs target <= {target:.0f} µs  "
+                     f"{'MET' if worst <= target else 'NOT MET'}  "
                      f"(worse of queen CPU at c={conc} and added wall at c=1)")
     print("\n".join(lines), flush=True)
     return summary
@@ -638,43 +661,80 @@ def run_benchmark(args: argparse.Namespace) -> int:
     return 0
 
 
+def py_spy() -> str | None:
+    beside = Path(sys.executable).with_name("py-spy")
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
 def run_profile(args: argparse.Namespace) -> int:
-    """Run the queen under pyinstrument through one load, then render its profile."""
+    """Profile the queen through one load: py-spy attached for the measured window only, or the
+    whole queen process run under pyinstrument."""
+    profiler = args.profiler or ("py-spy" if py_spy() else "pyinstrument")
     workdir = Path(tempfile.mkdtemp(prefix="queen-bench-"))
     procs = Processes(workdir)
     out = Path(args.profile)
-    session = out.with_suffix(".pyisession")
+    out.parent.mkdir(parents=True, exist_ok=True)
     stream = args.profile_load == "stream"
     tokens = max(args.tokens) if stream else PLAIN_TOKENS
     conc = args.stream_concurrency if stream else max(args.concurrency)
+    session = out.with_suffix(".pyisession")
+    stacks = out.with_suffix(".collapsed")
+    spy: list[subprocess.Popen[bytes]] = []
+
+    def spy_start() -> None:
+        exe = py_spy()
+        assert exe is not None, "py-spy is not installed"
+        spy.append(subprocess.Popen(
+            [exe, "record", "--pid", str(procs.pids()["queen"]), "--rate", str(args.profile_rate),
+             "--format", "raw", "--function", "--output", str(stacks)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+
+    def spy_stop() -> None:
+        spy[0].send_signal(signal.SIGINT)
+
     try:
-        port = start_queen(procs, args, profile_session=session)
+        port = start_queen(procs, args,
+                           profile_session=session if profiler == "pyinstrument" else None)
         print(HEADER, flush=True)
+        hooks = (spy_start, spy_stop) if profiler == "py-spy" else (None, None)
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             phase = runner.run(drive(
                 "queen", port, stream=stream, tokens=tokens, concurrency=conc,
-                warmup=args.warmup, duration=args.duration, pids=procs.pids()))
+                warmup=args.warmup, duration=args.duration, pids=procs.pids(),
+                on_start=hooks[0], on_stop=hooks[1]))
         print(row(phase), flush=True)
+        if spy:
+            _, err = spy[0].communicate(timeout=60)
+            if not stacks.exists():
+                raise RuntimeError(f"py-spy wrote nothing: {err.decode(errors='replace')}")
         procs.stop("worker")
         code = procs.stop("queen", timeout=60.0)
-        if not session.exists():
+        if profiler == "pyinstrument" and not session.exists():
             raise RuntimeError(f"pyinstrument wrote no session (exit {code}):\n"
                                f"{procs.log_tail('queen')}")
     finally:
+        for proc in spy:
+            if proc.poll() is None:
+                proc.kill()
         procs.stop_all()
         shutil.rmtree(workdir, ignore_errors=True)
-    for renderer, suffix in (("text", ".txt"), ("pstats", ".pstats")):
-        subprocess.run(
-            [sys.executable, "-m", "pyinstrument", "--load", str(session), "-r", renderer,
-             "--no-color", "--show-all", "-o", str(out.with_suffix(suffix))],
-            check=True,
-        )
-    print(f"profile: {out.with_suffix('.txt')} (call tree), {out.with_suffix('.pstats')} (pstats)")
-    print_self_time(out.with_suffix(".pstats"), args.profile_top)
+    if profiler == "pyinstrument":
+        for renderer, suffix in (("text", ".txt"), ("pstats", ".pstats")):
+            subprocess.run(
+                [sys.executable, "-m", "pyinstrument", "--load", str(session), "-r", renderer,
+                 "--no-color", "--show-all", "-o", str(out.with_suffix(suffix))],
+                check=True,
+            )
+        print(f"profile: {out.with_suffix('.txt')} (call tree), "
+              f"{out.with_suffix('.pstats')} (pstats); wall-clock samples of the whole run")
+        print_pstats_self_time(out.with_suffix(".pstats"), args.profile_top)
+    else:
+        print(f"profile: {stacks} (py-spy collapsed stacks, CPU samples of the measured window)")
+        print_stack_summary(stacks, args.profile_top)
     return 0
 
 
-def print_self_time(path: Path, top: int) -> None:
+def print_pstats_self_time(path: Path, top: int) -> None:
     """The functions with the most self time, as shares of all sampled time."""
     import pstats
 
@@ -686,6 +746,70 @@ def print_self_time(path: Path, top: int) -> None:
     for tottime, _cumtime, (filename, line, name) in sorted(rows, reverse=True)[:top]:
         where = filename.replace(str(ROOT) + "/", "").split("site-packages/")[-1]
         print(f"  {100 * tottime / total:5.1f}%  {name}  ({where}:{line})")
+
+
+# Where a sample's innermost Python frame lives, by file path; first match wins. C code (uvloop,
+# pydantic-core, orjson, the socket syscalls) counts in the Python frame that called it.
+BUCKETS = (
+    ("queen_server/", "queen_server (api, dispatch, relay, sessions, jobs, routing)"),
+    ("shared_schema/", "shared_schema (encode/decode of frames)"),
+    ("fastapi/", "FastAPI (routing, dependency solving, middleware, telemetry)"),
+    ("starlette/", "Starlette (requests, responses, middleware, websockets)"),
+    ("uvicorn/protocols/http", "uvicorn HTTP protocol (httptools)"),
+    ("uvicorn/protocols/websockets", "uvicorn websocket protocol (sans-I/O)"),
+    ("websockets/", "websockets (frame parsing/serialising)"),
+    ("uvicorn/", "uvicorn (other)"),
+    ("pydantic", "pydantic (Python layer)"),
+    ("opentelemetry", "opentelemetry"),
+    ("anyio/", "anyio"),
+    ("asyncio/", "asyncio (Python layer)"),
+)
+
+
+def bucket(frame: str) -> str:
+    for needle, name in BUCKETS:
+        if needle in frame:
+            return name
+    return "other (stdlib, built-ins)"
+
+
+def print_stack_summary(path: Path, top: int) -> None:
+    """Self and inclusive shares of py-spy's collapsed stacks, and self time per library."""
+    from collections import Counter
+
+    total = 0
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    libraries: Counter[str] = Counter()
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        n = int(count)
+        frames = stack.split(";")
+        total += n
+        own[frames[-1]] += n
+        libraries[bucket(frames[-1])] += n
+        for frame in set(frames):
+            inclusive[frame] += n
+    if not total:
+        print("no samples")
+        return
+    print(f"\n{total} samples (the queen busy on a CPU); self time by library:")
+    for name, n in libraries.most_common():
+        print(f"  {100 * n / total:5.1f}%  {name}")
+    print(f"\nself time, top {top} functions:")
+    for frame, n in own.most_common(top):
+        print(f"  {100 * n / total:5.1f}%  {frame}")
+    print(f"\ninclusive time, top {top} functions below the event loop:")
+    shown = 0
+    for frame, n in inclusive.most_common():
+        if n >= 0.97 * total:  # the event loop and its callers: in (almost) every sample
+            continue
+        print(f"  {100 * n / total:5.1f}%  {frame}")
+        shown += 1
+        if shown >= top:
+            break
 
 
 def machine() -> str:
@@ -720,8 +844,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="job slots per stub worker (default 64)")
     parser.add_argument("--json", help="also write every row and the summary to this file")
     parser.add_argument("--profile", metavar="PATH",
-                        help="instead: run the queen under pyinstrument through one load and "
-                        "write PATH.txt (call tree) and PATH.pstats")
+                        help="instead of the benchmark: profile the queen through one load; "
+                        "writes PATH.collapsed (py-spy) or PATH.txt and PATH.pstats (pyinstrument)")
+    parser.add_argument("--profiler", choices=["py-spy", "pyinstrument"],
+                        help="default: py-spy if installed (samples only the measured window, "
+                        "only while the queen is on a CPU), else pyinstrument")
+    parser.add_argument("--profile-rate", type=int, default=250,
+                        help="py-spy samples per second (default 250)")
     parser.add_argument("--profile-load", choices=["plain", "stream"], default="plain",
                         help="the load to profile: non-streamed at the highest --concurrency, or "
                         "streamed with the most --tokens at --stream-concurrency")

@@ -80,12 +80,13 @@ class Authenticator:
     def check(self, authorization: str | None) -> None:
         if not self._digests:
             return
-        if not authorization or not authorization.startswith("Bearer "):
+        scheme, _, key = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
             raise Unauthorized(
                 "You didn't provide an API key. Send 'Authorization: Bearer YOUR_KEY'.",
                 code="missing_api_key",
             )
-        digest = hashlib.sha256(authorization[7:].strip().encode()).digest()
+        digest = hashlib.sha256(key.strip().encode()).digest()
         if digest not in self._digests:
             raise Unauthorized("Incorrect API key provided.")
 

@@ -85,7 +85,7 @@ class Registry:
         return self._by_model.get(model, set())
 
     def candidates(self, model: str) -> list[WorkerSession]:
-        """Every session that could serve ``model``: holders first, then fetchers."""
+        """Every session that could serve ``model`` (holders and fetchers), in no order."""
         holders = self._by_model.get(model)
         if not self._fetchers:
             return list(holders) if holders else []

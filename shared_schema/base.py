@@ -1,6 +1,7 @@
 """The base model of every wire type.
 
-Sending is strict: building a model rejects unknown fields and wrong types. Receiving is lenient
+Sending is strict: building a model rejects unknown fields and values that do not fit a field's
+type (pydantic's lax conversions, such as "3" for an int, still apply). Receiving is lenient
 about additions: decoders call ``model_validate_json(..., extra="ignore")`` so that a newer peer's
 extra fields never break an older one.
 """

@@ -13,6 +13,11 @@ from pydantic import Field
 from shared_schema.base import WireModel
 
 
+def empty_to_none(value: str | None) -> str | None:
+    """An empty payout address means none ("don't pay me"), signed and stored the same way."""
+    return value or None
+
+
 class NvGpu(WireModel):
     """One NVIDIA GPU as read through NVML."""
 

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from shared_schema.base import WireModel
-from shared_schema.hardware import ClGpu, NvGpu
+from shared_schema.hardware import ClGpu, NvGpu, empty_to_none
 
 
 class LegacyRegistration(WireModel):
     ln_url: str | None = Field(default=None, max_length=2048)
+    _no_empty_ln_url = field_validator("ln_url")(empty_to_none)
     cpu_count: int = Field(default=0, ge=0)
     disk_space: int = Field(default=0, ge=0)
     vram: int = Field(default=0, ge=0)

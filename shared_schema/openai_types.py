@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from shared_schema.base import LenientModel, WireModel
 
@@ -17,6 +17,12 @@ class Usage(WireModel):
     prompt_tokens: int = Field(ge=0)
     completion_tokens: int = Field(default=0, ge=0)
     total_tokens: int = Field(ge=0)
+
+
+class ReportedUsage(Usage):
+    """Usage inside an OpenAI answer, which may carry details (``prompt_tokens_details``)."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 # --- chat completions -------------------------------------------------------------------------
@@ -80,7 +86,7 @@ class ChatCompletion(LenientModel):
     created: int = 0
     model: str = ""
     choices: list[Choice] = Field(min_length=1)
-    usage: Usage | None = None
+    usage: ReportedUsage | None = None
 
 
 class Delta(LenientModel):
@@ -100,7 +106,7 @@ class ChatCompletionChunk(LenientModel):
     created: int = 0
     model: str = ""
     choices: list[ChunkChoice] = Field(default_factory=list)
-    usage: Usage | None = None
+    usage: ReportedUsage | None = None
 
 
 # --- embeddings -------------------------------------------------------------------------------

@@ -10,11 +10,17 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError, field_validator
 
 from shared_schema.base import WireModel
 from shared_schema.errors import ProtocolError
-from shared_schema.hardware import ClGpu, DownloadProgress, ModelDescriptor, NvGpu
+from shared_schema.hardware import (
+    ClGpu,
+    DownloadProgress,
+    ModelDescriptor,
+    NvGpu,
+    empty_to_none,
+)
 from shared_schema.openai_types import Usage
 
 PROTOCOL_VERSION = 1
@@ -47,6 +53,7 @@ class Hello(WireModel):
     signature: str = Field(pattern=r"^[0-9a-f]{128}$", description="Ed25519 signature, hex.")
     # The original registration fields.
     ln_url: str | None = Field(default=None, max_length=2048)
+    _no_empty_ln_url = field_validator("ln_url")(empty_to_none)
     cpu_count: int = Field(ge=0)
     disk_space: int = Field(ge=0, description="Free disk for models, GB.")
     vram: int = Field(ge=0, description="Total GPU memory, MB.")
@@ -178,7 +185,7 @@ def hello_signing_payload(nonce: str, pubkey: str, ln_url: str | None) -> bytes:
     """
     return b"\n".join(
         [HELLO_SIGNATURE_CONTEXT, nonce.encode(), pubkey.encode(), (ln_url or "").encode()]
-    )
+    )  # no address and an empty one sign alike: both mean "don't pay me"
 
 
 def loads_object(frame: str | bytes) -> dict[str, Any]:

@@ -158,3 +158,8 @@ def test_authenticator_right_key_passes():
     auth.check("Bearer  sk-two ")  # surrounding whitespace is not part of the key
     with pytest.raises(Unauthorized):
         auth.check("Bearer sk-three")
+
+
+def test_bearer_scheme_is_case_insensitive():
+    Authenticator(["k1"]).check("bearer k1")
+    Authenticator(["k1"]).check("BEARER  k1")

@@ -173,7 +173,8 @@ def test_chat_completion_accepts_an_openai_answer_and_keeps_its_extras():
     answer = ChatCompletion.model_validate(OPENAI_COMPLETION, extra="ignore")
     assert answer.id == "chatcmpl-abc123"
     assert answer.choices[0].message.content == "Hello there!"
-    assert answer.usage == Usage(prompt_tokens=9, completion_tokens=3, total_tokens=12)
+    assert answer.usage.model_dump() == {"prompt_tokens": 9, "completion_tokens": 3,
+                                         "total_tokens": 12}
     # Lenient models keep the fields they do not know, so a relayed answer loses nothing.
     kept = ChatCompletion.model_validate({k: v for k, v in OPENAI_COMPLETION.items()
                                           if k != "usage"})
@@ -221,7 +222,7 @@ def test_chat_completion_chunk_accepts_openai_chunks(payload):
         assert chunk.choices[0].finish_reason == payload["choices"][0]["finish_reason"]
         assert chunk.choices[0].delta.content == payload["choices"][0]["delta"].get("content")
     else:
-        assert chunk.usage == Usage(**payload["usage"])
+        assert chunk.usage.model_dump() == Usage(**payload["usage"]).model_dump()
 
 
 def test_embedding_response_accepts_an_openai_answer():
@@ -257,3 +258,11 @@ def test_model_list_and_error_shapes():
     assert error.error.param == "n"
     with pytest.raises(ValidationError):
         ModelAvailability(workers=-1, loaded_on=0)
+
+
+def test_answer_usage_keeps_openai_usage_details():
+    body = {**OPENAI_COMPLETION, "usage": {"prompt_tokens": 9, "completion_tokens": 3,
+                                           "total_tokens": 12,
+                                           "prompt_tokens_details": {"cached_tokens": 0}}}
+    answer = ChatCompletion.model_validate(body)
+    assert answer.usage.model_extra == {"prompt_tokens_details": {"cached_tokens": 0}}

@@ -354,3 +354,7 @@ def test_public_id_is_stable_and_short():
     # A fixed key maps to a fixed id, across processes and releases.
     # sha256 of the raw key bytes, base32, first 12 characters, lower case.
     assert public_id("00" * 32) == "mzuhvlpymk6x"
+
+
+def test_empty_payout_address_means_none():
+    assert _hello(ln_url="").ln_url is None
