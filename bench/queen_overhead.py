@@ -176,16 +176,30 @@ def percentile(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def proc_cpu_s(pid: int) -> float:
-    """utime + stime of a process, in seconds (10 ms resolution)."""
+def proc_cpu_s(pid: int) -> tuple[float, float]:
+    """(utime + stime, stime) of a process, in seconds (10 ms resolution)."""
     with open(f"/proc/{pid}/stat", "rb") as fh:
         fields = fh.read().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy (all CPUs), from /proc/stat."""
+    with open("/proc/stat", "rb") as fh:
+        ticks = [int(x) for x in fh.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    return (sum(ticks[:8]) - idle) / CLK_TCK
 
 
 def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
-    snap = {name: proc_cpu_s(pid) for name, pid in pids.items()}
-    snap["client"] = time.process_time()
+    """CPU seconds used so far by each process (and its kernel share as ``name.sys``), by this
+    load generator (``client``), and by everything else on the machine (``other``)."""
+    snap: dict[str, float] = {}
+    for name, pid in pids.items():
+        snap[name], snap[f"{name}.sys"] = proc_cpu_s(pid)
+    user, system = os.times()[:2]
+    snap["client"] = user + system
+    snap["other"] = machine_busy_s() - sum(v for k, v in snap.items() if "." not in k)
     return snap
 
 
@@ -547,7 +561,8 @@ def run_phases(args: argparse.Namespace, procs: Processes, ports: dict[str, int]
 
 HEADER = (
     f"{'target':<9}{'load':<12}{'conc':>5}{'req/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
-    f"{'errors':>7}{'srv cpu%':>9}{'wrk cpu%':>9}{'cli cpu%':>9}{'srv µs/req':>11}"
+    f"{'errors':>7}{'srv cpu%':>9}{'wrk cpu%':>9}{'cli cpu%':>9}{'oth cpu%':>9}"
+    f"{'srv µs/req':>11}"
 )
 
 
@@ -558,7 +573,8 @@ def row(p: Phase) -> str:
     return (
         f"{p.target:<9}{load:<12}{p.concurrency:>5}{p.rps:>10.0f}{p.p50_ms:>9.3f}{p.p90_ms:>9.3f}"
         f"{p.p99_ms:>9.3f}{p.errors:>7}{p.cpu_pct(server):>9.0f}{worker}"
-        f"{p.cpu_pct('client'):>9.0f}{p.cpu_us_per_request(server):>11.0f}"
+        f"{p.cpu_pct('client'):>9.0f}{p.cpu_pct('other'):>9.0f}"
+        f"{p.cpu_us_per_request(server):>11.0f}"
     )
 
 
@@ -572,7 +588,7 @@ def find(phases: list[Phase], target: str, load: str, tokens: int, conc: int) ->
 def summarise(args: argparse.Namespace, phases: list[Phase]) -> dict[str, Any]:
     lines = ["", "Added by the queen (queen minus baseline, non-streamed, same concurrency):",
              f"{'conc':>5}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}{'queen req/s':>13}"
-             f"{'baseline req/s':>16}{'queen cpu µs/req':>18}"]
+             f"{'baseline req/s':>16}{'queen cpu µs/req':>18}{'(kernel)':>10}"]
     summary: dict[str, Any] = {"added": {}, "per_token": {}}
     for conc in args.concurrency:
         q = find(phases, "queen", "plain", PLAIN_TOKENS, conc)
@@ -584,7 +600,8 @@ def summarise(args: argparse.Namespace, phases: list[Phase]) -> dict[str, Any]:
         summary["added"][conc] = added
         lines.append(f"{conc:>5}{added['p50_ms']:>9.3f}{added['p99_ms']:>9.3f}"
                      f"{added['mean_ms']:>9.3f}{q.rps:>13.0f}{b.rps:>16.0f}"
-                     f"{q.cpu_us_per_request('queen'):>18.0f}")
+                     f"{q.cpu_us_per_request('queen'):>18.0f}"
+                     f"{q.cpu_us_per_request('queen.sys'):>10.0f}")
     small, big = min(args.tokens), max(args.tokens)
     if big > small:
         lines += ["", f"Relay cost per streamed token (k={big} against k={small}, "
@@ -637,12 +654,17 @@ def run_benchmark(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="queen-bench-"))
     procs = Processes(workdir)
     try:
-        ports = {"baseline": start_baseline(procs), "queen": start_queen(procs, args)}
+        ports = {}
+        if "baseline" in args.targets:
+            ports["baseline"] = start_baseline(procs)
+        if "queen" in args.targets:
+            ports["queen"] = start_queen(procs, args)
         print(f"# {machine()}; duration {args.duration:g} s (+{args.warmup:g} s warm-up) per row; "
               f"{args.workers} stub workers x {args.max_jobs} slots; plain answers carry "
               f"{PLAIN_TOKENS} tokens", flush=True)
         print("# srv = the server under test (baseline stub or queen); wrk = the stub workers' "
-              "process; cli = this load generator; cpu% of one core", flush=True)
+              "process; cli = this load generator; oth = everything else on the machine; "
+              "cpu% of one core", flush=True)
         phases = run_phases(args, procs, ports)
         summary = summarise(args, phases)
         if args.json:
@@ -842,6 +864,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=4, help="stub workers (default 4)")
     parser.add_argument("--max-jobs", type=int, default=64,
                         help="job slots per stub worker (default 64)")
+    parser.add_argument("--targets", type=lambda text: text.split(","),
+                        default=["baseline", "queen"],
+                        help="servers to load (default baseline,queen)")
     parser.add_argument("--json", help="also write every row and the summary to this file")
     parser.add_argument("--profile", metavar="PATH",
                         help="instead of the benchmark: profile the queen through one load; "

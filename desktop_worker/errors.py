@@ -1,0 +1,115 @@
+"""Every error the worker raises. Third-party errors are translated at the boundary
+(``raise ... from exc``) so callers (the CLI, the GUI, the link) handle only these."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class WorkerError(Exception):
+    """Base class for the worker's errors. ``str(error)`` is a message fit for the owner."""
+
+
+# --- hardware -----------------------------------------------------------------------------------
+
+
+class DetectionError(WorkerError):
+    """A hardware probe failed in an unexpected way (a missing driver is not an error)."""
+
+
+# --- model names and the store ------------------------------------------------------------------
+
+
+class ModelStoreError(WorkerError):
+    """Base class for model store errors."""
+
+
+class InvalidModelName(ModelStoreError):
+    """A model name is not of the form ``hf-user/hf-repo:filter``."""
+
+
+class NoMatchingFile(ModelStoreError):
+    """The filter matched no ``.gguf`` file in the repo."""
+
+    def __init__(self, message: str, candidates: Sequence[str]) -> None:
+        super().__init__(message)
+        self.candidates = list(candidates)
+
+
+class AmbiguousFilter(ModelStoreError):
+    """The filter matched several ``.gguf`` files (or split groups) in the repo."""
+
+    def __init__(self, message: str, candidates: Sequence[str]) -> None:
+        super().__init__(message)
+        self.candidates = list(candidates)
+
+
+class RepoNotFound(ModelStoreError):
+    pass
+
+
+class GatedRepo(ModelStoreError):
+    """The repo needs accepted terms or a token (``HF_TOKEN``)."""
+
+
+class RemoteFileNotFound(ModelStoreError):
+    pass
+
+
+class HubOffline(ModelStoreError):
+    """The hub cannot be reached (or offline mode is on) and the model is not cached."""
+
+
+class HubError(ModelStoreError):
+    """Any other failure talking to the hub."""
+
+
+class InsufficientDisk(ModelStoreError):
+    """The model would not fit on the disk (or under the quota)."""
+
+
+class DownloadCancelled(ModelStoreError):
+    """The download was cancelled; the partial file is kept so the next pull resumes."""
+
+
+class ModelNotCached(ModelStoreError):
+    """The named model is not in the local store."""
+
+
+class InvalidModelFile(ModelStoreError):
+    """A file is not a readable GGUF model."""
+
+
+# --- the engine ---------------------------------------------------------------------------------
+
+
+class EngineError(WorkerError):
+    """Loading or running a model failed."""
+
+
+class ModelLoadError(EngineError):
+    pass
+
+
+class GenerationCancelled(EngineError):
+    pass
+
+
+class UnsupportedRequest(EngineError):
+    """The request asks for something this worker cannot do (e.g. embeddings on a chat model)."""
+
+
+# --- the link to the queen ----------------------------------------------------------------------
+
+
+class LinkError(WorkerError):
+    pass
+
+
+class HandshakeRefusedError(LinkError):
+    """The queen refused the hello; ``code`` is the queen's reason code."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(f"the queen refused this worker ({code}): {reason}")
+        self.code = code
+        self.reason = reason
