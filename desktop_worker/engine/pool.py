@@ -1,0 +1,261 @@
+"""Loaded models and their contexts: load on demand, hand a free context to each job, run the
+blocking llama.cpp work in threads, and unload idle models (least recently used first) to stay
+within the memory budget. ``choose_evictions`` is the pure deciding part."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from desktop_worker.engine.fitting import MB, LoadPlan, ModelShape, kv_bytes_per_layer, plan_load
+from desktop_worker.engine.llama_model import LlamaContext
+
+log = logging.getLogger(__name__)
+
+
+class ServableModel(Protocol):
+    """What the pool needs from the store's ``LocalModel``."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def path(self) -> Any: ...
+    @property
+    def size_bytes(self) -> int: ...
+    @property
+    def info(self) -> ModelShape: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Resident:
+    """A loaded model as eviction sees it."""
+
+    name: str
+    cost_mb: int
+    last_used: float
+    busy: bool
+
+
+def choose_evictions(residents: Sequence[Resident], need_mb: int, budget_mb: int) -> list[str]:
+    """The idle models to unload, least recently used first, so ``need_mb`` more fits."""
+    used = sum(resident.cost_mb for resident in residents)
+    chosen: list[str] = []
+    for resident in sorted(residents, key=lambda r: r.last_used):
+        if used + need_mb <= budget_mb:
+            break
+        if resident.busy:
+            continue
+        chosen.append(resident.name)
+        used -= resident.cost_mb
+    return chosen
+
+
+@dataclass
+class _Loaded:
+    model: ServableModel
+    plan: LoadPlan
+    contexts: list[LlamaContext] = field(default_factory=list)
+    embedder: LlamaContext | None = None
+    last_used: float = field(default_factory=time.monotonic)
+    active: int = 0
+
+    @property
+    def cost_mb(self) -> int:
+        kv = kv_bytes_per_layer(self.model.info, self.plan.n_ctx) * self.model.info.block_count
+        count = len(self.contexts) + (1 if self.embedder else 0)
+        return (self.model.size_bytes + kv * count) // MB
+
+
+_END = object()
+
+
+class ModelPool:
+    def __init__(
+        self,
+        resolve: Callable[[str], ServableModel],
+        *,
+        max_jobs: int = 1,
+        gpu_layers: int | Literal["auto"] = "auto",
+        n_ctx: int | None = None,
+        n_threads: int | None = None,
+        free_vram_mb: Callable[[], int | None] = lambda: None,
+        budget_mb: int = 8192,
+    ) -> None:
+        self.resolve = resolve
+        self.max_jobs = max_jobs
+        self.gpu_layers = gpu_layers
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads
+        self.free_vram_mb = free_vram_mb
+        self.budget_mb = budget_mb
+        self._loaded: dict[str, _Loaded] = {}
+        self._load_locks: dict[str, asyncio.Lock] = {}
+        self._freed = asyncio.Condition()
+        self._executor = ThreadPoolExecutor(max_workers=max_jobs + 1,
+                                            thread_name_prefix="apiary-llama")
+
+    def loaded(self) -> set[str]:
+        return set(self._loaded)
+
+    def plan_for(self, name: str) -> LoadPlan | None:
+        entry = self._loaded.get(name)
+        return entry.plan if entry else None
+
+    # --- loading ------------------------------------------------------------------------------
+
+    async def _run(self, func: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, func, *args)
+
+    async def load(self, name: str) -> LoadPlan:
+        """Make sure ``name`` is loaded with one chat context; returns how it was loaded."""
+        entry = await self._entry(name)
+        if not entry.contexts:
+            entry.contexts.append(await self._new_context(entry, embedding=False))
+        return entry.plan
+
+    async def _entry(self, name: str) -> _Loaded:
+        lock = self._load_locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            entry = self._loaded.get(name)
+            if entry is not None:
+                return entry
+            model = self.resolve(name)
+            plan = plan_load(model.info, self.free_vram_mb(), gpu_layers=self.gpu_layers,
+                             n_ctx=self.n_ctx)
+            entry = _Loaded(model, plan)
+            await self._make_room(entry.cost_mb + self._context_mb(entry), exclude=name)
+            self._loaded[name] = entry
+            log.info("loading %s: n_ctx=%d, gpu layers=%d (%s)", name, plan.n_ctx,
+                     plan.n_gpu_layers, plan.reason)
+            return entry
+
+    def _context_mb(self, entry: _Loaded) -> int:
+        info = entry.model.info
+        return kv_bytes_per_layer(info, entry.plan.n_ctx) * info.block_count // MB
+
+    async def _new_context(self, entry: _Loaded, *, embedding: bool) -> LlamaContext:
+        await self._make_room(self._context_mb(entry), exclude=entry.model.name)
+        started = time.perf_counter()
+        context = await self._run(
+            lambda: LlamaContext(entry.model.name, entry.model.path, entry.plan,
+                                 n_threads=self.n_threads, embedding=embedding)
+        )
+        log.info("loaded a %s context for %s in %.2f s", "embedding" if embedding else "chat",
+                 entry.model.name, time.perf_counter() - started)
+        return context
+
+    async def _make_room(self, need_mb: int, *, exclude: str) -> None:
+        residents = [
+            Resident(name, entry.cost_mb, entry.last_used, entry.active > 0 or name == exclude)
+            for name, entry in self._loaded.items()
+        ]
+        for name in choose_evictions(residents, need_mb, self.budget_mb):
+            await self.unload(name)
+        used = sum(entry.cost_mb for entry in self._loaded.values())
+        if used + need_mb > self.budget_mb:
+            log.warning("loading %d MB more goes over the %d MB model budget (%d MB in use by "
+                        "busy models)", need_mb, self.budget_mb, used)
+
+    async def unload(self, name: str) -> None:
+        entry = self._loaded.pop(name, None)
+        if entry is None:
+            return
+        contexts = [*entry.contexts, *([entry.embedder] if entry.embedder else [])]
+        for context in contexts:
+            await self._run(context.close)
+        log.info("unloaded %s", name)
+
+    # --- serving ------------------------------------------------------------------------------
+
+    async def _acquire(self, name: str) -> tuple[_Loaded, LlamaContext]:
+        """A free chat context of ``name``, counted as active (so it is never evicted)."""
+        entry = await self._entry(name)
+        entry.active += 1
+        try:
+            while True:
+                for context in entry.contexts:
+                    if context.busy.acquire(blocking=False):
+                        return entry, context
+                if len(entry.contexts) < self.max_jobs:
+                    context = await self._new_context(entry, embedding=False)
+                    context.busy.acquire()
+                    entry.contexts.append(context)
+                    return entry, context
+                async with self._freed:
+                    await self._freed.wait()
+        except BaseException:
+            entry.active -= 1
+            raise
+
+    async def _release(self, entry: _Loaded, context: LlamaContext) -> None:
+        context.busy.release()
+        entry.active -= 1
+        entry.last_used = time.monotonic()
+        async with self._freed:
+            self._freed.notify_all()
+
+    async def chat(
+        self,
+        name: str,
+        request: dict[str, Any],
+        cancel: threading.Event,
+        on_chunk: Callable[[dict[str, Any]], Awaitable[None]],
+    ) -> dict[str, int]:
+        """Generate in a thread, awaiting ``on_chunk`` for every chunk; returns the usage."""
+        entry, context = await self._acquire(name)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        def generate() -> dict[str, int]:
+            try:
+                for chunk in context.stream_chat(request, cancel):
+                    loop.call_soon_threadsafe(queue.put_nowait, chunk)
+                return context.usage()
+            finally:
+                loop.call_soon_threadsafe(queue.put_nowait, _END)
+
+        try:
+            done = loop.run_in_executor(self._executor, generate)
+            try:
+                while (item := await queue.get()) is not _END:
+                    await on_chunk(item)
+            except BaseException:
+                cancel.set()  # stop the thread before giving the context back
+                raise
+            finally:
+                usage = await asyncio.shield(done)
+            return usage
+        finally:
+            await self._release(entry, context)
+
+    async def embed(self, name: str, inputs: list[str]) -> tuple[list[list[float]], int]:
+        entry = await self._entry(name)
+        entry.active += 1
+        try:
+            if entry.embedder is None:
+                entry.embedder = await self._new_context(entry, embedding=True)
+            embedder = entry.embedder
+            while not embedder.busy.acquire(blocking=False):
+                async with self._freed:
+                    await self._freed.wait()
+            try:
+                return await self._run(embedder.embed, inputs)
+            finally:
+                embedder.busy.release()
+        finally:
+            entry.active -= 1
+            entry.last_used = time.monotonic()
+            async with self._freed:
+                self._freed.notify_all()
+
+    async def close(self) -> None:
+        for name in list(self._loaded):
+            await self.unload(name)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
