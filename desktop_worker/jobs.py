@@ -1,0 +1,176 @@
+"""Running the queen's jobs on the engine: chat (streamed or whole) and embeddings.
+
+``JobRunner`` is widget-free and socket-free: it reports through a ``JobSink`` (the link) and
+through ``on_finished`` callbacks (the CLI's log line today, the GUI's jobs table later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from desktop_worker.engine.pool import ModelPool
+from desktop_worker.errors import EngineError, ModelStoreError, UnsupportedRequest, WorkerError
+from shared_schema import Job, Usage
+
+log = logging.getLogger(__name__)
+
+
+class JobSink(Protocol):
+    async def chunk(self, job_id: str, data: dict[str, Any]) -> None: ...
+    async def result(self, job_id: str, data: dict[str, Any], usage: Usage) -> None: ...
+    async def error(self, job_id: str, code: str, message: str, retryable: bool) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """One finished job, as the owner sees it."""
+
+    job_id: str
+    model: str
+    kind: str
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float
+    outcome: str
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def assemble_answer(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A whole chat answer from its chunks (for clients that did not ask for a stream)."""
+    text: list[str] = []
+    finish_reason = "stop"
+    for chunk in chunks:
+        for choice in chunk.get("choices") or []:
+            content = (choice.get("delta") or {}).get("content")
+            if content:
+                text.append(content)
+            if choice.get("finish_reason"):
+                finish_reason = choice["finish_reason"]
+    return {
+        "object": "chat.completion",
+        "choices": [{"index": 0, "finish_reason": finish_reason,
+                     "message": {"role": "assistant", "content": "".join(text)}}],
+    }
+
+
+class JobRunner:
+    def __init__(self, pool: ModelPool, has_model: Callable[[str], bool]) -> None:
+        self.pool = pool
+        self.has_model = has_model
+        self.on_finished: list[Callable[[JobRecord], None]] = []
+        self._running: dict[str, tuple[asyncio.Task[None], threading.Event]] = {}
+
+    @property
+    def active(self) -> int:
+        return len(self._running)
+
+    def start(self, job: Job, sink: JobSink) -> None:
+        cancel = threading.Event()
+        task = asyncio.create_task(self._run(job, sink, cancel), name=f"job {job.id}")
+        self._running[job.id] = (task, cancel)
+        task.add_done_callback(lambda _t: self._running.pop(job.id, None))
+
+    def cancel(self, job_id: str) -> None:
+        entry = self._running.get(job_id)
+        if entry is not None:
+            entry[1].set()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Let the jobs in flight finish for up to ``timeout_s``, then cancel the rest."""
+        tasks = [task for task, _ in self._running.values()]
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        for job_id in list(self._running):
+            self.cancel(job_id)
+        if pending:
+            await asyncio.wait(pending, timeout=5)
+
+    async def _run(self, job: Job, sink: JobSink, cancel: threading.Event) -> None:
+        request = job.openai_req
+        model = str(request.get("model", ""))
+        kind = "embeddings" if job.openai_url.endswith("/embeddings") else "chat"
+        started = time.perf_counter()
+        usage = Usage(prompt_tokens=0, total_tokens=0)
+        outcome = "ok"
+        try:
+            if not self.has_model(model):
+                raise _JobFailure("model_not_available", f"this worker does not hold {model}",
+                                  retryable=True)
+            if kind == "embeddings":
+                usage = await self._embeddings(job, model, sink)
+            else:
+                usage = await self._chat(job, model, sink, cancel)
+                if cancel.is_set():
+                    raise _JobFailure("cancelled", "cancelled by the queen", retryable=False)
+        except _JobFailure as failure:
+            outcome = failure.code
+            await sink.error(job.id, failure.code, str(failure), failure.retryable)
+        except UnsupportedRequest as exc:
+            outcome = "invalid_request"
+            await sink.error(job.id, "invalid_request", str(exc), False)
+        except (EngineError, ModelStoreError) as exc:
+            outcome = "engine_error"
+            log.error("job %s failed: %s", job.id, exc)
+            await sink.error(job.id, "engine_error", str(exc), True)
+        except WorkerError as exc:
+            outcome = "worker_error"
+            await sink.error(job.id, "worker_error", str(exc), True)
+        except Exception as exc:  # never let one job take the worker down
+            outcome = "internal_error"
+            log.exception("job %s crashed", job.id)
+            with contextlib.suppress(Exception):
+                await sink.error(job.id, "internal_error", f"{type(exc).__name__}: {exc}", True)
+        record = JobRecord(job.id, model, kind, usage.prompt_tokens, usage.completion_tokens,
+                           time.perf_counter() - started, outcome)
+        log.info("job %s %s %s: %d prompt + %d completion tokens, %.1f tokens/s, %.2f s, %s",
+                 job.id, kind, model, record.prompt_tokens, record.completion_tokens,
+                 record.tokens_per_s, record.seconds, outcome)
+        for callback in self.on_finished:
+            callback(record)
+
+    async def _chat(self, job: Job, model: str, sink: JobSink, cancel: threading.Event) -> Usage:
+        stream = bool(job.openai_req.get("stream"))
+        collected: list[dict[str, Any]] = []
+
+        async def on_chunk(chunk: dict[str, Any]) -> None:
+            if stream:
+                await sink.chunk(job.id, chunk)
+            else:
+                collected.append(chunk)
+
+        counts = await self.pool.chat(model, job.openai_req, cancel, on_chunk)
+        usage = Usage(**counts)
+        if not cancel.is_set():
+            await sink.result(job.id, {} if stream else assemble_answer(collected), usage)
+        return usage
+
+    async def _embeddings(self, job: Job, model: str, sink: JobSink) -> Usage:
+        raw = job.openai_req.get("input")
+        inputs = [raw] if isinstance(raw, str) else raw
+        if not isinstance(inputs, list) or not all(isinstance(item, str) for item in inputs):
+            raise UnsupportedRequest("this worker embeds text inputs (a string or a list of them)")
+        vectors, tokens = await self.pool.embed(model, inputs)
+        data = {"object": "list", "model": model, "data": [
+            {"object": "embedding", "index": i, "embedding": vector}
+            for i, vector in enumerate(vectors)]}
+        usage = Usage(prompt_tokens=tokens, total_tokens=tokens)
+        await sink.result(job.id, data, usage)
+        return usage
+
+
+class _JobFailure(Exception):
+    def __init__(self, code: str, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retryable = retryable

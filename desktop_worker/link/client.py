@@ -1,0 +1,185 @@
+"""The websockets adapter around the link state machine: connect, feed frames in, carry actions
+out, reconnect with backoff, and shut down gracefully (finish or cancel jobs, close with 1001)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from desktop_worker.errors import HandshakeRefusedError, LinkError
+from desktop_worker.jobs import JobRunner
+from desktop_worker.link.backoff import Backoff
+from desktop_worker.link.machine import (
+    Action,
+    CancelJob,
+    Close,
+    Link,
+    RefusedByQueen,
+    Send,
+    StartJob,
+    Welcomed,
+)
+from shared_schema import SUBPROTOCOL, Hello, Status, Usage
+
+log = logging.getLogger(__name__)
+
+CLOSE_GOING_AWAY = 1001
+
+
+class _Sink:
+    """Where a job's output goes: through the machine, onto this connection."""
+
+    def __init__(self, client: LinkClient, link: Link) -> None:
+        self.client = client
+        self.link = link
+
+    async def chunk(self, job_id: str, data: dict[str, Any]) -> None:
+        await self.client._act(self.link, self.link.chunk(job_id, data))
+
+    async def result(self, job_id: str, data: dict[str, Any], usage: Usage) -> None:
+        await self.client._act(self.link, self.link.result(job_id, data, usage))
+
+    async def error(self, job_id: str, code: str, message: str, retryable: bool) -> None:
+        await self.client._act(self.link, self.link.error(job_id, code, message, retryable))
+
+
+class LinkClient:
+    """Keeps one worker connected to its queen until ``stop`` is set."""
+
+    def __init__(
+        self,
+        url: str,
+        hello_for: Callable[[], Awaitable[tuple[Callable[[str], Hello], int]]],
+        runner: JobRunner,
+        *,
+        status: Callable[[], Awaitable[Status | None]] | None = None,
+        status_interval_s: float = 30.0,
+        shutdown_grace_s: float = 10.0,
+        backoff: Backoff | None = None,
+        on_state: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.url = url
+        self.hello_for = hello_for
+        self.runner = runner
+        self.status = status
+        self.status_interval_s = status_interval_s
+        self.shutdown_grace_s = shutdown_grace_s
+        self.backoff = backoff or Backoff()
+        self.on_state = on_state
+        self.state = "stopped"
+        self.sessions = 0
+        self._ws: ClientConnection | None = None
+
+    def _set_state(self, state: str, detail: str = "") -> None:
+        self.state = state
+        if self.on_state is not None:
+            self.on_state(state, detail)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Connect, serve, and reconnect until ``stop``; raises on a fatal refusal."""
+        while not stop.is_set():
+            self._set_state("connecting", self.url)
+            started = time.monotonic()
+            try:
+                await self._connect_and_serve(stop)
+            except HandshakeRefusedError as exc:
+                self._set_state("refused", str(exc))
+                raise
+            except InvalidURI as exc:
+                raise LinkError(f"the queen URL {self.url!r} is not a websocket URL") from exc
+            except (OSError, InvalidHandshake, ConnectionClosed, TimeoutError) as exc:
+                log.warning("cannot reach the queen at %s: %s", self.url, exc or type(exc).__name__)
+            if stop.is_set():
+                break
+            delay = self.backoff.next_delay(time.monotonic() - started)
+            self._set_state("disconnected", f"reconnecting in {delay:.1f} s")
+            log.info("reconnecting to the queen in %.1f s", delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+        self._set_state("stopped")
+
+    async def _connect_and_serve(self, stop: asyncio.Event) -> None:
+        hello_for, max_jobs = await self.hello_for()
+        link = Link(hello_for, max_jobs)
+        async with connect(
+            self.url,
+            subprotocols=[SUBPROTOCOL],
+            compression=None,
+            max_size=None,
+            open_timeout=15,
+            ping_interval=20,
+            ping_timeout=20,
+            close_timeout=5,
+        ) as ws:
+            self._ws = ws
+            shutdown = asyncio.create_task(self._shutdown_on(stop, link, ws))
+            status: asyncio.Task[None] | None = None
+            try:
+                async for frame in ws:
+                    await self._act(link, link.receive(frame))
+                    if status is None and link.welcome is not None and self.status:
+                        status = asyncio.create_task(self._status_loop(link))
+            finally:
+                shutdown.cancel()
+                if status is not None:
+                    status.cancel()
+                for action in link.connection_lost():
+                    if isinstance(action, CancelJob):
+                        self.runner.cancel(action.job_id)
+                self._ws = None
+                code = ws.close_code
+                if not stop.is_set() and link.welcome is not None:
+                    log.warning("lost the queen (close code %s)", code)
+
+    async def _act(self, link: Link, actions: list[Action]) -> None:
+        ws = self._ws
+        for action in actions:
+            if isinstance(action, Send):
+                if ws is not None:
+                    with contextlib.suppress(ConnectionClosed):
+                        await ws.send(action.frame)
+            elif isinstance(action, StartJob):
+                self.runner.start(action.job, _Sink(self, link))
+            elif isinstance(action, CancelJob):
+                self.runner.cancel(action.job_id)
+            elif isinstance(action, Welcomed):
+                self.sessions += 1
+                self._set_state("connected", f"worker id {action.welcome.worker_id}")
+                log.info("connected to the queen at %s as worker %s", self.url,
+                         action.welcome.worker_id)
+            elif isinstance(action, RefusedByQueen):
+                if action.fatal:
+                    raise HandshakeRefusedError(action.code, action.reason)
+                log.warning("the queen refused this worker (%s): %s", action.code, action.reason)
+            elif isinstance(action, Close) and ws is not None:
+                await ws.close(action.code, action.reason)
+
+    async def _shutdown_on(self, stop: asyncio.Event, link: Link, ws: ClientConnection) -> None:
+        await stop.wait()
+        link.max_jobs = 0  # take no new jobs; the queen gets a retryable "busy"
+        await self.runner.drain(self.shutdown_grace_s)
+        await ws.close(CLOSE_GOING_AWAY, "the worker is shutting down")
+
+    async def _status_loop(self, link: Link) -> None:
+        assert self.status is not None
+        last: Status | None = None
+        while True:
+            status = await self.status()
+            if status is not None and _differs(status, last):
+                await self._act(link, link.status(status))
+                last = status
+            await asyncio.sleep(self.status_interval_s)
+
+
+def _differs(status: Status, last: Status | None) -> bool:
+    if last is None:
+        return True
+    keys = {"models", "max_jobs", "vram_free_mb", "disk_space", "downloads"}
+    return status.model_dump(include=keys) != last.model_dump(include=keys)

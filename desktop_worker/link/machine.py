@@ -1,0 +1,190 @@
+"""The worker's side of protocol v1 as a sans-I/O state machine: frames and events in, actions out.
+
+It never touches a socket or a clock. The websockets adapter (``client.py``) feeds it what
+arrives and carries out what it returns, which keeps every protocol decision unit-testable.
+
+States: ``AWAITING_CHALLENGE`` -> (challenge: send hello) -> ``AWAITING_WELCOME`` -> (welcome)
+``READY`` -> (jobs, cancels, pings) ... -> ``CLOSED`` (refused, or the connection ended).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from shared_schema import (
+    Cancel,
+    Challenge,
+    Chunk,
+    Hello,
+    Job,
+    JobError,
+    Ping,
+    Pong,
+    ProtocolError,
+    Refused,
+    Result,
+    Status,
+    Usage,
+    Welcome,
+    decode,
+    encode,
+)
+
+log = logging.getLogger(__name__)
+
+# Refusals that no retry can fix: stop reconnecting and tell the owner.
+FATAL_REFUSALS = frozenset({"protocol_version", "bad_signature"})
+
+
+class State(enum.Enum):
+    AWAITING_CHALLENGE = "awaiting challenge"
+    AWAITING_WELCOME = "awaiting welcome"
+    READY = "ready"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    frame: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartJob:
+    job: Job
+
+
+@dataclass(frozen=True, slots=True)
+class CancelJob:
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Welcomed:
+    welcome: Welcome
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedByQueen:
+    code: str
+    reason: str
+    fatal: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    code: int
+    reason: str
+
+
+Action = Send | StartJob | CancelJob | Welcomed | RefusedByQueen | Close
+
+
+class Link:
+    """One connection's protocol state. Make a new one for every connection."""
+
+    def __init__(self, hello_for: Callable[[str], Hello], max_jobs: int) -> None:
+        self._hello_for = hello_for
+        self.max_jobs = max_jobs
+        self.state = State.AWAITING_CHALLENGE
+        self.active: set[str] = set()
+        self._seq: dict[str, int] = {}
+        self.welcome: Welcome | None = None
+
+    # --- frames from the queen ----------------------------------------------------------------
+
+    def receive(self, frame: str | bytes) -> list[Action]:
+        try:
+            message = decode(frame)
+        except ProtocolError as exc:
+            log.warning("ignored a bad frame from the queen (%s): %s", exc.code, exc.message)
+            return []
+        if self.state is State.AWAITING_CHALLENGE:
+            if isinstance(message, Challenge):
+                self.state = State.AWAITING_WELCOME
+                return [Send(encode(self._hello_for(message.nonce)))]
+            return self._protocol_violation(f"expected a challenge, got {message.type}")
+        if self.state is State.AWAITING_WELCOME:
+            if isinstance(message, Welcome):
+                self.state = State.READY
+                self.welcome = message
+                return [Welcomed(message)]
+            if isinstance(message, Refused):
+                self.state = State.CLOSED
+                return [RefusedByQueen(message.code, message.reason,
+                                       message.code in FATAL_REFUSALS)]
+            return self._protocol_violation(f"expected a welcome, got {message.type}")
+        if self.state is State.READY:
+            return self._ready(message)
+        return []
+
+    def _ready(self, message: Any) -> list[Action]:
+        if isinstance(message, Job):
+            if message.id in self.active:
+                log.warning("the queen sent job %s twice; ignored", message.id)
+                return []
+            if len(self.active) >= self.max_jobs:
+                return [Send(encode(JobError(id=message.id, code="busy", retryable=True,
+                                             message="every job slot is taken")))]
+            self.active.add(message.id)
+            self._seq[message.id] = 0
+            return [StartJob(message)]
+        if isinstance(message, Cancel):
+            if message.id in self.active:
+                return [CancelJob(message.id, message.reason)]
+            return []
+        if isinstance(message, Ping):
+            return [Send(encode(Pong(ts=message.ts)))]
+        if isinstance(message, Pong):
+            return []
+        log.warning("ignored an unexpected %s from the queen", message.type)
+        return []
+
+    def _protocol_violation(self, what: str) -> list[Action]:
+        log.warning("protocol violation by the queen: %s", what)
+        self.state = State.CLOSED
+        return [Close(1002, what)]
+
+    # --- events from the jobs -----------------------------------------------------------------
+
+    def chunk(self, job_id: str, data: dict[str, Any]) -> list[Action]:
+        if job_id not in self.active or self.state is not State.READY:
+            return []
+        seq = self._seq[job_id]
+        self._seq[job_id] = seq + 1
+        return [Send(encode(Chunk(id=job_id, seq=seq, data=data)))]
+
+    def result(self, job_id: str, data: dict[str, Any], usage: Usage) -> list[Action]:
+        return self._end(job_id, Result(id=job_id, data=data, usage=usage))
+
+    def error(self, job_id: str, code: str, message: str, retryable: bool) -> list[Action]:
+        return self._end(job_id, JobError(id=job_id, code=code, message=message,
+                                          retryable=retryable))
+
+    def _end(self, job_id: str, message: Result | JobError) -> list[Action]:
+        if job_id not in self.active:
+            return []
+        self.active.discard(job_id)
+        self._seq.pop(job_id, None)
+        if self.state is not State.READY:
+            return []
+        return [Send(encode(message))]
+
+    def status(self, status: Status) -> list[Action]:
+        if self.state is not State.READY:
+            return []
+        return [Send(encode(status))]
+
+    # --- the connection -----------------------------------------------------------------------
+
+    def connection_lost(self) -> list[Action]:
+        """The socket is gone: every job in flight is cancelled (the queen retries elsewhere)."""
+        self.state = State.CLOSED
+        actions: list[Action] = [CancelJob(job_id, "connection lost") for job_id in self.active]
+        self.active.clear()
+        self._seq.clear()
+        return actions

@@ -1,0 +1,169 @@
+import random
+
+import pytest
+
+from desktop_worker.link.backoff import Backoff
+from desktop_worker.link.machine import (
+    CancelJob,
+    Close,
+    Link,
+    RefusedByQueen,
+    Send,
+    StartJob,
+    State,
+    Welcomed,
+)
+from shared_schema import (
+    Cancel,
+    Challenge,
+    Hello,
+    Job,
+    Ping,
+    Refused,
+    Status,
+    Usage,
+    Welcome,
+    decode,
+    encode,
+)
+from tests.support.workers import new_key, signed_hello
+
+NONCE = "ab" * 16
+WELCOME = encode(Welcome(session_id="s", worker_id="w", heartbeat_interval_s=15))
+
+
+def _link(max_jobs: int = 2) -> tuple[Link, list[str]]:
+    nonces: list[str] = []
+    key = new_key()
+
+    def hello_for(nonce: str) -> Hello:
+        nonces.append(nonce)
+        return signed_hello(key, nonce, models=[], max_jobs=max_jobs)
+
+    return Link(hello_for, max_jobs), nonces
+
+
+def _ready(max_jobs: int = 2) -> Link:
+    link, _ = _link(max_jobs)
+    link.receive(encode(Challenge(nonce=NONCE)))
+    link.receive(WELCOME)
+    return link
+
+
+def _job(job_id: str) -> str:
+    return encode(Job(id=job_id, openai_url="/v1/chat/completions", openai_req={"model": "m"}))
+
+
+def test_challenge_gets_a_hello_signed_over_its_nonce():
+    link, nonces = _link()
+    [action] = link.receive(encode(Challenge(nonce=NONCE)))
+    assert isinstance(action, Send)
+    assert decode(action.frame).type == "hello"
+    assert nonces == [NONCE]
+    assert link.state is State.AWAITING_WELCOME
+
+
+def test_welcome_makes_the_link_ready():
+    link, _ = _link()
+    link.receive(encode(Challenge(nonce=NONCE)))
+    [action] = link.receive(WELCOME)
+    assert isinstance(action, Welcomed)
+    assert link.state is State.READY
+
+
+@pytest.mark.parametrize(("code", "fatal"), [("bad_signature", True),
+                                              ("protocol_version", True),
+                                              ("hello_timeout", False)])
+def test_refusal_closes_and_says_whether_retrying_can_help(code, fatal):
+    link, _ = _link()
+    link.receive(encode(Challenge(nonce=NONCE)))
+    [action] = link.receive(encode(Refused(code=code, reason="no")))
+    assert action == RefusedByQueen(code, "no", fatal)
+    assert link.state is State.CLOSED
+
+
+def test_anything_but_a_challenge_first_is_a_protocol_violation():
+    link, _ = _link()
+    [action] = link.receive(WELCOME)
+    assert isinstance(action, Close)
+    assert action.code == 1002
+
+
+def test_jobs_start_up_to_max_jobs_then_get_a_retryable_busy():
+    link = _ready(max_jobs=1)
+    [start] = link.receive(_job("a"))
+    assert isinstance(start, StartJob)
+    assert start.job.id == "a"
+    [busy] = link.receive(_job("b"))
+    error = decode(busy.frame)
+    assert (error.type, error.id, error.code, error.retryable) == ("error", "b", "busy", True)
+    assert link.receive(_job("a")) == []  # a duplicate is ignored
+
+
+def test_chunks_are_numbered_and_end_with_the_result():
+    link = _ready()
+    link.receive(_job("a"))
+    frames = [decode(a.frame) for a in link.chunk("a", {"n": 1}) + link.chunk("a", {"n": 2})]
+    assert [(f.type, f.seq, f.data) for f in frames] == [("chunk", 0, {"n": 1}),
+                                                        ("chunk", 1, {"n": 2})]
+    [result] = link.result("a", {}, Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3))
+    assert decode(result.frame).usage.total_tokens == 3
+    assert link.active == set()
+    assert link.chunk("a", {"late": True}) == []  # after the end, nothing more goes out
+
+
+def test_cancel_reaches_only_running_jobs():
+    link = _ready()
+    link.receive(_job("a"))
+    assert link.receive(encode(Cancel(id="a"))) == [CancelJob("a", "cancelled")]
+    assert link.receive(encode(Cancel(id="zzz"))) == []
+    [error] = link.error("a", "cancelled", "cancelled by the queen", False)
+    assert decode(error.frame).code == "cancelled"
+
+
+def test_ping_gets_a_pong_and_garbage_is_ignored():
+    link = _ready()
+    [pong] = link.receive(encode(Ping(ts=4.5)))
+    assert decode(pong.frame).type == "pong"
+    assert decode(pong.frame).ts == 4.5
+    assert link.receive("{garbage") == []
+    assert link.state is State.READY
+
+
+def test_status_goes_out_only_when_ready():
+    link, _ = _link()
+    assert link.status(Status(active_jobs=0)) == []
+    link = _ready()
+    [send] = link.status(Status(active_jobs=1))
+    assert decode(send.frame).active_jobs == 1
+
+
+def test_connection_lost_cancels_every_job():
+    link = _ready()
+    link.receive(_job("a"))
+    link.receive(_job("b"))
+    actions = link.connection_lost()
+    assert sorted(a.job_id for a in actions) == ["a", "b"]
+    assert link.state is State.CLOSED
+    assert link.result("a", {}, Usage(prompt_tokens=0, total_tokens=0)) == []
+
+
+def test_backoff_grows_exponentially_with_jitter_up_to_the_cap():
+    backoff = Backoff(base_s=1, cap_s=60, rng=random.Random(7))
+    delays = [backoff.next_delay() for _ in range(10)]
+    for attempt, delay in enumerate(delays):
+        ceiling = min(60, 2**attempt)
+        assert ceiling * 0.5 <= delay <= ceiling
+    assert max(delays) <= 60
+
+
+def test_backoff_resets_after_a_stable_session():
+    backoff = Backoff(base_s=1, cap_s=60, stable_s=30, rng=random.Random(1))
+    for _ in range(6):
+        backoff.next_delay(session_s=1)
+    assert backoff.next_delay(session_s=45) <= 1.0
+
+
+def test_backoff_jitter_spreads_workers_dropped_together():
+    delays = {round(Backoff(rng=random.Random(seed)).next_delay(), 3) for seed in range(50)}
+    assert len(delays) > 40
