@@ -377,30 +377,91 @@ async def serve_baseline(port: int) -> None:
 # --- the stub workers -------------------------------------------------------------------------
 
 
-async def serve_workers(ws_url: str, count: int, max_jobs: int) -> None:
+def answer_frames(job_id: str, stream: bool, tokens: int) -> list[str]:
+    """The frames ScriptedWorker sends for an echo job of ``tokens`` `` tok`` tokens, built with
+    orjson instead of pydantic models (same JSON, byte for byte; checked at start-up)."""
+    usage = {"prompt_tokens": 7, "completion_tokens": tokens, "total_tokens": 7 + tokens}
+    if not stream:
+        data = {"choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": " tok" * tokens}}]}
+        return [orjson.dumps({"type": "result", "id": job_id, "data": data,
+                              "usage": usage}).decode()]
+    frames = []
+    for seq in range(tokens):
+        delta = {"content": " tok", "role": "assistant"} if seq == 0 else {"content": " tok"}
+        frames.append(orjson.dumps({"type": "chunk", "id": job_id, "seq": seq, "data": {
+            "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}}).decode())
+    frames.append(orjson.dumps({"type": "chunk", "id": job_id, "seq": tokens, "data": {
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}}).decode())
+    frames.append(orjson.dumps({"type": "result", "id": job_id, "data": {},
+                                "usage": usage}).decode())
+    return frames
+
+
+async def serve_workers(
+    ws_url: str, count: int, max_jobs: int, ready_file: str, frames: str
+) -> None:
     sys.path.insert(0, str(ROOT))
+    from websockets.exceptions import ConnectionClosed
+
     from tests.support.workers import ECHO_MODEL, ScriptedWorker
 
     assert ECHO_MODEL == MODEL
 
     class BenchWorker(ScriptedWorker):
-        """The scripted echo worker, answering with as many tokens as the job's ``max_tokens``."""
+        """The scripted echo worker, answering with as many tokens as the job's ``max_tokens``.
+
+        With ``frames == "orjson"`` it sends the same frames as ScriptedWorker, serialised
+        without pydantic, so that the stub costs less than the queen it feeds."""
 
         async def _run(self, job: Any) -> None:
-            # ScriptedWorker._run reads tokens_per_answer before its first await, so setting it
-            # just before is safe even with many jobs in flight.
-            self.tokens_per_answer = int(job.openai_req.get("max_tokens") or 1)
-            await super()._run(job)
+            tokens = int(job.openai_req.get("max_tokens") or 1)
+            if frames == "pydantic":
+                # ScriptedWorker._run reads tokens_per_answer before its first await, so
+                # setting it just before is safe even with many jobs in flight.
+                self.tokens_per_answer = tokens
+                await super()._run(job)
+                return
+            assert self._ws is not None
+            send = self._ws.send
+            with contextlib.suppress(ConnectionClosed):
+                for frame in answer_frames(job.id, bool(job.openai_req.get("stream")), tokens):
+                    await send(frame)
 
+    await check_answer_frames(BenchWorker)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     workers = [await BenchWorker(ws_url, max_jobs=max_jobs).start() for _ in range(count)]
+    # The queen lists a worker in /health before it has sent the worker its welcome, and a job
+    # sent in that gap breaks ScriptedWorker.start; so the bench also waits for this file.
+    await asyncio.to_thread(Path(ready_file).write_text, "ready")
     await stop.wait()
     for worker in workers:
         with contextlib.suppress(Exception):
             await worker.stop()
+
+
+async def check_answer_frames(worker_class: Any) -> None:
+    """Assert that ``answer_frames`` matches what ScriptedWorker itself sends."""
+    from shared_schema import Job
+
+    for stream in (False, True):
+        job = Job(id="bench-check.1", openai_url="/v1/chat/completions",
+                  openai_req={"model": MODEL, "messages": [], "max_tokens": 3, "stream": stream})
+        worker = worker_class("ws://unused")
+        sent: list[str] = []
+
+        async def capture(message: Any, sent: list[str] = sent) -> None:
+            from shared_schema import encode
+
+            sent.append(encode(message))
+
+        worker._send = capture
+        worker.tokens_per_answer = 3
+        await super(worker_class, worker)._run(job)
+        assert sent == answer_frames(job.id, stream, 3), (sent, answer_frames(job.id, stream, 3))
 
 
 # --- processes --------------------------------------------------------------------------------
@@ -511,10 +572,13 @@ def start_queen(
                    "-i", str(args.profile_interval)]
     procs.start("queen", prefix + queen, env={"PYTHONPATH": str(ROOT)})
     wait_healthy(procs, port, lambda health: health.get("status") == "ok")
+    ready = procs.workdir / "workers.ready"
     procs.start("worker", [sys.executable, __file__, "--role", "workers", "--port", str(port),
-                           "--workers", str(args.workers), "--max-jobs", str(args.max_jobs)],
+                           "--workers", str(args.workers), "--max-jobs", str(args.max_jobs),
+                           "--ready-file", str(ready), "--worker-frames", args.worker_frames],
                 env={"PYTHONPATH": str(ROOT)})
-    wait_healthy(procs, port, lambda health: health.get("workers") == args.workers
+    wait_healthy(procs, port, lambda health: ready.exists()
+                 and health.get("workers") == args.workers
                  and health.get("job_slots") == args.workers * args.max_jobs)
     return port
 
@@ -602,7 +666,7 @@ def summarise(args: argparse.Namespace, phases: list[Phase]) -> dict[str, Any]:
                      f"{added['mean_ms']:>9.3f}{q.rps:>13.0f}{b.rps:>16.0f}"
                      f"{q.cpu_us_per_request('queen'):>18.0f}"
                      f"{q.cpu_us_per_request('queen.sys'):>10.0f}")
-    small, big = min(args.tokens), max(args.tokens)
+    small, big = min(args.tokens, default=0), max(args.tokens, default=0)
     if big > small:
         lines += ["", f"Relay cost per streamed token (k={big} against k={small}, "
                       f"divided by {big - small} extra tokens):"]
@@ -615,8 +679,10 @@ def summarise(args: argparse.Namespace, phases: list[Phase]) -> dict[str, Any]:
                 continue
             extra = big - small
             cpu = (q_big.cpu_us_per_request("queen") - q_small.cpu_us_per_request("queen")) / extra
-            wall_q = 1e3 * (q_big.mean_ms - q_small.mean_ms) / extra
-            wall_b = 1e3 * (b_big.mean_ms - b_small.mean_ms) / extra
+            # Wall time per request from throughput (1/rps): at c=1 that is the mean latency, at
+            # higher concurrency the time the whole pipeline spends per answer.
+            wall_q = 1e6 * (1 / q_big.rps - 1 / q_small.rps) / extra
+            wall_b = 1e6 * (1 / b_big.rps - 1 / b_small.rps) / extra
             tokens_s = q_big.rps * big
             summary["per_token"][conc] = {
                 "queen_cpu_us": cpu, "queen_wall_us": wall_q, "baseline_wall_us": wall_b,
@@ -864,6 +930,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=4, help="stub workers (default 4)")
     parser.add_argument("--max-jobs", type=int, default=64,
                         help="job slots per stub worker (default 64)")
+    parser.add_argument("--worker-frames", choices=["orjson", "pydantic"], default="orjson",
+                        help="how the stub workers build their answer frames: orjson (default, "
+                        "cheap) or pydantic (ScriptedWorker's own code path); same frames")
     parser.add_argument("--targets", type=lambda text: text.split(","),
                         default=["baseline", "queen"],
                         help="servers to load (default baseline,queen)")
@@ -885,6 +954,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--role", choices=["bench", "baseline", "workers"], default="bench",
                         help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--ready-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.role == "baseline":
@@ -894,7 +964,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "workers":
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(serve_workers(f"ws://127.0.0.1:{args.port}/worker", args.workers,
-                                     args.max_jobs))
+                                     args.max_jobs, args.ready_file, args.worker_frames))
         return 0
     if args.profile:
         return run_profile(args)

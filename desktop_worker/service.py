@@ -1,0 +1,138 @@
+"""A running worker, widget-free: the model store, the engine, the job runner and the link.
+
+The headless CLI drives it today and the tray app will drive the same object later. Blocking
+work (hardware probes, downloads, hashing, model loading) runs in threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from desktop_worker import __version__
+from desktop_worker.engine.pool import ModelPool
+from desktop_worker.hardware import HardwareReport, detect_hardware
+from desktop_worker.identity import WorkerIdentity
+from desktop_worker.jobs import JobRunner
+from desktop_worker.link.client import LinkClient
+from desktop_worker.settings import WorkerSettings
+from desktop_worker.store import LocalModel, ModelStore
+from desktop_worker.store.names import validate_local_name
+from shared_schema import PROTOCOL_VERSION, Hello, Status
+
+log = logging.getLogger(__name__)
+
+CAPABILITIES = ["chat", "stream", "embeddings"]
+
+
+def default_budget_mb() -> int:
+    """Models may use 60% of the RAM available when the worker starts."""
+    return max(512, int(psutil.virtual_memory().available / (1024 * 1024) * 0.6))
+
+
+class WorkerService:
+    def __init__(self, settings: WorkerSettings, *, store: ModelStore | None = None) -> None:
+        self.settings = settings
+        quota = int(settings.disk_quota_gb * 1024**3) if settings.disk_quota_gb else None
+        self.store = store or ModelStore(settings.models_dir, quota_bytes=quota,
+                                         endpoint=settings.hf_endpoint)
+        self.identity = WorkerIdentity.load_or_create(settings.key_path)
+        self.hardware: HardwareReport | None = None
+        self.pool = ModelPool(
+            self.store.get,
+            max_jobs=settings.max_jobs,
+            gpu_layers=settings.gpu_layers,
+            n_ctx=settings.n_ctx,
+            n_threads=settings.threads,  # None: llama.cpp picks half the cores
+            free_vram_mb=lambda: self.hardware.free_vram_mb if self.hardware else None,
+            budget_mb=settings.memory_budget_mb or default_budget_mb(),
+        )
+        self.runner = JobRunner(self.pool, has_model=self.has_model)
+        self.link = LinkClient(
+            settings.queen_url,
+            self.hello_factory,
+            self.runner,
+            status=self.status,
+            status_interval_s=settings.status_interval_s,
+            shutdown_grace_s=settings.shutdown_grace_s,
+        )
+
+    # --- models -------------------------------------------------------------------------------
+
+    def has_model(self, name: str) -> bool:
+        return name in self.store
+
+    async def prepare(
+        self, names_or_paths: list[str], progress: Callable[..., None] | None = None
+    ) -> list[LocalModel]:
+        """Make every named model local (pulling or importing it) and load it."""
+        models = []
+        for item in names_or_paths:
+            model = await asyncio.to_thread(self._local, item, progress)
+            plan = await self.pool.load(model.name)
+            log.info("serving %s (%s, %.0f MB, %s)", model.name, model.path.name,
+                     model.size_bytes / 2**20, plan.reason)
+            models.append(model)
+        return models
+
+    def _local(self, item: str, progress: Callable[..., None] | None) -> LocalModel:
+        path = Path(item).expanduser()
+        if item.endswith(".gguf") and path.is_file():
+            name = validate_local_name(path.stem)
+            existing = next((m for m in self.store.list() if m.name == name), None)
+            if existing is not None and existing.size_bytes == path.stat().st_size:
+                return existing
+            if existing is not None:
+                self.store.remove(name)
+            log.info("importing %s as %s", path, name)
+            return self.store.import_file(path, name)
+        return self.store.pull(item, progress=progress)
+
+    # --- what the queen is told ---------------------------------------------------------------
+
+    async def detect(self) -> HardwareReport:
+        self.hardware = await asyncio.to_thread(detect_hardware, self.settings.models_dir)
+        return self.hardware
+
+    async def hello_factory(self) -> tuple[Callable[[str], Hello], int]:
+        """Fresh hardware and model facts for the next hello (called on every connect)."""
+        report = await self.detect()
+        fields = report.registration_fields()
+        models = self.store.descriptors(self.pool.loaded())
+        settings = self.settings
+
+        def hello_for(nonce: str) -> Hello:
+            return Hello(
+                protocol=PROTOCOL_VERSION,
+                worker_version=__version__,
+                pubkey=self.identity.pubkey,
+                signature=self.identity.sign_hello(nonce, settings.ln_url),
+                ln_url=settings.ln_url,
+                models=models,
+                capabilities=CAPABILITIES,
+                max_jobs=settings.max_jobs,
+                **fields,
+            )
+
+        return hello_for, settings.max_jobs
+
+    async def status(self) -> Status:
+        report = await self.detect()
+        return Status(
+            active_jobs=self.runner.active,
+            max_jobs=self.settings.max_jobs,
+            models=self.store.descriptors(self.pool.loaded()),
+            **report.status_fields(),
+        )
+
+    # --- running ------------------------------------------------------------------------------
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        try:
+            await self.link.run(stop)
+        finally:
+            await self.pool.close()
