@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.resources
 import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -149,3 +150,17 @@ def test_worker_reconnects_by_itself_after_a_queen_restart(swarm):
                                                   max_tokens=8)
     assert answer.usage.completion_tokens == 8
     assert swarm.worker.alive()
+
+
+def test_sigterm_lets_the_answer_in_flight_finish_then_leaves(swarm):
+    stream = swarm.client.chat.completions.create(model=MODEL, messages=SKY, temperature=0,
+                                                  max_tokens=48, stream=True,
+                                                  stream_options={"include_usage": True})
+    chunks = iter(stream)
+    assert next(chunks).choices
+    swarm.worker.popen.send_signal(signal.SIGTERM)
+    rest = list(chunks)
+    assert rest[-1].usage.completion_tokens == 48  # the whole answer, not a cut-off one
+    assert swarm.worker.popen.wait(timeout=30) == 0
+    assert "stopped" in swarm.worker.log()
+    wait_for(lambda: health(swarm.port).get("workers") == 0, 10, "the worker to leave")
