@@ -121,7 +121,10 @@ class DisconnectGuard:
             self._task.cancel()
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        self._watcher.cancel()
+        # Drop the task: its CancelledError's traceback holds _watch's frame, which holds self,
+        # so keeping the task here makes a reference cycle that only the GC can free.
+        watcher, self._watcher = self._watcher, None
+        watcher.cancel()
         if self._gone and exc_type is asyncio.CancelledError and self._task is not None:
             self._task.uncancel()
             raise ClientGone from exc

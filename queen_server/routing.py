@@ -63,7 +63,7 @@ def rank(
     record yet is scored at the median of the known ones, so newcomers get their share of work.
     """
     capable: list[tuple[int, int, float, W]] = []
-    unknown = statistics.median(speeds.values()) if speeds else 1.0
+    unknown: float | None = None
     for worker in workers:
         if worker.key in exclude:
             continue
@@ -71,7 +71,12 @@ def rank(
         if worker_tier is None:
             continue
         busy = 0 if worker.free_slots > 0 else 1
-        score = speeds.get(worker.key, unknown) * (1.0 + jitter * rng.random())
+        speed = speeds.get(worker.key)
+        if speed is None:
+            if unknown is None:  # computed once, and only when a newcomer needs it
+                unknown = statistics.median(speeds.values()) if speeds else 1.0
+            speed = unknown
+        score = speed * (1.0 + jitter * rng.random())
         capable.append((worker_tier, busy, score, worker))
     capable.sort(key=lambda entry: entry[:3])
     return [entry[3] for entry in capable]

@@ -86,36 +86,40 @@ async def worker_endpoint(websocket: WebSocket) -> None:
     except (Disconnected, WebSocketDisconnect):
         return
 
-    older = state.registry.add(session)
-    if older is not None:
-        with contextlib.suppress(Exception):
-            await older.transport.close(CLOSE_REPLACED, "replaced by a newer session")
-    log.info(
-        "worker %s joined (%s, %d job slots, models: %s)",
-        session.public_id,
-        "legacy" if session.legacy else f"v{PROTOCOL_VERSION} {session.worker_version}",
-        session.max_jobs,
-        ", ".join(sorted(session.cached)) or "none",
-    )
     if state.db is not None and not session.legacy:
         await state.db.record_worker(
             session.key, session.public_id, session.ln_url, session.worker_version
         )
     heartbeat = None
-    if not session.legacy:
-        await transport.send_text(
-            encode(
-                Welcome(
-                    session_id=session.session_id,
-                    worker_id=session.public_id,
-                    heartbeat_interval_s=state.settings.heartbeat_interval_s,
-                )
-            )
-        )
-        heartbeat = asyncio.create_task(_heartbeat(session, state))
     reason = "disconnected"
     try:
+        if not session.legacy:
+            # Welcome first, then register: a job must never reach a worker before its welcome.
+            await transport.send_text(
+                encode(
+                    Welcome(
+                        session_id=session.session_id,
+                        worker_id=session.public_id,
+                        heartbeat_interval_s=state.settings.heartbeat_interval_s,
+                    )
+                )
+            )
+        older = state.registry.add(session)
+        if older is not None:
+            with contextlib.suppress(Exception):
+                await older.transport.close(CLOSE_REPLACED, "replaced by a newer session")
+        log.info(
+            "worker %s joined (%s, %d job slots, models: %s)",
+            session.public_id,
+            "legacy" if session.legacy else f"v{PROTOCOL_VERSION} {session.worker_version}",
+            session.max_jobs,
+            ", ".join(sorted(session.cached)) or "none",
+        )
+        if not session.legacy:
+            heartbeat = asyncio.create_task(_heartbeat(session, state))
         reason = await _read_loop(websocket, session, state)
+    except (Disconnected, WebSocketDisconnect, OSError) as exc:
+        reason = f"connection lost ({type(exc).__name__})"
     finally:
         if heartbeat is not None:
             heartbeat.cancel()

@@ -225,3 +225,22 @@ async def test_connected_workers_are_recorded_in_the_database(queen):
             (worker.pubkey, public_id(worker.pubkey), "bob@example.com")]
     finally:
         await database.close()
+
+
+async def test_worker_leaving_before_its_welcome_is_not_left_registered(queen):
+    for _ in range(3):
+        ws = await connect(queen.ws_url, subprotocols=[SUBPROTOCOL], proxy=None)
+        challenge = decode(await ws.recv())
+        await ws.send(_hello(challenge.nonce))
+        await ws.close()  # gone before reading the welcome
+    await queen.wait_until(lambda: len(queen.state.registry) == 0,
+                           what="no zombie sessions")
+
+
+async def test_hot_routes_report_errors_like_the_others(queen):
+    import httpx
+
+    async with httpx.AsyncClient(base_url=queen.base_url) as http:
+        response = await http.post("/v1/embeddings", content=b"{")
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_json"
