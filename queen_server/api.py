@@ -87,32 +87,50 @@ def _state(request: Request) -> QueenState:
 )
 async def chat_completions(request: Request) -> Response:
     state = _state(request)
-    state.auth.check(request.headers.get("authorization"))
+    principal = await state.billing.authenticate(request.headers.get("authorization"))
     req = parse(ChatCompletionRequest, await read_body(request, state.settings.max_body_bytes))
     openai_req = req.model_dump(mode="json", exclude_unset=True)
     completion_id = "chatcmpl-" + secrets.token_hex(12)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     ctx = CompletionContext(completion_id, req.model, int(time.time()), include_usage)
-    dispatcher = state.dispatcher
+    dispatcher, billing = state.dispatcher, state.billing
+    dispatcher.require_servable(req.model)
+    hold = await billing.hold(principal, completion_id, state.registry.parameter_count(req.model),
+                              [_text(m.content) for m in req.messages], openai_req)
     try:
         async with DisconnectGuard(request):
             run = await dispatcher.start(
                 completion_id, req.model, "/v1/chat/completions", openai_req, stream=req.stream
             )
-            if req.stream:
-                return StreamingResponse(
-                    stream_chat(run, ctx, dispatcher),
-                    media_type="text/event-stream",
-                    headers=SSE_HEADERS,
-                )
+            if req.stream:  # the stream now owns the hold
+                body = stream_chat(run, ctx, dispatcher, lambda **usage: billing.finish(
+                    hold, worker_key=run.worker.earnings_key, **usage))
+                hold = None
+                return StreamingResponse(body, media_type="text/event-stream",
+                                         headers=SSE_HEADERS)
             try:
                 chunks, result = await collect(run)
             finally:
                 await run.finish()
     except ClientGone:
+        await billing.finish(hold)
         return Response(status_code=499)
+    except BaseException:
+        await billing.finish(hold)  # a failed job is charged nothing
+        raise
     dispatcher.record_result(run.handle, result)
+    await billing.finish(hold, prompt_tokens=result.usage.prompt_tokens,
+                         completion_tokens=result.usage.completion_tokens,
+                         worker_key=run.worker.earnings_key)
     return json_response(assemble_chat(ctx, chunks, result))
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""
 
 
 @router.post(
@@ -123,11 +141,17 @@ async def chat_completions(request: Request) -> Response:
 )
 async def embeddings(request: Request) -> Response:
     state = _state(request)
-    state.auth.check(request.headers.get("authorization"))
+    principal = await state.billing.authenticate(request.headers.get("authorization"))
     req = parse(EmbeddingRequest, await read_body(request, state.settings.max_body_bytes))
     openai_req = req.model_dump(mode="json", exclude_unset=True)
     openai_req["encoding_format"] = "float"  # workers send floats; the queen encodes base64
     job_id = "embd-" + secrets.token_hex(12)
+    billing = state.billing
+    state.dispatcher.require_servable(req.model)
+    inputs = [req.input] if isinstance(req.input, str) else req.input
+    hold = await billing.hold(principal, job_id, state.registry.parameter_count(req.model),
+                              [item if isinstance(item, str) else " " * len(str(item))
+                               for item in inputs], openai_req, completion_limit=None)
     try:
         async with DisconnectGuard(request):
             run = await state.dispatcher.start(
@@ -138,14 +162,20 @@ async def embeddings(request: Request) -> Response:
             finally:
                 await run.finish()
     except ClientGone:
+        await billing.finish(hold)
         return Response(status_code=499)
+    except BaseException:
+        await billing.finish(hold)
+        raise
+    await billing.finish(hold, prompt_tokens=result.usage.prompt_tokens,
+                         worker_key=run.worker.earnings_key)
     return json_response(embeddings_answer(result, req.model, req.encoding_format))
 
 
 @router.get("/v1/models", response_model=ModelList, summary="Models the connected workers hold")
 async def list_models(request: Request) -> Response:
     state = _state(request)
-    state.auth.check(request.headers.get("authorization"))
+    await state.billing.authenticate(request.headers.get("authorization"))
     registry = state.registry
     cards = []
     for name in registry.model_names():

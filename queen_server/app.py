@@ -17,10 +17,11 @@ from starlette.types import Receive, Scope, Send
 
 from queen_server import __version__
 from queen_server.api import SCHEMAS, chat_completions, embeddings, json_response, router
+from queen_server.billing.service import Billing
 from queen_server.db import Database
 from queen_server.dispatch import Dispatcher
 from queen_server.errors import ApiError, InvalidRequest, NotFound
-from queen_server.http_io import Authenticator, param_name
+from queen_server.http_io import param_name
 from queen_server.registry import Registry
 from queen_server.settings import QueenSettings
 from queen_server.worker_ws import worker_endpoint
@@ -34,7 +35,7 @@ class QueenState:
     settings: QueenSettings
     registry: Registry
     dispatcher: Dispatcher
-    auth: Authenticator
+    billing: Billing
     db: Database | None
 
 
@@ -77,24 +78,25 @@ class QueenApp(FastAPI):
 def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) -> FastAPI:
     settings = settings or QueenSettings()
     registry = Registry()
+    db = Database(settings.db) if use_db else None
     state = QueenState(
         settings=settings,
         registry=registry,
         dispatcher=Dispatcher(registry, settings),
-        auth=Authenticator(settings.api_keys),
-        db=Database(settings.db) if use_db else None,
+        billing=Billing(settings, db),
+        db=db,
     )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if state.db is not None:
             await state.db.start()
-        if state.auth.open:
-            log.warning("no API keys are configured: the API is open to anyone who can reach it")
+        await state.billing.start()
         try:
             yield
         finally:
             await registry.close_all(CLOSE_GOING_AWAY, "the queen is shutting down")
+            await state.billing.stop()
             if state.db is not None:
                 await state.db.close()
 

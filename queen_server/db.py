@@ -1,7 +1,8 @@
 """The queen's database: SQLite by default, PostgreSQL by URL, through SQLAlchemy's async API.
 
-For now it remembers every worker identity that has connected (key, public id, payout address,
-version, first and last seen). Writes happen on connect and disconnect, never per job.
+``start()`` brings the schema up to date with the Alembic migrations in ``migrations/`` (also
+``apiary-queen db upgrade``). Worker identities are written on connect, never per job; the
+ledger has its own batched writer (``billing/store.py``).
 """
 
 from __future__ import annotations
@@ -10,34 +11,23 @@ import logging
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sqlalchemy import DateTime, String, event, func, select
-from sqlalchemy.engine import make_url
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import event, func, select
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from queen_server.errors import QueenError
+from queen_server.models import WorkerRecord
+
+MIGRATIONS = Path(__file__).parent / "migrations"
 
 log = logging.getLogger(__name__)
 
 
 class DatabaseError(QueenError):
     pass
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-class WorkerRecord(Base):
-    __tablename__ = "workers"
-
-    key: Mapped[str] = mapped_column(String(64), primary_key=True)
-    public_id: Mapped[str] = mapped_column(String(16), index=True)
-    ln_url: Mapped[str | None] = mapped_column(String(2048))
-    worker_version: Mapped[str] = mapped_column(String(64), default="")
-    first_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
@@ -64,10 +54,33 @@ class Database:
             event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
         self.sessions = async_sessionmaker(self.engine, expire_on_commit=False)
 
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def _alembic(self, connection: Connection | None = None) -> Config:
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        url = self.url.render_as_string(hide_password=False).replace("%", "%%")
+        config.set_main_option("sqlalchemy.url", url)
+        config.attributes["connection"] = connection
+        return config
+
     async def start(self) -> None:
+        """Open the database and apply any migrations it lacks."""
+        await self.upgrade()
+
+    async def upgrade(self) -> str | None:
+        """Apply the migrations; returns the revision the database is now at."""
+
+        def upgrade(connection: Connection) -> str | None:
+            command.upgrade(self._alembic(connection), "head")
+            row = connection.exec_driver_sql("SELECT version_num FROM alembic_version").first()
+            return row[0] if row else None
+
         try:
             async with self.engine.begin() as conn:
-                await conn.run_sync(Base.metadata.create_all)
+                return await conn.run_sync(upgrade)
         except (SQLAlchemyError, OSError) as exc:
             raise DatabaseError(f"cannot open database {self.url!r}: {exc}") from exc
 

@@ -132,6 +132,13 @@ class Dispatcher:
             f"the job failed on {len(tried)} worker(s); last error: {last_error}",
         )
 
+    def require_servable(self, model: str) -> None:
+        """404 ``model_not_found`` unless some connected worker could serve ``model``."""
+        if not self.registry.candidates(model):
+            raise ModelNotFound(
+                f"The model '{model}' is not served by any connected worker.", param="model"
+            )
+
     async def _acquire(self, model: str, tried: set[str], last_error: str) -> WorkerSession:
         """The best worker with a free slot, waiting in the admission queue if all are busy."""
         registry = self.registry
@@ -144,10 +151,7 @@ class Dispatcher:
                     raise WorkerFailed(
                         f"no other worker can serve this model; last error: {last_error}"
                     )
-                raise ModelNotFound(
-                    f"The model '{model}' is not served by any connected worker.",
-                    param="model",
-                )
+                self.require_servable(model)
             for session in rank(model, candidates, self.speeds.for_model(model), self.rng,
                                 exclude=tried):
                 if session.free_slots > 0:

@@ -1,16 +1,15 @@
-"""Small HTTP edge helpers: bounded body reading, strict parsing, auth, client disconnects."""
+"""Small HTTP edge helpers: bounded body reading, strict parsing, client disconnects."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from queen_server.errors import InvalidRequest, PayloadTooLarge, Unauthorized
+from queen_server.errors import InvalidRequest, PayloadTooLarge
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -65,30 +64,6 @@ def param_name(loc: Iterable[Any]) -> str | None:
         else:
             parts.append(part)
     return ".".join(parts) or None
-
-
-class Authenticator:
-    """Bearer-key check against a configured list; an empty list leaves the API open."""
-
-    def __init__(self, keys: Iterable[str]) -> None:
-        self._digests = {hashlib.sha256(key.encode()).digest() for key in keys}
-
-    @property
-    def open(self) -> bool:
-        return not self._digests
-
-    def check(self, authorization: str | None) -> None:
-        if not self._digests:
-            return
-        scheme, _, key = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            raise Unauthorized(
-                "You didn't provide an API key. Send 'Authorization: Bearer YOUR_KEY'.",
-                code="missing_api_key",
-            )
-        digest = hashlib.sha256(key.strip().encode()).digest()
-        if digest not in self._digests:
-            raise Unauthorized("Incorrect API key provided.")
 
 
 class ClientGone(Exception):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import sys
 from array import array
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -77,10 +77,16 @@ def chunks_from_answer(ctx: CompletionContext, answer: dict[str, Any]) -> list[b
 
 
 async def stream_chat(
-    run: JobRun, ctx: CompletionContext, dispatcher: Dispatcher
+    run: JobRun,
+    ctx: CompletionContext,
+    dispatcher: Dispatcher,
+    finish: Callable[..., Awaitable[None]],
 ) -> AsyncIterator[bytes]:
-    """The SSE body of a streamed chat completion. Always ends the job's lease."""
+    """The SSE body of a streamed chat completion. Always ends the job's lease, and calls
+    ``finish`` once: with the true usage when the job ends, or with only the tokens delivered
+    when the stream breaks (worker lost, timeout, client gone)."""
     saw_chunk = False
+    delivered = 0
     event: JobEvent = run.first
     try:
         while True:
@@ -89,11 +95,16 @@ async def stream_chat(
             for item in (event, *run.take_ready()):
                 if isinstance(item, Chunk):
                     saw_chunk = True
+                    for choice in item.data.get("choices") or ():
+                        if (choice.get("delta") or {}).get("content"):
+                            delivered += 1
                     out.append(sse(ctx.stamp(item.data, "chat.completion.chunk")))
                     continue
                 finished = True
                 if isinstance(item, Result):
                     dispatcher.record_result(run.handle, item)
+                    await finish(prompt_tokens=item.usage.prompt_tokens,
+                                 completion_tokens=item.usage.completion_tokens)
                     if not saw_chunk:
                         out.extend(chunks_from_answer(ctx, item.data))
                     if ctx.include_usage:
@@ -112,6 +123,7 @@ async def stream_chat(
                 return
     finally:
         with anyio.CancelScope(shield=True):
+            await finish(completion_tokens=delivered)  # a no-op once the usage was charged
             await run.finish()
 
 

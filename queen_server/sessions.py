@@ -86,6 +86,11 @@ class WorkerSession:
         return CAPABILITY_FETCH in self.capabilities
 
     @property
+    def earnings_key(self) -> str | None:
+        """The key a worker's earnings are credited to (legacy workers have none)."""
+        return None if self.legacy else self.key
+
+    @property
     def free_slots(self) -> int:
         return self.max_jobs - len(self.jobs)
 

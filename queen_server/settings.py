@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import platformdirs
 from pydantic import Field, field_validator
@@ -23,7 +23,10 @@ class QueenSettings(BaseSettings):
     db: str = Field(default_factory=default_db_url, description="SQLAlchemy async URL.")
     log_level: str = "info"
 
-    # Clients. An empty list leaves the API open (the billing issue replaces this).
+    # Clients. "keys": every request needs a key (made with `apiary-queen keys create`);
+    # "open": requests without a known key are served for free (demos only).
+    auth: Literal["keys", "open"] = "keys"
+    # Development keys: accepted, never billed (logged loudly at start).
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
 
@@ -42,6 +45,12 @@ class QueenSettings(BaseSettings):
     first_token_timeout_s: float = Field(default=120.0, gt=0)
     total_timeout_s: float = Field(default=600.0, gt=0)
     retry_after_s: int = Field(default=5, ge=1)
+
+    # Billing.
+    prices_file: Path | None = None
+    worker_share: float = Field(default=0.8, ge=0, le=1)
+    default_max_tokens: int = Field(default=4096, ge=1)
+    billing_refresh_s: float = Field(default=2.0, gt=0)
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -173,7 +173,7 @@ async def test_unknown_route_and_method_use_openai_error_shape(queen):
 
 
 async def test_api_keys_are_enforced_when_configured(tmp_path):
-    async with running_queen(tmp_path, api_keys="k-one, k-two") as queen:
+    async with running_queen(tmp_path, auth="keys", api_keys="k-one, k-two") as queen:
         worker = await ScriptedWorker(queen.ws_url).start()
         try:
             with pytest.raises(openai.AuthenticationError) as caught:

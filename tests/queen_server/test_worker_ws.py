@@ -10,7 +10,8 @@ from sqlalchemy import select
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from queen_server.db import Database, WorkerRecord
+from queen_server.db import Database
+from queen_server.models import WorkerRecord
 from queen_server.identity import public_id
 from shared_schema import SUBPROTOCOL, Challenge, Refused, decode, encode
 from tests.support.queen import running_queen

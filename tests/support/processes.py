@@ -82,6 +82,7 @@ def base_env(tmp: Path) -> dict[str, str]:
 
 def queen_process(tmp: Path, port: int, **settings: str) -> Proc:
     env = base_env(tmp)
+    env["APIARY_AUTH"] = "open"
     env.update({f"APIARY_{key.upper()}": value for key, value in settings.items()})
     args = [sys.executable, "-m", "queen_server.cli", "--port", str(port), "--log-level",
             "warning", "--db", f"sqlite+aiosqlite:///{tmp / 'queen.sqlite3'}"]

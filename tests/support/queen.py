@@ -54,6 +54,7 @@ async def running_queen(tmp_path: Path, **overrides: Any) -> AsyncIterator[Queen
         "queue_timeout_s": 1.0,
         "first_token_timeout_s": 5.0,
         "total_timeout_s": 10.0,
+        "auth": "open",
     }
     values.update(overrides)
     settings = QueenSettings(**values)

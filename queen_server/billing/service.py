@@ -1,0 +1,313 @@
+"""Billing on the request path: who is calling, what a request may cost, and what it did cost.
+
+Admission reserves the most a request can cost (a prompt estimate plus its token limit) from an
+in-memory balance, with no ``await`` between the check and the debit, so concurrent requests can
+never take a key below zero. The reservation is written to the ledger before the job is sent;
+the end of the job settles the real usage and releases the rest. A job that fails is charged
+nothing; a stream that breaks is charged only the tokens it delivered.
+
+Balances are loaded from the ledger on a key's first use. Deposits made by other processes (the
+``apiary-queen keys credit`` command) are picked up by a poll every ``billing_refresh_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from queen_server.billing import ledger
+from queen_server.billing.keys import KeyRecord, KeyStore, hash_secret
+from queen_server.billing.pricing import Price, PriceTable
+from queen_server.billing.store import LedgerStore
+from queen_server.errors import ApiError, Unauthorized
+
+if TYPE_CHECKING:
+    from queen_server.db import Database
+    from queen_server.settings import QueenSettings
+
+log = logging.getLogger(__name__)
+
+
+class PaymentRequired(ApiError):
+    status_code = 402
+    error_type = "insufficient_quota"
+    code = "insufficient_balance"
+
+
+class RateLimited(ApiError):
+    status_code = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: a billed key, or an unbilled development key or open access."""
+
+    name: str
+    key: KeyRecord | None = None
+
+    @property
+    def billed(self) -> bool:
+        return self.key is not None
+
+
+OPEN = Principal("open access")
+DEV = Principal("development key")
+
+
+@dataclass(slots=True)
+class Hold:
+    """Money reserved for one request, until ``Billing.finish``."""
+
+    key_id: int
+    job_id: str
+    reserved_msat: int
+    price: Price
+    closed: bool = False
+    charged_msat: int = 0
+
+
+@dataclass
+class _KeyState:
+    available: int
+    loaded_at_seq: int
+    inflight: int = 0
+    recent: deque[float] = field(default_factory=deque)
+
+
+def estimate_prompt_tokens(texts: list[str]) -> int:
+    """An upper bound on the prompt's tokens: a token is at least one character, plus a few
+    tokens of chat-template framing per message."""
+    return sum(len(text) + 8 for text in texts)
+
+
+class Billing:
+    def __init__(self, settings: QueenSettings, db: Database | None) -> None:
+        self.settings = settings
+        self.prices = PriceTable.from_file(settings.prices_file) if settings.prices_file else (
+            PriceTable())
+        self.ledger = LedgerStore(db.engine) if db is not None else None
+        self.keys = KeyStore(db.engine) if db is not None else None
+        self._dev = {hashlib.sha256(key.encode()).hexdigest() for key in settings.api_keys}
+        self._records: dict[str, KeyRecord] = {}
+        self._states: dict[int, _KeyState] = {}
+        self._loading: dict[int, asyncio.Future[_KeyState]] = {}
+        self._seq = 0
+        self._poller: asyncio.Task[None] | None = None
+        self._warned_dev = False
+
+    @property
+    def open(self) -> bool:
+        return self.settings.auth == "open"
+
+    async def start(self) -> None:
+        if self._dev:
+            log.warning("BILLING IS OFF for %d development key(s) (APIARY_API_KEYS): requests "
+                        "made with them are free", len(self._dev))
+        if self.open:
+            log.warning("APIARY_AUTH=open: anyone who can reach this queen may use it for free")
+        if self.ledger is None or self.keys is None:
+            return
+        self.ledger.start()
+        await self._recover_reservations()
+        self._records = await self.keys.all()
+        self._seq = await self.ledger.last_seq()
+        self._poller = asyncio.create_task(self._poll(), name="billing poller")
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        if self.ledger is not None:
+            await self.ledger.stop()
+
+    async def _recover_reservations(self) -> None:
+        """Release what a crash left reserved: no request survives a restart."""
+        assert self.ledger is not None
+        seq = await self.ledger.last_seq()
+        for account, amount in (await self.ledger.balances("key:")).items():
+            if account.endswith(":reserved") and amount > 0:
+                key_id = int(account.split(":")[1])
+                await self.ledger.post(ledger.release(key_id, amount, f"recovery-{seq}-{key_id}"))
+                log.warning("released %d msat left reserved on key %d by an unclean stop",
+                            amount, key_id)
+
+    # --- who is calling -----------------------------------------------------------------------
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        scheme, _, secret = (authorization or "").partition(" ")
+        secret = secret.strip()
+        if scheme.lower() != "bearer" or not secret:
+            if self.open:
+                return OPEN
+            raise Unauthorized(
+                "You didn't provide an API key. Send 'Authorization: Bearer YOUR_KEY'.",
+                code="missing_api_key",
+            )
+        digest = hash_secret(secret)
+        if digest in self._dev:
+            return DEV
+        record = self._records.get(digest)
+        if record is None and self.keys is not None:
+            self._records = await self.keys.all()  # a key created since the last refresh
+            record = self._records.get(digest)
+        if record is not None and not record.revoked:
+            return Principal(record.name, record)
+        if self.open:
+            return OPEN
+        if record is not None:
+            raise Unauthorized("This API key has been revoked.", code="revoked_api_key")
+        raise Unauthorized("Incorrect API key provided.")
+
+    # --- holds --------------------------------------------------------------------------------
+
+    async def _state(self, key_id: int) -> _KeyState:
+        state = self._states.get(key_id)
+        if state is not None:
+            return state
+        loading = self._loading.get(key_id)
+        if loading is None:
+            loading = asyncio.get_running_loop().create_future()
+            self._loading[key_id] = loading
+            try:
+                assert self.ledger is not None
+                seq, balances = await self.ledger.snapshot([ledger.key_available(key_id)])
+                state = _KeyState(balances[ledger.key_available(key_id)], seq)
+                self._states[key_id] = state
+                loading.set_result(state)
+            except BaseException as exc:
+                loading.set_exception(exc)
+                raise
+            finally:
+                del self._loading[key_id]
+        return await loading
+
+    async def hold(
+        self,
+        principal: Principal,
+        job_id: str,
+        parameter_count: int | None,
+        prompt_texts: list[str],
+        request: dict[str, Any],
+        *,
+        completion_limit: str | None = "max_tokens",
+    ) -> Hold | None:
+        """Reserve the most this request can cost. Sets ``request[completion_limit]`` when the
+        client gave none, to what the balance and ``default_max_tokens`` allow."""
+        if principal.key is None or self.ledger is None:
+            return None
+        key = principal.key
+        state = await self._state(key.id)
+        self._check_limits(key, state)
+        price = self.prices.for_parameters(parameter_count)
+        prompt = estimate_prompt_tokens(prompt_texts)
+        completion = 0
+        if completion_limit is not None:
+            asked = request.get("max_completion_tokens") or request.get(completion_limit)
+            if asked is None:
+                affordable = price.max_completion_tokens(state.available, prompt)
+                completion = min(self.settings.default_max_tokens, affordable)
+                if completion >= 1:
+                    request[completion_limit] = completion
+            else:
+                completion = int(asked)
+        amount = price.cost_msat(prompt, completion)
+        # Check and debit with no await in between: this is what keeps balances >= 0.
+        if amount > state.available or (completion_limit is not None and completion < 1):
+            raise PaymentRequired(
+                f"This request may cost up to {_sats(amount)} sats "
+                f"({price.size_class} model: {price.prompt_msat_per_1k} msat per 1k prompt "
+                f"tokens, {price.completion_msat_per_1k} per 1k completion tokens); the key has "
+                f"{_sats(state.available)} sats available.",
+            )
+        state.available -= amount
+        state.inflight += 1
+        state.recent.append(time.monotonic())
+        hold = Hold(key.id, job_id, amount, price)
+        try:
+            await self.ledger.post(ledger.reserve(key.id, amount, job_id))
+        except BaseException:
+            self._undo(state, hold)
+            raise
+        return hold
+
+    def _check_limits(self, key: KeyRecord, state: _KeyState) -> None:
+        if key.concurrency_limit is not None and state.inflight >= key.concurrency_limit:
+            raise RateLimited(
+                f"This key allows {key.concurrency_limit} requests at once.",
+                code="concurrency_limit_exceeded", headers={"Retry-After": "1"},
+            )
+        if key.rpm_limit is not None:
+            now = time.monotonic()
+            while state.recent and now - state.recent[0] >= 60:
+                state.recent.popleft()
+            if len(state.recent) >= key.rpm_limit:
+                wait = max(1, int(60 - (now - state.recent[0])) + 1)
+                raise RateLimited(f"This key allows {key.rpm_limit} requests per minute.",
+                                  headers={"Retry-After": str(wait)})
+
+    def _undo(self, state: _KeyState, hold: Hold) -> None:
+        state.available += hold.reserved_msat
+        state.inflight -= 1
+        hold.closed = True
+
+    async def finish(
+        self,
+        hold: Hold | None,
+        *,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+        worker_key: str | None = None,
+    ) -> None:
+        """Charge what was used (nothing for a failed job) and release the rest of the hold;
+        the worker's share of the charge goes to its key."""
+        if hold is None or hold.closed or self.ledger is None:
+            return
+        hold.closed = True
+        state = self._states[hold.key_id]
+        charge = min(hold.price.cost_msat(prompt_tokens, completion_tokens), hold.reserved_msat)
+        hold.charged_msat = charge
+        state.available += hold.reserved_msat - charge
+        state.inflight -= 1
+        if charge == 0:
+            posting = ledger.release(hold.key_id, hold.reserved_msat, hold.job_id)
+        else:
+            share = int(charge * self.settings.worker_share) if worker_key else 0
+            posting = ledger.settle(hold.key_id, hold.reserved_msat, charge, hold.job_id,
+                                    worker_key, share)
+        await self.ledger.post(posting)
+
+    # --- deposits from other processes ---------------------------------------------------------
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.billing_refresh_s)
+            try:
+                await self.refresh()
+            except Exception:
+                log.exception("billing refresh failed")
+
+    async def refresh(self) -> None:
+        """Apply deposits committed by other processes, and reload the keys."""
+        if self.ledger is None or self.keys is None:
+            return
+        self._seq, deposits = await self.ledger.deposits_since(self._seq)
+        for seq, account, amount in deposits:
+            if not account.startswith("key:"):
+                continue
+            state = self._states.get(int(account.split(":")[1]))
+            if state is not None and seq > state.loaded_at_seq:
+                state.available += amount
+        self._records = await self.keys.all()
+
+
+def _sats(msat: int) -> str:
+    return f"{msat / 1000:,.3f}".rstrip("0").rstrip(".")

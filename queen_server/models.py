@@ -1,0 +1,72 @@
+"""The queen's tables (SQLAlchemy 2). Alembic migrations in ``migrations/`` create them.
+
+Money is integer millisatoshis. Every movement is a ``LedgerTxn`` whose ``LedgerEntry`` rows sum
+to zero; ``Account.balance_msat`` caches the sum of an account's entries and ``ledger check``
+verifies it against them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import BigInteger, Boolean, DateTime, ForeignKey, Index, Integer, String
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class WorkerRecord(Base):
+    __tablename__ = "workers"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    public_id: Mapped[str] = mapped_column(String(16), index=True)
+    ln_url: Mapped[str | None] = mapped_column(String(2048))
+    worker_version: Mapped[str] = mapped_column(String(64), default="")
+    first_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    rpm_limit: Mapped[int | None] = mapped_column(Integer)
+    concurrency_limit: Mapped[int | None] = mapped_column(Integer)
+    budget_msat: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class LedgerTxn(Base):
+    """One movement of money; its id is the idempotency key (e.g. ``settle:<job id>``)."""
+
+    __tablename__ = "ledger_txns"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(200), unique=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    memo: Mapped[str] = mapped_column(String(500), default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class LedgerEntry(Base):
+    __tablename__ = "ledger_entries"
+    __table_args__ = (Index("ix_ledger_entries_account", "account"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    txn_id: Mapped[str] = mapped_column(ForeignKey("ledger_txns.id"), index=True)
+    account: Mapped[str] = mapped_column(String(200))
+    amount_msat: Mapped[int] = mapped_column(BigInteger)
+
+
+class Account(Base):
+    __tablename__ = "accounts"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    balance_msat: Mapped[int] = mapped_column(BigInteger, default=0)
+    is_liability: Mapped[bool] = mapped_column(Boolean, default=True)
