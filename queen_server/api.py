@@ -6,6 +6,7 @@ body machinery on the hot path); the request schemas are still published in the 
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 from typing import TYPE_CHECKING, Any
@@ -103,8 +104,9 @@ async def chat_completions(request: Request) -> Response:
                 completion_id, req.model, "/v1/chat/completions", openai_req, stream=req.stream
             )
             if req.stream:  # the stream now owns the hold
-                body = stream_chat(run, ctx, dispatcher, lambda **usage: billing.finish(
-                    hold, worker_key=run.worker.earnings_key, **usage))
+                finish = functools.partial(billing.finish, hold,
+                                           worker_key=run.worker.earnings_key)
+                body = stream_chat(run, ctx, dispatcher, finish)
                 hold = None
                 return StreamingResponse(body, media_type="text/event-stream",
                                          headers=SSE_HEADERS)

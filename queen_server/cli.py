@@ -11,8 +11,10 @@ import uvicorn
 from pydantic import ValidationError
 
 from queen_server import __version__
+from queen_server.admin_cli import add_commands, run_command
 from queen_server.app import create_app
 from queen_server.db import DatabaseError
+from queen_server.errors import QueenError
 from queen_server.settings import QueenSettings
 
 log = logging.getLogger("queen_server")
@@ -29,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, help="port to listen on (default 8000)")
     parser.add_argument("--db", help="database URL (default: SQLite in the user data dir)")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    add_commands(parser)
     return parser
 
 
@@ -36,7 +39,7 @@ def settings_from(args: argparse.Namespace) -> QueenSettings:
     overrides = {
         name: value
         for name, value in vars(args).items()
-        if value is not None and name in QueenSettings.model_fields
+        if value is not None and name in QueenSettings.model_fields and name != "command"
     }
     return QueenSettings(**overrides)
 
@@ -48,6 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"apiary-queen: bad setting: {exc}", file=sys.stderr)  # noqa: T201
         return 2
+    if args.command:
+        try:
+            return run_command(settings, args, sys.stdout)
+        except QueenError as exc:
+            print(f"apiary-queen: {exc}", file=sys.stderr)  # noqa: T201
+            return 1
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from queen_server.errors import InvalidRequest, Unauthorized
+from queen_server.errors import InvalidRequest
 from queen_server.http_io import param_name, parse
 from shared_schema import ChatCompletionRequest, EmbeddingRequest
 

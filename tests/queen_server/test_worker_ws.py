@@ -11,8 +11,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from queen_server.db import Database
-from queen_server.models import WorkerRecord
 from queen_server.identity import public_id
+from queen_server.models import WorkerRecord
 from shared_schema import SUBPROTOCOL, Challenge, Refused, decode, encode
 from tests.support.queen import running_queen
 from tests.support.workers import (

@@ -99,7 +99,8 @@ class ScriptedWorker:
 
     behaviour: ``echo`` (default), ``die`` (drop the connection when a job arrives), ``hang``
     (never answer; record the cancel), ``error`` (a retryable error), ``fatal`` (a non-retryable
-    error), ``gated`` (stream the first chunk, then wait for ``release`` before the rest).
+    error), ``gated`` (stream the first chunk, or for a plain answer nothing, then wait for
+    ``release`` before the rest).
     """
 
     def __init__(
@@ -217,6 +218,8 @@ class ScriptedWorker:
             words = [" tok"] * self.tokens_per_answer
         usage = Usage(prompt_tokens=7, completion_tokens=len(words), total_tokens=7 + len(words))
         if not job.openai_req.get("stream"):
+            if behaviour == "gated":
+                await self.release.wait()
             data = {"choices": [{"index": 0, "finish_reason": "stop",
                                  "message": {"role": "assistant", "content": "".join(words)}}]}
             await self._send(Result(id=job.id, data=data, usage=usage))

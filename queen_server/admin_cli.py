@@ -1,0 +1,117 @@
+"""``apiary-queen`` admin commands: ``db upgrade``, ``keys ...`` and ``ledger check``.
+
+They open the queen's database directly, so they work whether or not the queen is running; a
+running queen picks up new keys, revocations and deposits within ``APIARY_BILLING_REFRESH_S``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+from typing import TextIO
+
+from queen_server.billing import ledger
+from queen_server.billing.keys import KeyStore
+from queen_server.billing.store import LedgerStore
+from queen_server.db import Database
+from queen_server.settings import QueenSettings
+
+
+def add_commands(parser: argparse.ArgumentParser) -> None:
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    db = commands.add_parser("db", help="database maintenance")
+    db.add_subparsers(dest="action", required=True, metavar="ACTION").add_parser(
+        "upgrade", help="apply the schema migrations (the queen also does this on start)")
+
+    keys = commands.add_parser("keys", help="developers' API keys")
+    actions = keys.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = actions.add_parser("create", help="make a key (shown once)")
+    create.add_argument("--name", required=True)
+    create.add_argument("--credit-sats", type=float, default=0)
+    create.add_argument("--rpm", type=int, help="requests per minute allowed")
+    create.add_argument("--concurrency", type=int, help="requests at once allowed")
+    actions.add_parser("list", help="list keys with their balances")
+    revoke = actions.add_parser("revoke", help="revoke a key")
+    revoke.add_argument("key", help="the key's id or prefix (from `keys list`)")
+    credit = actions.add_parser("credit", help="add sats to a key's balance")
+    credit.add_argument("key", help="the key's id or prefix")
+    credit.add_argument("sats", type=float)
+    credit.add_argument("--ref", help="an idempotency reference: the same ref credits once")
+
+    ledger_cmd = commands.add_parser("ledger", help="the money ledger")
+    ledger_cmd.add_subparsers(dest="action", required=True, metavar="ACTION").add_parser(
+        "check", help="verify that the ledger balances and the cached balances match it")
+
+
+def run_command(settings: QueenSettings, args: argparse.Namespace, out: TextIO) -> int:
+    return asyncio.run(_run(settings, args, out))
+
+
+def _msat(sats: float) -> int:
+    if sats < 0:
+        raise SystemExit("apiary-queen: amounts must not be negative")
+    return round(sats * 1000)
+
+
+async def _run(settings: QueenSettings, args: argparse.Namespace, out: TextIO) -> int:
+    db = Database(settings.db)
+    try:
+        revision = await db.upgrade()
+        if args.command == "db":
+            out.write(f"database {db.url.render_as_string(hide_password=True)} is at revision "
+                      f"{revision}\n")
+            return 0
+        keys, store = KeyStore(db.engine), LedgerStore(db.engine)
+        if args.command == "ledger":
+            return await _check(store, out)
+        if args.action == "create":
+            secret, record = await keys.create(args.name, rpm_limit=args.rpm,
+                                               concurrency_limit=args.concurrency)
+            if args.credit_sats:
+                await store.post(ledger.deposit(record.id, _msat(args.credit_sats),
+                                                f"deposit:create:{record.id}", "initial credit"))
+            out.write(f"created key {record.id} ({record.name}) with {args.credit_sats:g} sats\n"
+                      f"{secret}\n"
+                      "This key is shown once. Store it now: only its hash is kept.\n")
+        elif args.action == "list":
+            balances = await store.balances("key:")
+            out.write(f"{'id':>4}  {'prefix':<15} {'name':<24} {'available sats':>15} "
+                      f"{'reserved':>9}  status\n")
+            for record in sorted((await keys.all()).values(), key=lambda r: r.id):
+                available = balances.get(ledger.key_available(record.id), 0) / 1000
+                reserved = balances.get(ledger.key_reserved(record.id), 0) / 1000
+                status = "revoked" if record.revoked else "active"
+                out.write(f"{record.id:>4}  {record.prefix:<15} {record.name[:24]:<24} "
+                          f"{available:>15,.3f} {reserved:>9,.3f}  {status}\n")
+        elif args.action == "revoke":
+            record = await keys.find(args.key)
+            await keys.revoke(record.id)
+            out.write(f"revoked key {record.id} ({record.name})\n")
+        elif args.action == "credit":
+            record = await keys.find(args.key)
+            ref = args.ref or secrets.token_hex(8)
+            applied = await store.post(ledger.deposit(record.id, _msat(args.sats),
+                                                      f"deposit:{record.id}:{ref}", "credit"))
+            balance = await store.balance(ledger.key_available(record.id))
+            verb = "credited" if applied else "already credited (same --ref)"
+            out.write(f"{verb} {args.sats:g} sats to key {record.id}; available now "
+                      f"{balance / 1000:,.3f} sats\n")
+        return 0
+    finally:
+        await db.close()
+
+
+async def _check(store: LedgerStore, out: TextIO) -> int:
+    report = await store.check()
+    out.write(f"{report.txns} transactions, {report.entries} entries, sum {report.total_msat} "
+              "msat\n")
+    for txn in report.unbalanced_txns:
+        out.write(f"UNBALANCED transaction {txn}\n")
+    for account, (cached, derived) in sorted(report.drift.items()):
+        out.write(f"DRIFT {account}: cached {cached} msat, ledger says {derived} msat\n")
+    for account, amount in sorted(report.negative.items()):
+        out.write(f"NEGATIVE {account}: {amount} msat\n")
+    out.write("ledger is clean\n" if report.clean else "ledger has problems\n")
+    return 0 if report.clean else 1
+
