@@ -34,6 +34,7 @@ from shared_schema import (
     ModelAvailability,
     ModelCard,
     ModelList,
+    ModelPrice,
 )
 
 if TYPE_CHECKING:
@@ -183,6 +184,7 @@ async def list_models(request: Request) -> Response:
     for name in registry.model_names():
         holders = registry.holders(name)
         descriptor = next(iter(holders)).models[name]
+        price = state.billing.prices.for_parameters(registry.parameter_count(name))
         cards.append(
             ModelCard(
                 id=name,
@@ -192,6 +194,11 @@ async def list_models(request: Request) -> Response:
                     loaded_on=sum(1 for session in holders if name in session.loaded),
                     parameter_count=descriptor.parameter_count,
                     size_bytes=descriptor.size_bytes or None,
+                    price=ModelPrice(
+                        size_class=price.size_class,
+                        prompt_msat_per_1k=price.prompt_msat_per_1k,
+                        completion_msat_per_1k=price.completion_msat_per_1k,
+                    ),
                 ),
             )
         )

@@ -15,6 +15,7 @@ from shared_schema.openai_types import (
     ModelAvailability,
     ModelCard,
     ModelList,
+    ModelPrice,
     Usage,
 )
 from shared_schema.protocol import (
@@ -65,6 +66,7 @@ __all__ = [
     "ModelCard",
     "ModelDescriptor",
     "ModelList",
+    "ModelPrice",
     "NvGpu",
     "Ping",
     "Pong",

@@ -148,13 +148,22 @@ class EmbeddingResponse(LenientModel):
 # --- models and errors ------------------------------------------------------------------------
 
 
+class ModelPrice(WireModel):
+    """What a model costs, in millisatoshis per 1,000 tokens."""
+
+    size_class: str
+    prompt_msat_per_1k: int = Field(ge=0)
+    completion_msat_per_1k: int = Field(ge=0)
+
+
 class ModelAvailability(WireModel):
-    """Apiary's extension to a model card: who serves it right now."""
+    """Apiary's extension to a model card: who serves it right now, and its price."""
 
     workers: int = Field(ge=0)
     loaded_on: int = Field(ge=0)
     parameter_count: int | None = None
     size_bytes: int | None = None
+    price: ModelPrice | None = None
 
 
 class ModelCard(WireModel):

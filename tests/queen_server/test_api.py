@@ -96,6 +96,8 @@ async def test_models_lists_what_connected_workers_hold(queen, worker):
         assert extra["workers"] == 2
         assert extra["loaded_on"] == 1
         assert extra["parameter_count"] == 135_000_000
+        assert extra["price"] == {"size_class": "tiny", "prompt_msat_per_1k": 100,
+                                  "completion_msat_per_1k": 200}
     finally:
         await other.stop()
     await queen.wait_until(lambda: len(queen.state.registry) == 1)
