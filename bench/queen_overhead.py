@@ -563,12 +563,27 @@ def wait_healthy(
     raise RuntimeError(f"port {port} was not ready after {timeout:.0f} s: {last!r}")
 
 
+def use_billed_key(db: str) -> None:
+    """Make a key funded with 100 million sats, and send it instead of the development key, so
+    every request is reserved, settled and written to the ledger."""
+    global API_KEY
+    made = subprocess.run(
+        [sys.executable, "-m", "queen_server.cli", "--db", db, "keys", "create", "--name",
+         "bench", "--credit-sats", "100000000"],
+        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    API_KEY = next(line for line in made.stdout.splitlines() if line.startswith("sk-apiary-"))
+
+
 def start_queen(
     procs: Processes, args: argparse.Namespace, profile_session: Path | None = None
 ) -> int:
     port = free_port()
+    db = f"sqlite+aiosqlite:///{procs.workdir / 'queen.sqlite3'}"
     queen = ["-m", "queen_server.cli", "--port", str(port), "--log-level", "warning",
-             "--db", f"sqlite+aiosqlite:///{procs.workdir / 'queen.sqlite3'}"]
+             "--db", db]
+    if args.billing:
+        use_billed_key(db)
     prefix = [sys.executable]
     if profile_session is not None:
         prefix += ["-m", "pyinstrument", "-r", "pyisession", "-o", str(profile_session),
@@ -959,6 +974,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", type=lambda text: text.split(","),
                         default=["baseline", "queen"],
                         help="servers to load (default baseline,queen)")
+    parser.add_argument("--billing", action="store_true",
+                        help="send a funded, billed key (default: a development key, unbilled)")
     parser.add_argument("--json", help="also write every row and the summary to this file")
     parser.add_argument("--profile", metavar="PATH",
                         help="instead of the benchmark: profile the queen through one load; "
