@@ -26,6 +26,7 @@ class WorkerRecord(Base):
     worker_version: Mapped[str] = mapped_column(String(64), default="")
     first_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    jobs_settled: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class ApiKey(Base):

@@ -123,7 +123,8 @@ async def stream_chat(
                 return
     finally:
         with anyio.CancelScope(shield=True):
-            await finish(completion_tokens=delivered)  # a no-op once the usage was charged
+            # A no-op once the usage was charged; else the delivered tokens, as incomplete.
+            await finish(completion_tokens=delivered, completed=False)
             await run.finish()
 
 

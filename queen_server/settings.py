@@ -49,6 +49,7 @@ class QueenSettings(BaseSettings):
     # Billing.
     prices_file: Path | None = None
     worker_share: float = Field(default=0.8, ge=0, le=1)
+    escrow_jobs: int = Field(default=10, ge=0)
     default_max_tokens: int = Field(default=4096, ge=1)
     billing_refresh_s: float = Field(default=2.0, gt=0)
 

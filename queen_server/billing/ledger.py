@@ -5,10 +5,12 @@ Accounts (all in msat):
 * ``deposits``                 where developers' money comes from (goes negative as it comes in)
 * ``key:<id>:available``       a key's spendable balance
 * ``key:<id>:reserved``        held for requests in flight
-* ``worker:<pubkey>:earned``   a worker's earnings
+* ``worker:<pubkey>:pending``  a worker's earnings held in escrow
+* ``worker:<pubkey>:available`` a worker's earnings that can be paid out
 * ``queen:fees``               the queen's share of every charge
 
-A posting's amounts always sum to zero; its ``txn`` id is its idempotency key.
+A posting's amounts always sum to zero; its ``txn`` id is its idempotency key. ``worker_jobs``
+counts settled jobs per worker, written in the same database transaction as the entries.
 """
 
 from __future__ import annotations
@@ -28,8 +30,12 @@ def key_reserved(key_id: int) -> str:
     return f"key:{key_id}:reserved"
 
 
-def worker_earned(pubkey: str) -> str:
-    return f"worker:{pubkey}:earned"
+def worker_pending(pubkey: str) -> str:
+    return f"worker:{pubkey}:pending"
+
+
+def worker_available(pubkey: str) -> str:
+    return f"worker:{pubkey}:available"
 
 
 class UnbalancedPosting(ValueError):
@@ -42,6 +48,7 @@ class Posting:
     kind: str
     entries: tuple[tuple[str, int], ...]
     memo: str = ""
+    worker_jobs: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         total = sum(amount for _, amount in self.entries)
@@ -51,8 +58,15 @@ class Posting:
             raise UnbalancedPosting(f"posting {self.txn} has a non-integer amount")
 
 
-def _posting(txn: str, kind: str, entries: Iterable[tuple[str, int]], memo: str = "") -> Posting:
-    return Posting(txn, kind, tuple((acct, amt) for acct, amt in entries if amt != 0), memo)
+def _posting(
+    txn: str,
+    kind: str,
+    entries: Iterable[tuple[str, int]],
+    memo: str = "",
+    worker_jobs: tuple[tuple[str, int], ...] = (),
+) -> Posting:
+    return Posting(txn, kind, tuple((acct, amt) for acct, amt in entries if amt != 0), memo,
+                   worker_jobs)
 
 
 def deposit(key_id: int, amount_msat: int, txn: str, memo: str = "") -> Posting:
@@ -75,14 +89,18 @@ def settle(
     reserved_msat: int,
     charge_msat: int,
     job_id: str,
-    worker_pubkey: str | None,
+    worker_account: str | None,
     worker_share_msat: int,
+    *,
+    count_job_for: str | None = None,
+    memo: str = "",
 ) -> Posting:
     """End a job: charge its cost out of the reservation, release the rest, and split the charge
-    between the worker (its earnings) and the queen's fee."""
+    between the worker's account (pending or available) and the queen's fee. ``count_job_for``
+    is the worker whose settled-job count this job raises."""
     if not 0 <= charge_msat <= reserved_msat:
         raise UnbalancedPosting(f"charge {charge_msat} is outside the reservation {reserved_msat}")
-    share = worker_share_msat if worker_pubkey else 0
+    share = worker_share_msat if worker_account else 0
     if not 0 <= share <= charge_msat:
         raise UnbalancedPosting(f"worker share {share} is outside the charge {charge_msat}")
     entries = [
@@ -90,6 +108,14 @@ def settle(
         (key_available(key_id), reserved_msat - charge_msat),
         (QUEEN_FEES, charge_msat - share),
     ]
-    if worker_pubkey:
-        entries.append((worker_earned(worker_pubkey), share))
-    return _posting(f"settle:{job_id}", "charge", entries)
+    if worker_account:
+        entries.append((worker_account, share))
+    jobs = ((count_job_for, 1),) if count_job_for else ()
+    return _posting(f"settle:{job_id}", "charge", entries, memo, jobs)
+
+
+def release_escrow(pubkey: str, amount_msat: int) -> Posting:
+    """A worker's escrow is over: its pending earnings become available."""
+    return _posting(f"escrow-release:{pubkey}", "escrow",
+                    [(worker_pending(pubkey), -amount_msat), (worker_available(pubkey),
+                                                              amount_msat)])

@@ -18,6 +18,7 @@ import hashlib
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +83,36 @@ class _KeyState:
     recent: deque[float] = field(default_factory=deque)
 
 
+@dataclass
+class _WorkerState:
+    jobs: int  # settled jobs so far
+    pending: int  # msat held in escrow
+
+
+async def _load_once(
+    cache: dict[Any, Any],
+    loading: dict[object, asyncio.Future[Any]],
+    key: Any,
+    load: Callable[[], Awaitable[Any]],
+) -> Any:
+    """``cache[key]``, loaded by one ``load()`` even when many callers ask at once."""
+    if key in cache:
+        return cache[key]
+    future = loading.get(key)
+    if future is None:
+        future = loading[key] = asyncio.get_running_loop().create_future()
+        try:
+            cache[key] = value = await load()
+            future.set_result(value)
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        finally:
+            del loading[key]
+        return value
+    return await future
+
+
 def estimate_prompt_tokens(texts: list[str]) -> int:
     """An upper bound on the prompt's tokens: a token is at least one character, plus a few
     tokens of chat-template framing per message."""
@@ -98,7 +129,8 @@ class Billing:
         self._dev = {hashlib.sha256(key.encode()).hexdigest() for key in settings.api_keys}
         self._records: dict[str, KeyRecord] = {}
         self._states: dict[int, _KeyState] = {}
-        self._loading: dict[int, asyncio.Future[_KeyState]] = {}
+        self._workers: dict[str, _WorkerState] = {}
+        self._loading: dict[object, asyncio.Future[Any]] = {}
         self._seq = 0
         self._poller: asyncio.Task[None] | None = None
         self._warned_dev = False
@@ -170,25 +202,22 @@ class Billing:
     # --- holds --------------------------------------------------------------------------------
 
     async def _state(self, key_id: int) -> _KeyState:
-        state = self._states.get(key_id)
-        if state is not None:
-            return state
-        loading = self._loading.get(key_id)
-        if loading is None:
-            loading = asyncio.get_running_loop().create_future()
-            self._loading[key_id] = loading
-            try:
-                assert self.ledger is not None
-                seq, balances = await self.ledger.snapshot([ledger.key_available(key_id)])
-                state = _KeyState(balances[ledger.key_available(key_id)], seq)
-                self._states[key_id] = state
-                loading.set_result(state)
-            except BaseException as exc:
-                loading.set_exception(exc)
-                raise
-            finally:
-                del self._loading[key_id]
-        return await loading
+        async def load() -> _KeyState:
+            assert self.ledger is not None
+            account = ledger.key_available(key_id)
+            seq, balances = await self.ledger.snapshot([account])
+            return _KeyState(balances[account], seq)
+
+        return await _load_once(self._states, self._loading, key_id, load)
+
+    async def _worker(self, pubkey: str) -> _WorkerState:
+        async def load() -> _WorkerState:
+            assert self.ledger is not None
+            _, balances = await self.ledger.snapshot([ledger.worker_pending(pubkey)])
+            jobs = await self.ledger.worker_jobs(pubkey)
+            return _WorkerState(jobs, balances[ledger.worker_pending(pubkey)])
+
+        return await _load_once(self._workers, self._loading, pubkey, load)
 
     async def hold(
         self,
@@ -266,9 +295,15 @@ class Billing:
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
         worker_key: str | None = None,
+        completed: bool = True,
     ) -> None:
-        """Charge what was used (nothing for a failed job) and release the rest of the hold;
-        the worker's share of the charge goes to its key."""
+        """Charge what was used (nothing for a failed job) and release the rest of the hold.
+
+        The worker's share of the charge depends on its record: its first completed job is its
+        proof of work (unpaid); the next ``escrow_jobs`` are credited as pending; after that,
+        as available, and the pending earnings are released. An incomplete job (a broken
+        stream) is charged and credited for what it delivered, but does not count as a job.
+        """
         if hold is None or hold.closed or self.ledger is None:
             return
         hold.closed = True
@@ -278,12 +313,36 @@ class Billing:
         state.available += hold.reserved_msat - charge
         state.inflight -= 1
         if charge == 0:
-            posting = ledger.release(hold.key_id, hold.reserved_msat, hold.job_id)
+            await self.ledger.post(ledger.release(hold.key_id, hold.reserved_msat, hold.job_id))
+            return
+        if worker_key is None:
+            await self.ledger.post(ledger.settle(hold.key_id, hold.reserved_msat, charge,
+                                                 hold.job_id, None, 0))
+            return
+        worker = await self._worker(worker_key)
+        share = int(charge * self.settings.worker_share)
+        stage = worker.jobs
+        if completed:
+            worker.jobs += 1
+        account: str | None
+        memo = ""
+        if stage == 0:
+            account, share = None, 0
+            memo = "proof of work: a new worker's first job is unpaid"
+        elif stage <= self.settings.escrow_jobs:
+            account = ledger.worker_pending(worker_key)
+            worker.pending += share
         else:
-            share = int(charge * self.settings.worker_share) if worker_key else 0
-            posting = ledger.settle(hold.key_id, hold.reserved_msat, charge, hold.job_id,
-                                    worker_key, share)
-        await self.ledger.post(posting)
+            account = ledger.worker_available(worker_key)
+        await self.ledger.post(ledger.settle(
+            hold.key_id, hold.reserved_msat, charge, hold.job_id, account, share,
+            count_job_for=worker_key if completed else None, memo=memo,
+        ))
+        if completed and stage == self.settings.escrow_jobs and worker.pending > 0:
+            pending, worker.pending = worker.pending, 0
+            await self.ledger.post(ledger.release_escrow(worker_key, pending))
+            log.info("worker %s finished its escrow: %d msat released", worker_key[:12],
+                     pending)
 
     # --- deposits from other processes ---------------------------------------------------------
 

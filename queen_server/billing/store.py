@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from queen_server.billing.ledger import Posting
 from queen_server.errors import QueenError
-from queen_server.models import Account, LedgerEntry, LedgerTxn
+from queen_server.models import Account, LedgerEntry, LedgerTxn, WorkerRecord
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +124,16 @@ class LedgerStore:
                                 "amount_msat": amount})
                 deltas[account] += amount
             results.append(True)
+        jobs: dict[str, int] = defaultdict(int)
+        for posting, applied in zip(postings, results, strict=True):
+            if applied:
+                for worker, count in posting.worker_jobs:
+                    jobs[worker] += count
         if txns:
             await conn.execute(insert(LedgerTxn), txns)
+        for worker, count in jobs.items():
+            await conn.execute(update(WorkerRecord).where(WorkerRecord.key == worker)
+                               .values(jobs_settled=WorkerRecord.jobs_settled + count))
         if entries:
             await conn.execute(insert(LedgerEntry), entries)
         if deltas:
@@ -174,6 +182,12 @@ class LedgerStore:
                                       .where(Account.name.in_(accounts)))
             found = {name: int(balance) for name, balance in rows}
         return last, {name: found.get(name, 0) for name in accounts}
+
+    async def worker_jobs(self, pubkey: str) -> int:
+        async with self.engine.connect() as conn:
+            value = await conn.scalar(select(WorkerRecord.jobs_settled)
+                                      .where(WorkerRecord.key == pubkey))
+        return int(value or 0)
 
     async def last_seq(self) -> int:
         async with self.engine.connect() as conn:

@@ -68,7 +68,7 @@ def test_db_upgrade_adopts_the_first_releases_workers_table(tmp_path):
                      "'2026-11-01')")
     result = queen_cli(tmp_path, f"sqlite+aiosqlite:///{path}", "db", "upgrade")
     assert result.returncode == 0, result.stderr
-    assert "revision 0001" in result.stdout
+    assert "at revision 0002" in result.stdout
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT count(*) FROM workers").fetchone() == (1,)
+        assert conn.execute("SELECT key, jobs_settled FROM workers").fetchall() == [("k", 0)]
         assert conn.execute("SELECT count(*) FROM api_keys").fetchone() == (0,)

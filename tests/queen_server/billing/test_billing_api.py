@@ -41,7 +41,7 @@ async def billed(tmp_path, db_url):
         await worker.stop()
 
 
-async def test_a_request_is_charged_its_usage_and_the_worker_credited(billed):
+async def test_a_request_is_charged_its_usage(billed):
     queen, worker = billed
     secret, key_id = await funded_key(queen, 10)
     answer = await queen.client(api_key=secret).chat.completions.create(
@@ -51,10 +51,32 @@ async def test_a_request_is_charged_its_usage_and_the_worker_credited(billed):
     money = await balances(queen)
     assert money[ledger.key_available(key_id)] == 10_000 - cost
     assert money[ledger.key_reserved(key_id)] == 0
-    share = int(cost * queen.state.settings.worker_share)
-    assert money[ledger.worker_earned(worker.pubkey)] == share
-    assert money[ledger.QUEEN_FEES] == cost - share
+    assert money[ledger.QUEEN_FEES] == cost  # the worker's first job is its proof of work
+    assert ledger.worker_pending(worker.pubkey) not in money
     assert (await queen.state.billing.ledger.check()).clean
+
+
+async def test_escrow_then_available_earnings(tmp_path, db_url):
+    async with running_queen(tmp_path, auth="keys", db=db_url, escrow_jobs=2) as queen:
+        worker = await ScriptedWorker(queen.ws_url).start()
+        try:
+            secret, _ = await funded_key(queen, 10)
+            client = queen.client(api_key=secret)
+            shares = []
+            for _ in range(4):
+                answer = await client.chat.completions.create(model=ECHO_MODEL, messages=USER)
+                cost = TINY.cost_msat(answer.usage.prompt_tokens, answer.usage.completion_tokens)
+                shares.append(int(cost * queen.state.settings.worker_share))
+            money = await balances(queen)
+            # job 1: unpaid proof of work; jobs 2-3: pending, released at the end of the
+            # escrow; job 4: straight to available.
+            assert money[ledger.worker_pending(worker.pubkey)] == 0
+            assert money[ledger.worker_available(worker.pubkey)] == sum(shares[1:])
+            assert queen.state.billing._workers[worker.pubkey].jobs == 4
+            assert await queen.state.billing.ledger.worker_jobs(worker.pubkey) == 4
+            assert (await queen.state.billing.ledger.check()).clean
+        finally:
+            await worker.stop()
 
 
 async def test_a_streamed_request_is_charged_its_usage(billed):
@@ -118,7 +140,9 @@ async def test_200_concurrent_requests_never_overspend(billed):
     spent = funded - money[ledger.key_available(key_id)]
     assert money[ledger.key_available(key_id)] >= 0
     assert money[ledger.key_reserved(key_id)] == 0
-    assert spent == money[ledger.QUEEN_FEES] + money[ledger.worker_earned(worker.pubkey)]
+    earned = (money.get(ledger.worker_pending(worker.pubkey), 0)
+              + money.get(ledger.worker_available(worker.pubkey), 0))
+    assert spent == money[ledger.QUEEN_FEES] + earned
     report = await queen.state.billing.ledger.check()
     assert report.clean, report
 

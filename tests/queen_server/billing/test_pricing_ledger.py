@@ -44,11 +44,16 @@ def test_price_file(tmp_path):
 
 
 def test_postings_always_balance():
+    pending = ledger.worker_pending("ab" * 32)
     posting = ledger.settle(1, reserved_msat=500, charge_msat=120, job_id="j",
-                            worker_pubkey="ab" * 32, worker_share_msat=96)
+                            worker_account=pending, worker_share_msat=96,
+                            count_job_for="ab" * 32)
     assert sum(amount for _, amount in posting.entries) == 0
     assert dict(posting.entries) == {"key:1:reserved": -500, "key:1:available": 380,
-                                     "queen:fees": 24, f"worker:{'ab' * 32}:earned": 96}
+                                     "queen:fees": 24, pending: 96}
+    assert posting.worker_jobs == (("ab" * 32, 1),)
+    release = ledger.release_escrow("ab" * 32, 96)
+    assert dict(release.entries) == {pending: -96, ledger.worker_available("ab" * 32): 96}
     assert posting.txn == "settle:j"
     with pytest.raises(ledger.UnbalancedPosting):
         ledger.Posting("t", "x", (("a", 1), ("b", -2)))
