@@ -56,5 +56,8 @@ class WorkerIdentity:
         log.info("created a new worker identity at %s", path)
         return cls(key)
 
+    def sign(self, payload: bytes) -> str:
+        return self._key.sign(payload).hex()
+
     def sign_hello(self, nonce: str, ln_url: str | None) -> str:
-        return self._key.sign(hello_signing_payload(nonce, self.pubkey, ln_url)).hex()
+        return self.sign(hello_signing_payload(nonce, self.pubkey, ln_url))

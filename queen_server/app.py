@@ -20,6 +20,7 @@ from queen_server.api import SCHEMAS, chat_completions, embeddings, json_respons
 from queen_server.billing.service import Billing
 from queen_server.db import Database
 from queen_server.dispatch import Dispatcher
+from queen_server.earnings import router as earnings_router
 from queen_server.errors import ApiError, InvalidRequest, NotFound
 from queen_server.http_io import param_name
 from queen_server.registry import Registry
@@ -111,6 +112,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     app.hot_routes = {("POST", "/v1/chat/completions"): chat_completions,
                       ("POST", "/v1/embeddings"): embeddings}
     app.include_router(router)
+    app.include_router(earnings_router)
     app.add_api_websocket_route("/worker", worker_endpoint)
     _install_error_handlers(app)
     _publish_request_schemas(app)

@@ -29,6 +29,15 @@ def verify_hello(hello: Hello, nonce: str) -> None:
         raise HandshakeRefused("bad_signature", "the hello's signature does not verify") from exc
 
 
+def verify_signature(pubkey: str, signature: str, payload: bytes) -> bool:
+    try:
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(pubkey)).verify(
+            bytes.fromhex(signature), payload)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
 def public_id(pubkey: str) -> str:
     """A short, stable, non-secret id for a worker key (12 base32 characters)."""
     digest = hashlib.sha256(bytes.fromhex(pubkey)).digest()

@@ -52,8 +52,10 @@ class QueenSettings(BaseSettings):
     escrow_jobs: int = Field(default=10, ge=0)
     default_max_tokens: int = Field(default=4096, ge=1)
     billing_refresh_s: float = Field(default=2.0, gt=0)
+    # Hosts whose Lightning addresses may use plain http (local test servers only).
+    lnurl_insecure_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "lnurl_insecure_hosts", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):

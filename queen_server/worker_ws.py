@@ -17,6 +17,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from queen_server.errors import HandshakeRefused
 from queen_server.identity import new_nonce, public_id, verify_hello
+from queen_server.lightning import InvalidPayoutAddress, parse_payout_address
 from queen_server.sessions import LegacySession, WorkerSession
 from shared_schema import (
     PROTOCOL_VERSION,
@@ -190,6 +191,11 @@ async def _handshake(
     except ValidationError as exc:
         raise HandshakeRefused("invalid_message", _first_error(exc)) from exc
     verify_hello(hello, nonce)
+    try:
+        parse_payout_address(hello.ln_url, insecure_hosts=settings.lnurl_insecure_hosts)
+    except InvalidPayoutAddress as exc:
+        raise HandshakeRefused("invalid_ln_url", f"the payout address {hello.ln_url!r} is not "
+                               f"valid: {exc.message}") from exc
     return WorkerSession(
         key=hello.pubkey,
         public_id=public_id(hello.pubkey),

@@ -17,6 +17,7 @@ from shared_schema.openai_types import (
     ModelList,
     ModelPrice,
     Usage,
+    WorkerEarnings,
 )
 from shared_schema.protocol import (
     PROTOCOL_VERSION,
@@ -35,6 +36,7 @@ from shared_schema.protocol import (
     Status,
     Welcome,
     decode,
+    earnings_auth_payload,
     encode,
     hello_signing_payload,
     loads_object,
@@ -77,7 +79,9 @@ __all__ = [
     "Status",
     "Usage",
     "Welcome",
+    "WorkerEarnings",
     "decode",
+    "earnings_auth_payload",
     "encode",
     "hello_signing_payload",
     "loads_object",

@@ -188,3 +188,17 @@ class ErrorDetail(WireModel):
 
 class ErrorResponse(WireModel):
     error: ErrorDetail
+
+
+# --- a worker's earnings (Apiary's own endpoint, GET /worker/earnings) -------------------------
+
+
+class WorkerEarnings(WireModel):
+    worker_id: str
+    jobs_settled: int = Field(ge=0)
+    escrow_jobs_left: int = Field(ge=0, description="Jobs until pending earnings are released.")
+    pending_msat: int = Field(ge=0)
+    available_msat: int = Field(ge=0)
+    paid_msat: int = Field(ge=0)
+    today_msat: int = Field(ge=0)
+    total_msat: int = Field(ge=0)

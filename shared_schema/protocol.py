@@ -188,6 +188,19 @@ def hello_signing_payload(nonce: str, pubkey: str, ln_url: str | None) -> bytes:
     )  # no address and an empty one sign alike: both mean "don't pay me"
 
 
+EARNINGS_AUTH_SCHEME = "Apiary-Worker"
+EARNINGS_AUTH_MAX_SKEW_S = 300
+
+
+def earnings_auth_payload(pubkey: str, timestamp: int) -> bytes:
+    """What a worker signs to read its own earnings over HTTP: its key and the current time.
+
+    The header is ``Authorization: Apiary-Worker <pubkey>.<unix time>.<signature hex>``; the
+    queen accepts a time within ``EARNINGS_AUTH_MAX_SKEW_S`` of its own.
+    """
+    return b"\n".join([b"apiary-earnings/1", pubkey.encode(), str(timestamp).encode()])
+
+
 def loads_object(frame: str | bytes) -> dict[str, Any]:
     """Parse a frame that must be a JSON object (used for legacy, untyped frames)."""
     try:

@@ -37,7 +37,7 @@ from shared_schema import (
 log = logging.getLogger(__name__)
 
 # Refusals that no retry can fix: stop reconnecting and tell the owner.
-FATAL_REFUSALS = frozenset({"protocol_version", "bad_signature"})
+FATAL_REFUSALS = frozenset({"protocol_version", "bad_signature", "invalid_ln_url"})
 
 
 class State(enum.Enum):

@@ -189,6 +189,19 @@ class LedgerStore:
                                       .where(WorkerRecord.key == pubkey))
         return int(value or 0)
 
+    async def worker_credits(self, pubkey: str, since: datetime) -> tuple[int, int]:
+        """A worker's earnings credited by charges: in total, and since ``since``."""
+        accounts = [f"worker:{pubkey}:pending", f"worker:{pubkey}:available"]
+        credited = (
+            select(func.coalesce(func.sum(LedgerEntry.amount_msat), 0))
+            .join(LedgerTxn, LedgerEntry.txn_id == LedgerTxn.id)
+            .where(LedgerEntry.account.in_(accounts), LedgerTxn.kind == "charge")
+        )
+        async with self.engine.connect() as conn:
+            total = int(await conn.scalar(credited))
+            today = int(await conn.scalar(credited.where(LedgerTxn.created_at >= since)))
+        return total, today
+
     async def last_seq(self) -> int:
         async with self.engine.connect() as conn:
             return int(await conn.scalar(select(func.max(LedgerTxn.seq))) or 0)

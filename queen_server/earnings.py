@@ -1,0 +1,64 @@
+"""``GET /worker/earnings``: a worker reads its own earnings, proving who it is with its key."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from queen_server.billing import ledger
+from queen_server.errors import NotFound, Unauthorized
+from queen_server.identity import public_id, verify_signature
+from shared_schema import WorkerEarnings, earnings_auth_payload
+from shared_schema.protocol import EARNINGS_AUTH_MAX_SKEW_S, EARNINGS_AUTH_SCHEME
+
+if TYPE_CHECKING:
+    from queen_server.app import QueenState
+
+router = APIRouter()
+
+
+def authenticated_worker(authorization: str | None, now: float) -> str:
+    """The worker key that signed this request, or ``Unauthorized``."""
+    scheme, _, credentials = (authorization or "").partition(" ")
+    pubkey, _, rest = credentials.strip().partition(".")
+    stamp, _, signature = rest.partition(".")
+    if scheme != EARNINGS_AUTH_SCHEME or not (pubkey and stamp.isdigit() and signature):
+        raise Unauthorized(f"Send 'Authorization: {EARNINGS_AUTH_SCHEME} "
+                           "<pubkey>.<unix time>.<signature>', signed with the worker's key.",
+                           code="missing_worker_signature")
+    if abs(now - int(stamp)) > EARNINGS_AUTH_MAX_SKEW_S:
+        raise Unauthorized("The signed time is too far from the queen's clock.",
+                           code="stale_worker_signature")
+    if not verify_signature(pubkey, signature, earnings_auth_payload(pubkey, int(stamp))):
+        raise Unauthorized("The worker signature does not verify.",
+                           code="bad_worker_signature")
+    return pubkey
+
+
+@router.get("/worker/earnings", response_model=WorkerEarnings,
+            summary="A worker's own earnings (signed with its Ed25519 key)")
+async def worker_earnings(request: Request) -> Response:
+    state: QueenState = request.app.state.queen
+    pubkey = authenticated_worker(request.headers.get("authorization"), time.time())
+    store = state.billing.ledger
+    if store is None:
+        raise NotFound("This queen keeps no ledger.", code="no_ledger")
+    balances = await store.balances(f"worker:{pubkey}:")
+    midnight = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    total, today = await store.worker_credits(pubkey, midnight)
+    jobs = await store.worker_jobs(pubkey)
+    earnings = WorkerEarnings(
+        worker_id=public_id(pubkey),
+        jobs_settled=jobs,
+        escrow_jobs_left=max(0, state.settings.escrow_jobs + 1 - jobs),
+        pending_msat=balances.get(ledger.worker_pending(pubkey), 0),
+        available_msat=balances.get(ledger.worker_available(pubkey), 0),
+        paid_msat=balances.get(f"worker:{pubkey}:paid", 0),
+        today_msat=today,
+        total_msat=total,
+    )
+    return Response(earnings.model_dump_json(), media_type="application/json")
