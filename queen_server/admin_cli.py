@@ -11,10 +11,14 @@ import asyncio
 import secrets
 from typing import TextIO
 
+from sqlalchemy import select
+
 from queen_server.billing import ledger
 from queen_server.billing.keys import KeyStore
 from queen_server.billing.store import LedgerStore
 from queen_server.db import Database
+from queen_server.identity import public_id
+from queen_server.models import Payout
 from queen_server.settings import QueenSettings
 
 
@@ -38,6 +42,10 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     credit.add_argument("key", help="the key's id or prefix")
     credit.add_argument("sats", type=float)
     credit.add_argument("--ref", help="an idempotency reference: the same ref credits once")
+
+    payouts = commands.add_parser("payouts", help="payouts to workers")
+    payouts.add_subparsers(dest="action", required=True, metavar="ACTION").add_parser(
+        "list", help="recent payouts and their state")
 
     ledger_cmd = commands.add_parser("ledger", help="the money ledger")
     ledger_cmd.add_subparsers(dest="action", required=True, metavar="ACTION").add_parser(
@@ -65,6 +73,8 @@ async def _run(settings: QueenSettings, args: argparse.Namespace, out: TextIO) -
         keys, store = KeyStore(db.engine), LedgerStore(db.engine)
         if args.command == "ledger":
             return await _check(store, out)
+        if args.command == "payouts":
+            return await _list_payouts(db, out)
         if args.action == "create":
             secret, record = await keys.create(args.name, rpm_limit=args.rpm,
                                                concurrency_limit=args.concurrency)
@@ -100,6 +110,18 @@ async def _run(settings: QueenSettings, args: argparse.Namespace, out: TextIO) -
         return 0
     finally:
         await db.close()
+
+
+async def _list_payouts(db: Database, out: TextIO) -> int:
+    async with db.engine.connect() as conn:
+        rows = (await conn.execute(select(Payout).order_by(Payout.id.desc()).limit(50))).all()
+    out.write(f"{'id':>5}  {'worker':<12} {'sats':>12}  {'state':<9} {'when':<16} detail\n")
+    for row in rows:
+        out.write(f"{row.id:>5}  {public_id(row.worker_key):<12} {row.amount_msat / 1000:>12,.3f}"
+                  f"  {row.state:<9} {row.updated_at:%Y-%m-%d %H:%M} {row.detail[:60]}\n")
+    if not rows:
+        out.write("no payouts yet\n")
+    return 0
 
 
 async def _check(store: LedgerStore, out: TextIO) -> int:

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -23,6 +24,7 @@ from queen_server.dispatch import Dispatcher
 from queen_server.earnings import router as earnings_router
 from queen_server.errors import ApiError, InvalidRequest, NotFound
 from queen_server.http_io import param_name
+from queen_server.payouts import PayoutRunner, make_backend
 from queen_server.registry import Registry
 from queen_server.settings import QueenSettings
 from queen_server.worker_ws import worker_endpoint
@@ -93,10 +95,22 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
         if state.db is not None:
             await state.db.start()
         await state.billing.start()
+        http = httpx.AsyncClient(timeout=20, trust_env=False)
+        payouts = None
+        if state.db is not None and state.billing.ledger is not None:
+            payouts = PayoutRunner(settings, state.db.engine, state.billing.ledger,
+                                   make_backend(settings, http), http)
+            payouts.start()
+            log.info("payouts: %s backend, every %.0f s, threshold %d sats",
+                     settings.lightning_backend, settings.payout_interval_s,
+                     settings.payout_threshold_sats)
         try:
             yield
         finally:
             await registry.close_all(CLOSE_GOING_AWAY, "the queen is shutting down")
+            if payouts is not None:
+                await payouts.stop()
+            await http.aclose()
             await state.billing.stop()
             if state.db is not None:
                 await state.db.close()

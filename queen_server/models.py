@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, DateTime, ForeignKey, Index, Integer, String
+from sqlalchemy import BigInteger, Boolean, DateTime, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -71,3 +71,22 @@ class Account(Base):
     name: Mapped[str] = mapped_column(String(200), primary_key=True)
     balance_msat: Mapped[int] = mapped_column(BigInteger, default=0)
     is_liability: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class Payout(Base):
+    """A payout to a worker. States: ``recorded`` (money moved to in-flight, no invoice yet),
+    ``invoiced`` (invoice stored, payment may have been sent), ``paid``, ``failed`` (money
+    returned), ``manual`` (no Lightning backend: an admin settles it by hand)."""
+
+    __tablename__ = "payouts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    worker_key: Mapped[str] = mapped_column(String(64), index=True)
+    amount_msat: Mapped[int] = mapped_column(BigInteger)
+    ln_url: Mapped[str] = mapped_column(String(2048))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    bolt11: Mapped[str | None] = mapped_column(Text)
+    payment_hash: Mapped[str | None] = mapped_column(String(64))
+    detail: Mapped[str] = mapped_column(String(500), default="", server_default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -52,6 +52,12 @@ class QueenSettings(BaseSettings):
     escrow_jobs: int = Field(default=10, ge=0)
     default_max_tokens: int = Field(default=4096, ge=1)
     billing_refresh_s: float = Field(default=2.0, gt=0)
+    # Payouts. "none" records payouts due for an admin to settle by hand.
+    lightning_backend: Literal["none", "lnbits"] = "none"
+    lnbits_url: str | None = None
+    lnbits_admin_key: str | None = None
+    payout_threshold_sats: int = Field(default=1000, ge=1)
+    payout_interval_s: float = Field(default=600.0, gt=0)
     # Hosts whose Lightning addresses may use plain http (local test servers only).
     lnurl_insecure_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
 

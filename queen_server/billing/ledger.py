@@ -8,6 +8,8 @@ Accounts (all in msat):
 * ``worker:<pubkey>:pending``  a worker's earnings held in escrow
 * ``worker:<pubkey>:available`` a worker's earnings that can be paid out
 * ``queen:fees``               the queen's share of every charge
+* ``payouts:in_flight``        payouts recorded but not yet known paid or failed
+* ``worker:<pubkey>:paid``     what has been paid out to a worker (money that left)
 
 A posting's amounts always sum to zero; its ``txn`` id is its idempotency key. ``worker_jobs``
 counts settled jobs per worker, written in the same database transaction as the entries.
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 DEPOSITS = "deposits"
 QUEEN_FEES = "queen:fees"
+PAYOUTS_IN_FLIGHT = "payouts:in_flight"
 
 
 def key_available(key_id: int) -> str:
@@ -119,3 +122,22 @@ def release_escrow(pubkey: str, amount_msat: int) -> Posting:
     return _posting(f"escrow-release:{pubkey}", "escrow",
                     [(worker_pending(pubkey), -amount_msat), (worker_available(pubkey),
                                                               amount_msat)])
+
+
+def worker_paid(pubkey: str) -> str:
+    return f"worker:{pubkey}:paid"
+
+
+def payout_start(pubkey: str, amount_msat: int, payout_id: int) -> Posting:
+    return _posting(f"payout:{payout_id}", "payout",
+                    [(worker_available(pubkey), -amount_msat), (PAYOUTS_IN_FLIGHT, amount_msat)])
+
+
+def payout_paid(pubkey: str, amount_msat: int, payout_id: int) -> Posting:
+    return _posting(f"payout-paid:{payout_id}", "payout",
+                    [(PAYOUTS_IN_FLIGHT, -amount_msat), (worker_paid(pubkey), amount_msat)])
+
+
+def payout_failed(pubkey: str, amount_msat: int, payout_id: int) -> Posting:
+    return _posting(f"payout-failed:{payout_id}", "payout",
+                    [(PAYOUTS_IN_FLIGHT, -amount_msat), (worker_available(pubkey), amount_msat)])

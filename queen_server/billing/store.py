@@ -103,6 +103,10 @@ class LedgerStore:
                 for _ in batch:
                     self._queue.task_done()
 
+    async def apply_in(self, conn: AsyncConnection, postings: list[Posting]) -> list[bool]:
+        """Apply postings inside the caller's transaction (to commit them with other rows)."""
+        return await self._apply(conn, postings)
+
     async def _apply(self, conn: AsyncConnection, postings: list[Posting]) -> list[bool]:
         ids = [posting.txn for posting in postings]
         existing = set((await conn.scalars(select(LedgerTxn.id).where(LedgerTxn.id.in_(ids))))

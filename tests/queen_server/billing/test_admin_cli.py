@@ -6,9 +6,11 @@ import sqlite3
 import subprocess
 import sys
 
+from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from queen_server.db import MIGRATIONS
 from tests.support.processes import base_env
 
 
@@ -68,7 +70,8 @@ def test_db_upgrade_adopts_the_first_releases_workers_table(tmp_path):
                      "'2026-11-01')")
     result = queen_cli(tmp_path, f"sqlite+aiosqlite:///{path}", "db", "upgrade")
     assert result.returncode == 0, result.stderr
-    assert "at revision 0002" in result.stdout
+    head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
+    assert f"at revision {head}" in result.stdout
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT key, jobs_settled FROM workers").fetchall() == [("k", 0)]
         assert conn.execute("SELECT count(*) FROM api_keys").fetchone() == (0,)
