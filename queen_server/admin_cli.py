@@ -35,6 +35,7 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     create.add_argument("--credit-sats", type=float, default=0)
     create.add_argument("--rpm", type=int, help="requests per minute allowed")
     create.add_argument("--concurrency", type=int, help="requests at once allowed")
+    create.add_argument("--budget-sats", type=float, help="the most this key may ever spend")
     actions.add_parser("list", help="list keys with their balances")
     revoke = actions.add_parser("revoke", help="revoke a key")
     revoke.add_argument("key", help="the key's id or prefix (from `keys list`)")
@@ -76,8 +77,10 @@ async def _run(settings: QueenSettings, args: argparse.Namespace, out: TextIO) -
         if args.command == "payouts":
             return await _list_payouts(db, out)
         if args.action == "create":
+            budget = _msat(args.budget_sats) if args.budget_sats is not None else None
             secret, record = await keys.create(args.name, rpm_limit=args.rpm,
-                                               concurrency_limit=args.concurrency)
+                                               concurrency_limit=args.concurrency,
+                                               budget_msat=budget)
             if args.credit_sats:
                 await store.post(ledger.deposit(record.id, _msat(args.credit_sats),
                                                 f"deposit:create:{record.id}", "initial credit"))

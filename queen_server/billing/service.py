@@ -79,6 +79,8 @@ class Hold:
 class _KeyState:
     available: int
     loaded_at_seq: int
+    spent: int = 0  # charged so far, for the key's spend budget
+    held: int = 0  # reserved by requests in flight
     inflight: int = 0
     recent: deque[float] = field(default_factory=deque)
 
@@ -206,7 +208,7 @@ class Billing:
             assert self.ledger is not None
             account = ledger.key_available(key_id)
             seq, balances = await self.ledger.snapshot([account])
-            return _KeyState(balances[account], seq)
+            return _KeyState(balances[account], seq, spent=await self.ledger.key_spent(key_id))
 
         return await _load_once(self._states, self._loading, key_id, load)
 
@@ -257,7 +259,13 @@ class Billing:
                 f"tokens, {price.completion_msat_per_1k} per 1k completion tokens); the key has "
                 f"{_sats(state.available)} sats available.",
             )
+        if key.budget_msat is not None and state.spent + state.held + amount > key.budget_msat:
+            left = max(0, key.budget_msat - state.spent - state.held)
+            raise PaymentRequired(
+                f"This request may cost up to {_sats(amount)} sats, and the key's spend budget "
+                f"has {_sats(left)} sats left.", code="budget_exceeded")
         state.available -= amount
+        state.held += amount
         state.inflight += 1
         state.recent.append(time.monotonic())
         hold = Hold(key.id, job_id, amount, price)
@@ -285,6 +293,7 @@ class Billing:
 
     def _undo(self, state: _KeyState, hold: Hold) -> None:
         state.available += hold.reserved_msat
+        state.held -= hold.reserved_msat
         state.inflight -= 1
         hold.closed = True
 
@@ -311,6 +320,8 @@ class Billing:
         charge = min(hold.price.cost_msat(prompt_tokens, completion_tokens), hold.reserved_msat)
         hold.charged_msat = charge
         state.available += hold.reserved_msat - charge
+        state.held -= hold.reserved_msat
+        state.spent += charge
         state.inflight -= 1
         if charge == 0:
             await self.ledger.post(ledger.release(hold.key_id, hold.reserved_msat, hold.job_id))

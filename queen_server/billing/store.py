@@ -187,6 +187,16 @@ class LedgerStore:
             found = {name: int(balance) for name, balance in rows}
         return last, {name: found.get(name, 0) for name in accounts}
 
+    async def key_spent(self, key_id: int) -> int:
+        """What a key has been charged, in total: its two accounts' net change by charges."""
+        accounts = [f"key:{key_id}:available", f"key:{key_id}:reserved"]
+        async with self.engine.connect() as conn:
+            net = await conn.scalar(
+                select(func.coalesce(func.sum(LedgerEntry.amount_msat), 0))
+                .join(LedgerTxn, LedgerEntry.txn_id == LedgerTxn.id)
+                .where(LedgerEntry.account.in_(accounts), LedgerTxn.kind == "charge"))
+        return -int(net)
+
     async def worker_jobs(self, pubkey: str) -> int:
         async with self.engine.connect() as conn:
             value = await conn.scalar(select(WorkerRecord.jobs_settled)

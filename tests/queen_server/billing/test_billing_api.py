@@ -249,3 +249,20 @@ async def test_a_restart_releases_what_a_crash_left_reserved(tmp_path, db_url):
         assert money[ledger.key_reserved(1)] == 0
         assert money[ledger.key_available(1)] == 5000
         assert (await queen.state.billing.ledger.check()).clean
+
+
+async def test_a_spend_budget_caps_what_a_key_can_spend(billed):
+    queen, _ = billed
+    reservation = TINY.cost_msat(len("hi there") + 8, 100)
+    secret, key_id = await funded_key(queen, 100, budget_msat=reservation + 1)
+    client = queen.client(api_key=secret)
+    first = await client.chat.completions.create(model=ECHO_MODEL, messages=USER,
+                                                 max_tokens=100)
+    spent = TINY.cost_msat(first.usage.prompt_tokens, first.usage.completion_tokens)
+    assert spent > 1  # so the next full reservation cannot fit in what is left
+    with pytest.raises(openai.APIStatusError) as caught:
+        await client.chat.completions.create(model=ECHO_MODEL, messages=USER, max_tokens=100)
+    assert caught.value.status_code == 402
+    assert caught.value.code == "budget_exceeded"
+    assert queen.state.billing._states[key_id].spent == spent
+    assert await queen.state.billing.ledger.key_spent(key_id) == spent
