@@ -8,18 +8,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import secrets
 from typing import TextIO
 
 from sqlalchemy import select
 
 from queen_server.billing import ledger
+from queen_server.billing.admin import create_key, credit_key, list_keys, sats_to_msat
 from queen_server.billing.keys import KeyStore
 from queen_server.billing.store import LedgerStore
 from queen_server.db import Database
 from queen_server.identity import public_id
 from queen_server.models import Payout
 from queen_server.settings import QueenSettings
+
+
+def sats(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return value
 
 
 def add_commands(parser: argparse.ArgumentParser) -> None:
@@ -32,16 +39,16 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     actions = keys.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = actions.add_parser("create", help="make a key (shown once)")
     create.add_argument("--name", required=True)
-    create.add_argument("--credit-sats", type=float, default=0)
+    create.add_argument("--credit-sats", type=sats, default=0)
     create.add_argument("--rpm", type=int, help="requests per minute allowed")
     create.add_argument("--concurrency", type=int, help="requests at once allowed")
-    create.add_argument("--budget-sats", type=float, help="the most this key may ever spend")
+    create.add_argument("--budget-sats", type=sats, help="the most this key may ever spend")
     actions.add_parser("list", help="list keys with their balances")
     revoke = actions.add_parser("revoke", help="revoke a key")
     revoke.add_argument("key", help="the key's id or prefix (from `keys list`)")
     credit = actions.add_parser("credit", help="add sats to a key's balance")
     credit.add_argument("key", help="the key's id or prefix")
-    credit.add_argument("sats", type=float)
+    credit.add_argument("sats", type=sats)
     credit.add_argument("--ref", help="an idempotency reference: the same ref credits once")
 
     payouts = commands.add_parser("payouts", help="payouts to workers")
@@ -55,12 +62,6 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
 
 def run_command(settings: QueenSettings, args: argparse.Namespace, out: TextIO) -> int:
     return asyncio.run(_run(settings, args, out))
-
-
-def _msat(sats: float) -> int:
-    if sats < 0:
-        raise SystemExit("apiary-queen: amounts must not be negative")
-    return round(sats * 1000)
 
 
 async def _run(settings: QueenSettings, args: argparse.Namespace, out: TextIO) -> int:
@@ -77,35 +78,28 @@ async def _run(settings: QueenSettings, args: argparse.Namespace, out: TextIO) -
         if args.command == "payouts":
             return await _list_payouts(db, out)
         if args.action == "create":
-            budget = _msat(args.budget_sats) if args.budget_sats is not None else None
-            secret, record = await keys.create(args.name, rpm_limit=args.rpm,
-                                               concurrency_limit=args.concurrency,
-                                               budget_msat=budget)
-            if args.credit_sats:
-                await store.post(ledger.deposit(record.id, _msat(args.credit_sats),
-                                                f"deposit:create:{record.id}", "initial credit"))
+            budget = sats_to_msat(args.budget_sats) if args.budget_sats is not None else None
+            secret, record = await create_key(
+                keys, store, args.name, credit_msat=sats_to_msat(args.credit_sats),
+                rpm_limit=args.rpm, concurrency_limit=args.concurrency, budget_msat=budget)
             out.write(f"created key {record.id} ({record.name}) with {args.credit_sats:g} sats\n"
                       f"{secret}\n"
                       "This key is shown once. Store it now: only its hash is kept.\n")
         elif args.action == "list":
-            balances = await store.balances("key:")
             out.write(f"{'id':>4}  {'prefix':<15} {'name':<24} {'available sats':>15} "
                       f"{'reserved':>9}  status\n")
-            for record in sorted((await keys.all()).values(), key=lambda r: r.id):
-                available = balances.get(ledger.key_available(record.id), 0) / 1000
-                reserved = balances.get(ledger.key_reserved(record.id), 0) / 1000
-                status = "revoked" if record.revoked else "active"
-                out.write(f"{record.id:>4}  {record.prefix:<15} {record.name[:24]:<24} "
-                          f"{available:>15,.3f} {reserved:>9,.3f}  {status}\n")
+            for key in await list_keys(keys, store):
+                status = "revoked" if key.revoked else "active"
+                out.write(f"{key.id:>4}  {key.prefix:<15} {key.name[:24]:<24} "
+                          f"{key.available_msat / 1000:>15,.3f} "
+                          f"{key.reserved_msat / 1000:>9,.3f}  {status}\n")
         elif args.action == "revoke":
             record = await keys.find(args.key)
             await keys.revoke(record.id)
             out.write(f"revoked key {record.id} ({record.name})\n")
         elif args.action == "credit":
-            record = await keys.find(args.key)
-            ref = args.ref or secrets.token_hex(8)
-            applied = await store.post(ledger.deposit(record.id, _msat(args.sats),
-                                                      f"deposit:{record.id}:{ref}", "credit"))
+            record, applied = await credit_key(keys, store, args.key, sats_to_msat(args.sats),
+                                               args.ref)
             balance = await store.balance(ledger.key_available(record.id))
             verb = "credited" if applied else "already credited (same --ref)"
             out.write(f"{verb} {args.sats:g} sats to key {record.id}; available now "

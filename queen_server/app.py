@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from queen_server import __version__
+from queen_server.admin_api import router as admin_router
 from queen_server.api import SCHEMAS, chat_completions, embeddings, json_response, router
 from queen_server.billing.service import Billing
 from queen_server.db import Database
@@ -127,6 +128,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
                       ("POST", "/v1/embeddings"): embeddings}
     app.include_router(router)
     app.include_router(earnings_router)
+    app.include_router(admin_router)
     app.add_api_websocket_route("/worker", worker_endpoint)
     _install_error_handlers(app)
     _publish_request_schemas(app)

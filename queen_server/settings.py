@@ -46,6 +46,9 @@ class QueenSettings(BaseSettings):
     total_timeout_s: float = Field(default=600.0, gt=0)
     retry_after_s: int = Field(default=5, ge=1)
 
+    # The /admin API is on only with a token.
+    admin_token: str | None = None
+
     # Billing.
     prices_file: Path | None = None
     worker_share: float = Field(default=0.8, ge=0, le=1)
