@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from sqlalchemy import select
 
 from queen_server.billing import ledger
 from queen_server.errors import NotFound, Unauthorized
 from queen_server.identity import public_id, verify_signature
-from shared_schema import WorkerEarnings, earnings_auth_payload
+from queen_server.models import Payout
+from shared_schema import PayoutView, WorkerEarnings, earnings_auth_payload
 from shared_schema.protocol import EARNINGS_AUTH_MAX_SKEW_S, EARNINGS_AUTH_SCHEME
 
 if TYPE_CHECKING:
@@ -51,6 +53,10 @@ async def worker_earnings(request: Request) -> Response:
     midnight = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     total, today = await store.worker_credits(pubkey, midnight)
     jobs = await store.worker_jobs(pubkey)
+    async with store.engine.connect() as conn:
+        payouts = (await conn.execute(
+            select(Payout).where(Payout.worker_key == pubkey).order_by(Payout.id.desc())
+            .limit(10))).all()
     earnings = WorkerEarnings(
         worker_id=public_id(pubkey),
         jobs_settled=jobs,
@@ -60,5 +66,7 @@ async def worker_earnings(request: Request) -> Response:
         paid_msat=balances.get(f"worker:{pubkey}:paid", 0),
         today_msat=today,
         total_msat=total,
+        recent_payouts=[PayoutView(id=p.id, amount_msat=p.amount_msat, state=p.state,
+                                   updated_at=p.updated_at, detail=p.detail) for p in payouts],
     )
     return Response(earnings.model_dump_json(), media_type="application/json")

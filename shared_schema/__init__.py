@@ -16,6 +16,7 @@ from shared_schema.openai_types import (
     ModelCard,
     ModelList,
     ModelPrice,
+    PayoutView,
     Usage,
     WorkerEarnings,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "ModelList",
     "ModelPrice",
     "NvGpu",
+    "PayoutView",
     "Ping",
     "Pong",
     "ProtocolError",

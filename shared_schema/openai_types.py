@@ -6,6 +6,7 @@ Apiary honours are typed and range-checked, so a bad value is a 400 naming its `
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator
@@ -193,6 +194,14 @@ class ErrorResponse(WireModel):
 # --- a worker's earnings (Apiary's own endpoint, GET /worker/earnings) -------------------------
 
 
+class PayoutView(WireModel):
+    id: int
+    amount_msat: int = Field(ge=0)
+    state: str = Field(description="recorded, invoiced, paid, failed or manual")
+    updated_at: datetime
+    detail: str = ""
+
+
 class WorkerEarnings(WireModel):
     worker_id: str
     jobs_settled: int = Field(ge=0)
@@ -202,3 +211,4 @@ class WorkerEarnings(WireModel):
     paid_msat: int = Field(ge=0)
     today_msat: int = Field(ge=0)
     total_msat: int = Field(ge=0)
+    recent_payouts: list[PayoutView] = Field(default_factory=list)

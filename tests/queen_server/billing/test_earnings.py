@@ -11,6 +11,8 @@ from desktop_worker.earnings import earnings_authorization, fetch_earnings, quee
 from desktop_worker.errors import LinkError
 from desktop_worker.identity import WorkerIdentity
 from queen_server.billing.pricing import PriceTable
+from queen_server.lightning import NoneBackend
+from queen_server.payouts import PayoutRunner
 from tests.queen_server.billing.test_billing_api import USER, funded_key
 from tests.support.processes import free_port
 from tests.support.queen import running_queen
@@ -44,6 +46,16 @@ async def test_a_worker_reads_its_own_earnings(tmp_path):
             assert earnings.pending_msat == 0
             assert earnings.total_msat == earnings.today_msat == shares[1] + shares[2]
             assert earnings.worker_id == worker.welcome.worker_id
+            assert earnings.recent_payouts == []
+            # A payout (recorded for an admin: no Lightning backend here) shows up.
+            billing = queen.state.billing
+            runner = PayoutRunner(queen.state.settings, queen.state.db.engine, billing.ledger,
+                                  NoneBackend(), None)
+            await runner.pay(worker.pubkey, earnings.available_msat, "x@example.com")
+            after = await fetch_earnings(queen.ws_url, identity)
+            assert [(p.state, p.amount_msat) for p in after.recent_payouts] == [
+                ("manual", earnings.available_msat)]
+            assert after.available_msat == 0
         finally:
             await worker.stop()
 
