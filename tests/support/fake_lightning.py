@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal, Self
 from urllib.parse import parse_qs, urlsplit
 
@@ -41,6 +41,8 @@ import bolt11
 from bolt11 import Bolt11, MilliSatoshi, Tags
 from coincurve import PrivateKey
 from lnurl import url_encode
+
+from tests.support.http_server import TrackedHTTPServer
 
 __all__ = [
     "TEST_NODE_KEY",
@@ -188,35 +190,10 @@ class _FakeServer:
         raise NotImplementedError
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
+class _Server(TrackedHTTPServer):
     def __init__(self, fake: _FakeServer) -> None:
         self.fake = fake
-        self._connections: set[socket.socket] = set()
-        self._connections_lock = threading.Lock()
-        super().__init__(("127.0.0.1", 0), _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._connections_lock:
-            self._connections.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._connections_lock:
-            self._connections.discard(request)
-        super().shutdown_request(request)
-
-    def close_connections(self) -> None:
-        with self._connections_lock:
-            connections = list(self._connections)
-        for connection in connections:
-            with contextlib.suppress(OSError):
-                connection.shutdown(socket.SHUT_RDWR)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        logger.debug("%s: error serving %s", self.fake.name, client_address, exc_info=True)
+        super().__init__(_Handler, fake.name)
 
 
 class _Handler(BaseHTTPRequestHandler):
