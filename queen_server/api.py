@@ -121,7 +121,7 @@ async def chat_completions(request: Request) -> Response:
     except BaseException:
         await billing.finish(hold)  # a failed job is charged nothing
         raise
-    dispatcher.record_result(run.handle, result)
+    dispatcher.record_result(run.handle, result, streamed=False)
     await billing.finish(hold, prompt_tokens=result.usage.prompt_tokens,
                          completion_tokens=result.usage.completion_tokens,
                          worker_key=run.worker.earnings_key)
@@ -170,6 +170,7 @@ async def embeddings(request: Request) -> Response:
     except BaseException:
         await billing.finish(hold)
         raise
+    state.dispatcher.record_result(run.handle, result, streamed=False)
     await billing.finish(hold, prompt_tokens=result.usage.prompt_tokens,
                          worker_key=run.worker.earnings_key)
     return json_response(embeddings_answer(result, req.model, req.encoding_format))

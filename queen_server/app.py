@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from queen_server import __version__
 from queen_server.admin_api import router as admin_router
@@ -28,6 +29,9 @@ from queen_server.http_io import param_name
 from queen_server.payouts import PayoutRunner, make_backend
 from queen_server.registry import Registry
 from queen_server.settings import QueenSettings
+from queen_server.stats.metrics import Metrics
+from queen_server.stats.store import StatsStore
+from queen_server.stats.swarm import SwarmStats
 from queen_server.worker_ws import worker_endpoint
 from shared_schema.protocol import CLOSE_GOING_AWAY
 
@@ -41,6 +45,8 @@ class QueenState:
     dispatcher: Dispatcher
     billing: Billing
     db: Database | None
+    stats: SwarmStats
+    metrics: Metrics
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -63,38 +69,73 @@ class QueenApp(FastAPI):
     hot_routes: dict[tuple[str, str], Handler]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            handler = self.hot_routes.get((scope["method"], scope["path"]))
-            if handler is not None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def observed_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        handler = self.hot_routes.get((scope["method"], scope["path"]))
+        try:
+            if handler is None:
+                await super().__call__(scope, receive, observed_send)
+            else:
                 scope["app"] = self
                 try:
                     response = await handler(Request(scope, receive))
                 except ApiError as exc:
-                    response = error_response(exc)
+                    response = self.error_response(exc)
                 except Exception:
                     log.exception("unhandled error on %s %s", scope["method"], scope["path"])
-                    response = error_response(ApiError("The queen hit an internal error."))
-                await response(scope, receive, send)
-                return
-        await super().__call__(scope, receive, send)
+                    response = self.error_response(ApiError("The queen hit an internal error."))
+                await response(scope, receive, observed_send)
+        finally:
+            route = scope.get("route")
+            path = scope["path"] if handler is not None else getattr(route, "path", "other")
+            metrics: Metrics = self.state.queen.metrics
+            metrics.requests.labels(path, scope["method"], str(status)).inc()
+            metrics.latency.labels(path, scope["method"]).observe(time.perf_counter() - started)
+
+    def error_response(self, error: ApiError) -> Response:
+        self.state.queen.metrics.errors.labels(error.code or "error").inc()
+        return error_response(error)
 
 
 def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) -> FastAPI:
     settings = settings or QueenSettings()
     registry = Registry()
     db = Database(settings.db) if use_db else None
+    billing = Billing(settings, db)
+    stats = SwarmStats()
+    metrics = Metrics(workers=lambda: len(registry), queued=lambda: registry.waiting)
+
+    def size_class_of(model: str) -> str:
+        return billing.prices.for_parameters(registry.parameter_count(model)).size_class
+
     state = QueenState(
         settings=settings,
         registry=registry,
-        dispatcher=Dispatcher(registry, settings),
-        billing=Billing(settings, db),
+        dispatcher=Dispatcher(registry, settings, stats, size_class_of, metrics),
+        billing=billing,
         db=db,
+        stats=stats,
+        metrics=metrics,
     )
+    stats_store = StatsStore(db.engine, stats) if db is not None else None
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if state.db is not None:
             await state.db.start()
+        if stats_store is not None:
+            await stats_store.load()
+            stats_store.start()
         await state.billing.start()
         http = httpx.AsyncClient(timeout=20, trust_env=False)
         payouts = None
@@ -113,6 +154,8 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
                 await payouts.stop()
             await http.aclose()
             await state.billing.stop()
+            if stats_store is not None:
+                await stats_store.stop()
             if state.db is not None:
                 await state.db.close()
 
@@ -135,10 +178,10 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     return app
 
 
-def _install_error_handlers(app: FastAPI) -> None:
-    async def api_error(_request: Request, exc: Exception) -> Response:
+def _install_error_handlers(app: QueenApp) -> None:
+    async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        return error_response(exc)
+        return app.error_response(exc)
 
     async def validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)

@@ -11,14 +11,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Callable
 from typing import Any
 
 from queen_server.errors import GatewayTimeout, ModelNotFound, NoCapacity, WorkerFailed
 from queen_server.jobs import JobEvent, JobHandle, WorkerLost
 from queen_server.registry import Registry
-from queen_server.routing import SpeedBook, rank
+from queen_server.routing import rank
 from queen_server.sessions import WorkerSession
 from queen_server.settings import QueenSettings
+from queen_server.stats.metrics import Metrics
+from queen_server.stats.swarm import SwarmStats
 from shared_schema import JobError, Result
 
 log = logging.getLogger(__name__)
@@ -55,7 +58,11 @@ class JobRun:
         try:
             return await self.handle.next(self.deadline)
         except TimeoutError:
+            self._dispatcher.record_failure(self.handle, "timeout")
             raise GatewayTimeout("the worker did not finish the answer in time") from None
+
+    def record_failure(self, outcome: str) -> None:
+        self._dispatcher.record_failure(self.handle, outcome)
 
     def take_ready(self) -> list[JobEvent]:
         return self.handle.take_ready()
@@ -70,14 +77,17 @@ class Dispatcher:
         self,
         registry: Registry,
         settings: QueenSettings,
-        speeds: SpeedBook | None = None,
+        stats: SwarmStats,
+        size_class_of: Callable[[str], str],
+        metrics: Metrics | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.registry = registry
         self.settings = settings
-        self.speeds = speeds or SpeedBook()
+        self.stats = stats
+        self.size_class_of = size_class_of
+        self.metrics = metrics
         self.rng = rng or random.Random()
-        self._counter = 0
 
     def _retry_after(self) -> dict[str, str]:
         return {"Retry-After": str(self.settings.retry_after_s)}
@@ -108,6 +118,7 @@ class Dispatcher:
                 await session.send_job(handle, openai_url, openai_req)
                 first = await handle.next(first_deadline)
             except TimeoutError:
+                self.record_failure(handle, "timeout")
                 await self.end(handle, "timeout")
                 if first_deadline < deadline:
                     raise GatewayTimeout(
@@ -120,12 +131,17 @@ class Dispatcher:
             except Exception as exc:  # the socket broke while sending the job
                 log.info("sending job %s to %r failed: %s", handle.id, session, exc)
                 first = WorkerLost(f"sending the job failed: {exc}")
+            handle.first_at = loop.time()
             if isinstance(first, WorkerLost) or (isinstance(first, JobError) and first.retryable):
                 last_error = first.reason if isinstance(first, WorkerLost) else first.message
                 log.info("job %s failed on %r before its first token: %s", handle.id, session,
                          last_error)
+                self.record_failure(handle, "worker_lost" if isinstance(first, WorkerLost)
+                                    else first.code)
                 tried.add(session.key)
                 await self.end(handle, "retrying elsewhere")
+                if self.metrics is not None:
+                    self.metrics.retries.inc()
                 continue
             return JobRun(self, handle, first, deadline, attempt)
         raise WorkerFailed(
@@ -152,8 +168,8 @@ class Dispatcher:
                         f"no other worker can serve this model; last error: {last_error}"
                     )
                 self.require_servable(model)
-            for session in rank(model, candidates, self.speeds.for_model(model), self.rng,
-                                exclude=tried):
+            speeds = self.stats.speeds_for(self.size_class_of(model))
+            for session in rank(model, candidates, speeds, self.rng, exclude=tried):
                 if session.free_slots > 0:
                     return session
             if all(session.key in tried for session in candidates):
@@ -196,8 +212,24 @@ class Dispatcher:
     def _release(self, handle: JobHandle) -> None:
         self.registry.release(handle)
 
-    def record_result(self, handle: JobHandle, result: Result) -> None:
+    def record_result(self, handle: JobHandle, result: Result, *, streamed: bool) -> None:
+        """A job finished: its speed, usage and time to first token go to the stats."""
+        now = asyncio.get_running_loop().time()
+        ttft = handle.first_at - handle.started_at if streamed and handle.first_at else None
+        usage = result.usage
+        session = handle.session
+        self.stats.job_done(handle.id, session.key, session.public_id, handle.model,
+                            self.size_class_of(handle.model), usage.prompt_tokens,
+                            usage.completion_tokens, now - handle.started_at, ttft)
+        if self.metrics is not None:
+            self.metrics.tokens.labels("in").inc(usage.prompt_tokens)
+            self.metrics.tokens.labels("out").inc(usage.completion_tokens)
+            if ttft is not None:
+                self.metrics.ttft.observe(ttft)
+
+    def record_failure(self, handle: JobHandle, outcome: str) -> None:
+        """A job did not finish on its worker (lost, failed, or ``timeout``)."""
         elapsed = asyncio.get_running_loop().time() - handle.started_at
-        self.speeds.record(
-            handle.session.key, handle.model, elapsed, result.usage.completion_tokens
-        )
+        session = handle.session
+        self.stats.job_failed(handle.id, session.key, session.public_id, handle.model, outcome,
+                              elapsed)

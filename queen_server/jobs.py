@@ -42,6 +42,7 @@ class JobHandle:
         "_waiter",
         "cancelling",
         "finished",
+        "first_at",
         "id",
         "model",
         "on_end",
@@ -56,6 +57,7 @@ class JobHandle:
         self.started_at = started_at
         self.finished = False
         self.cancelling = False
+        self.first_at: float | None = None
         self.on_end: Callable[[JobHandle], None] | None = None
         self._items: deque[JobEvent] = deque()
         self._waiter: asyncio.Future[None] | None = None

@@ -9,7 +9,17 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, DateTime, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -27,6 +37,22 @@ class WorkerRecord(Base):
     first_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     jobs_settled: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    jobs_served: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    timeouts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    uptime_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+
+
+class WorkerSpeed(Base):
+    """A worker's seconds per token on one model size class (EMAs)."""
+
+    __tablename__ = "worker_speeds"
+
+    worker_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size_class: Mapped[str] = mapped_column(String(32), primary_key=True)
+    prompt_s_per_token: Mapped[float | None] = mapped_column(Float)
+    completion_s_per_token: Mapped[float | None] = mapped_column(Float)
+    samples: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class ApiKey(Base):

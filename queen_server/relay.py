@@ -102,7 +102,7 @@ async def stream_chat(
                     continue
                 finished = True
                 if isinstance(item, Result):
-                    dispatcher.record_result(run.handle, item)
+                    dispatcher.record_result(run.handle, item, streamed=True)
                     await finish(prompt_tokens=item.usage.prompt_tokens,
                                  completion_tokens=item.usage.completion_tokens)
                     if not saw_chunk:
@@ -111,14 +111,16 @@ async def stream_chat(
                         out.append(ctx.chunk([], item.usage.model_dump()))
                     out.append(DONE)
                 else:
-                    out.append(error_event(failure(item)))
+                    error = failure(item)
+                    dispatcher.record_failure(run.handle, error.code or "worker_error")
+                    out.append(error_event(error))
                 break
             yield b"".join(out)
             if finished:
                 return
             try:
                 event = await run.next()
-            except ApiError as exc:
+            except ApiError as exc:  # the total timeout (recorded by run.next)
                 yield error_event(exc)
                 return
     finally:
@@ -164,7 +166,9 @@ async def collect(run: JobRun) -> tuple[list[Chunk], Result]:
         if isinstance(event, Chunk):
             chunks.append(event)
         else:
-            raise failure(event)
+            error = failure(event)
+            run.record_failure(error.code or "worker_error")
+            raise error
         event = await run.next()
 
 

@@ -4,7 +4,8 @@ Workers are ranked by tier first: the model already loaded in memory, then cache
 able to fetch it on demand (legacy workers). Within a tier, a worker with a free job slot comes
 before a busy one, and a better speed record (an EMA of seconds per completion token for that
 worker and model) before a worse one. A small random factor on the speed spreads load between
-equals. No I/O happens here; the registry hands in its sessions, which satisfy ``WorkerView``.
+equals. No I/O happens here; the registry hands in its sessions, which satisfy ``WorkerView``,
+and the swarm stats hand in the speeds (``stats/ema.py``).
 """
 
 from __future__ import annotations
@@ -80,26 +81,3 @@ def rank(
         capable.append((worker_tier, busy, score, worker))
     capable.sort(key=lambda entry: entry[:3])
     return [entry[3] for entry in capable]
-
-
-class SpeedBook:
-    """Exponential moving averages of seconds per completion token, per worker and model."""
-
-    def __init__(self, alpha: float = 0.2) -> None:
-        if not 0 < alpha <= 1:
-            raise ValueError("alpha must be in (0, 1]")
-        self.alpha = alpha
-        self._by_model: dict[str, dict[str, float]] = {}
-
-    def record(self, worker_key: str, model: str, seconds: float, tokens: int) -> None:
-        if tokens <= 0 or seconds < 0:
-            return
-        sample = seconds / tokens
-        book = self._by_model.setdefault(model, {})
-        previous = book.get(worker_key)
-        book[worker_key] = sample if previous is None else previous + self.alpha * (
-            sample - previous
-        )
-
-    def for_model(self, model: str) -> Mapping[str, float]:
-        return self._by_model.get(model, {})

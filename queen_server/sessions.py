@@ -58,6 +58,8 @@ class WorkerSession:
         capabilities: Iterable[str] = (),
         worker_version: str = "",
         ln_url: str | None = None,
+        gpus: Iterable[str] = (),
+        vram_mb: int = 0,
         now: float = 0.0,
     ) -> None:
         self.key = key
@@ -68,6 +70,8 @@ class WorkerSession:
         self.capabilities = frozenset(capabilities)
         self.worker_version = worker_version
         self.ln_url = ln_url
+        self.gpus = list(gpus)
+        self.vram_mb = vram_mb
         self.connected_at = time.time()
         self.last_seen = now
         self.bad_frames = 0

@@ -106,6 +106,7 @@ async def worker_endpoint(websocket: WebSocket) -> None:
                 )
             )
         older = state.registry.add(session)
+        state.stats.connected(session.key, session.public_id, session.worker_version)
         if older is not None:
             with contextlib.suppress(Exception):
                 await older.transport.close(CLOSE_REPLACED, "replaced by a newer session")
@@ -124,7 +125,8 @@ async def worker_endpoint(websocket: WebSocket) -> None:
     finally:
         if heartbeat is not None:
             heartbeat.cancel()
-        state.registry.remove(session, reason)
+        if state.registry.remove(session, reason) or state.registry.get(session.key) is None:
+            state.stats.disconnected(session.key)
         with contextlib.suppress(Exception):
             await transport.close(CLOSE_POLICY if reason.startswith("too many") else 1000, reason)
 
@@ -176,6 +178,9 @@ async def _handshake(
             transport=transport,
             max_jobs=1,
             ln_url=registration.ln_url,
+            gpus=[gpu.name for gpu in registration.nv_gpus] or
+                 [gpu.name for gpu in registration.cl_gpus],
+            vram_mb=registration.vram,
             now=loop_now,
         )
     if body.get("type") != "hello":
@@ -206,6 +211,8 @@ async def _handshake(
         capabilities=hello.capabilities,
         worker_version=hello.worker_version,
         ln_url=hello.ln_url,
+        gpus=[gpu.name for gpu in hello.nv_gpus] or [gpu.name for gpu in hello.cl_gpus],
+        vram_mb=hello.vram,
         now=loop_now,
     )
 

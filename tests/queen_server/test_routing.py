@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from queen_server.routing import TIER_CACHED, TIER_FETCH, TIER_LOADED, SpeedBook, rank, tier
+from queen_server.routing import TIER_CACHED, TIER_FETCH, TIER_LOADED, rank, tier
 
 MODEL = "org/repo:Q4_K_M"
 OTHER = "org/other:Q8_0"
@@ -151,64 +151,3 @@ def test_rank_is_deterministic_for_a_seed():
     again = keys(rank(MODEL, workers, {}, random.Random(42)))
     assert first == again
     assert sorted(first) == sorted(keys(workers))
-
-
-# --- SpeedBook ---------------------------------------------------------------------------------
-
-
-def test_speedbook_first_sample_sets_the_value():
-    book = SpeedBook(alpha=0.5)
-    assert book.for_model(MODEL) == {}
-    book.record("w", MODEL, seconds=2.0, tokens=100)
-    assert book.for_model(MODEL) == {"w": pytest.approx(0.02)}
-
-
-def test_speedbook_later_samples_move_by_alpha():
-    book = SpeedBook(alpha=0.25)
-    book.record("w", MODEL, seconds=1.0, tokens=10)  # 0.1
-    book.record("w", MODEL, seconds=5.0, tokens=10)  # 0.5: moves a quarter of the way
-    assert book.for_model(MODEL)["w"] == pytest.approx(0.1 + 0.25 * (0.5 - 0.1))
-    book.record("w", MODEL, seconds=0.0, tokens=10)
-    assert book.for_model(MODEL)["w"] == pytest.approx(0.2 * 0.75)
-
-
-def test_speedbook_alpha_one_keeps_only_the_last_sample():
-    book = SpeedBook(alpha=1.0)
-    book.record("w", MODEL, 1.0, 10)
-    book.record("w", MODEL, 3.0, 10)
-    assert book.for_model(MODEL)["w"] == pytest.approx(0.3)
-
-
-def test_speedbook_ignores_zero_tokens_and_negative_time():
-    book = SpeedBook()
-    book.record("w", MODEL, seconds=1.0, tokens=0)
-    book.record("w", MODEL, seconds=-1.0, tokens=5)
-    assert book.for_model(MODEL) == {}
-    book.record("w", MODEL, seconds=1.0, tokens=4)
-    book.record("w", MODEL, seconds=9.0, tokens=0)
-    assert book.for_model(MODEL) == {"w": pytest.approx(0.25)}
-
-
-def test_speedbook_keeps_workers_and_models_apart():
-    book = SpeedBook()
-    book.record("a", MODEL, 1.0, 10)
-    book.record("b", MODEL, 2.0, 10)
-    book.record("a", OTHER, 4.0, 10)
-    assert book.for_model(MODEL) == {"a": pytest.approx(0.1), "b": pytest.approx(0.2)}
-    assert book.for_model(OTHER) == {"a": pytest.approx(0.4)}
-    assert book.for_model("unknown") == {}
-
-
-@pytest.mark.parametrize("alpha", [0, -0.1, 1.5])
-def test_speedbook_rejects_bad_alpha(alpha):
-    with pytest.raises(ValueError, match="alpha"):
-        SpeedBook(alpha=alpha)
-
-
-def test_speedbook_feeds_rank():
-    book = SpeedBook()
-    book.record("slow", MODEL, 10.0, 10)
-    book.record("fast", MODEL, 1.0, 10)
-    ranked = rank(MODEL, [loaded("slow"), loaded("fast")], book.for_model(MODEL),
-                  random.Random(3))
-    assert keys(ranked) == ["fast", "slow"]

@@ -1,0 +1,34 @@
+"""Prometheus metrics, in a registry of the app's own (no process-wide singleton)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+                   60, 120)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+
+
+class Metrics:
+    def __init__(self, workers: Callable[[], float], queued: Callable[[], float]) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("apiary_http_requests", "HTTP requests",
+                                ["route", "method", "status"], registry=self.registry)
+        self.latency = Histogram("apiary_http_request_seconds", "HTTP request latency",
+                                 ["route", "method"], buckets=LATENCY_BUCKETS,
+                                 registry=self.registry)
+        self.tokens = Counter("apiary_tokens", "Tokens served", ["direction"],
+                              registry=self.registry)
+        self.ttft = Histogram("apiary_time_to_first_token_seconds",
+                              "Time from sending a streamed job to its first token",
+                              buckets=TTFT_BUCKETS, registry=self.registry)
+        self.retries = Counter("apiary_job_retries", "Jobs retried on another worker",
+                               registry=self.registry)
+        self.errors = Counter("apiary_errors", "Errors answered, by code", ["code"],
+                              registry=self.registry)
+        Gauge("apiary_workers_connected", "Connected workers",
+              registry=self.registry).set_function(workers)
+        Gauge("apiary_queue_depth", "Jobs waiting for a free worker",
+              registry=self.registry).set_function(queued)

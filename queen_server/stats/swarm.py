@@ -1,0 +1,225 @@
+"""What the swarm is doing, in memory: per-worker counters and speeds, recent jobs, and the
+windows behind tokens/s, jobs per minute, time to first token and the charts.
+
+Recording is a few appends and additions per job (it sits on the request path); everything else
+is computed when a page or ``/stats`` asks. The clock is injected, so it is tested without
+waiting. ``stats/store.py`` persists the per-worker parts.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from queen_server.stats.ema import Speed
+
+BUCKET_S = 10
+HISTORY_S = 3600
+WINDOW_S = 60
+TTFT_WINDOW_S = 300
+
+
+@dataclass
+class WorkerStats:
+    key: str
+    public_id: str
+    version: str = ""
+    jobs: int = 0
+    failures: int = 0
+    timeouts: int = 0
+    uptime_base_s: float = 0.0  # finished sessions
+    connected_at: float | None = None
+    last_seen: float | None = None
+    speeds: dict[str, Speed] = field(default_factory=dict)
+    dirty: bool = False
+
+    def uptime_s(self, now: float) -> float:
+        current = now - self.connected_at if self.connected_at is not None else 0.0
+        return self.uptime_base_s + current
+
+    @property
+    def failure_rate(self) -> float:
+        attempts = self.jobs + self.failures + self.timeouts
+        return (self.failures + self.timeouts) / attempts if attempts else 0.0
+
+    def sec_per_token(self) -> float | None:
+        """The completion speed of the class this worker has done most of."""
+        best = max(self.speeds.values(), key=lambda s: s.samples, default=None)
+        return best.completion_s_per_token if best else None
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    id: str
+    worker_key: str
+    worker: str  # public id
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float
+    ttft_s: float | None
+    outcome: str
+    at: float
+
+
+@dataclass
+class Bucket:
+    jobs: int = 0
+    tokens: int = 0
+    errors: int = 0
+    workers: int = 0  # online at the bucket's last connect, disconnect or creation
+
+
+class SwarmStats:
+    def __init__(self, clock: Callable[[], float] = time.time, recent_jobs: int = 500) -> None:
+        self.clock = clock
+        self.workers: dict[str, WorkerStats] = {}
+        self.recent: deque[JobRecord] = deque(maxlen=recent_jobs)
+        self._window: deque[tuple[float, int]] = deque()  # (when, completion tokens)
+        self._ttft: deque[tuple[float, float]] = deque(maxlen=5000)
+        self._buckets: dict[int, Bucket] = {}
+        self.online = 0
+
+    # --- recording ----------------------------------------------------------------------------
+
+    def worker(self, key: str, public_id: str) -> WorkerStats:
+        stats = self.workers.get(key)
+        if stats is None:
+            stats = self.workers[key] = WorkerStats(key, public_id)
+        return stats
+
+    def connected(self, key: str, public_id: str, version: str) -> None:
+        now = self.clock()
+        stats = self.worker(key, public_id)
+        stats.version = version
+        if stats.connected_at is None:
+            self.online += 1
+        else:  # a new session of the same key replaced the old one
+            stats.uptime_base_s += now - stats.connected_at
+        stats.connected_at = stats.last_seen = now
+        stats.dirty = True
+        self._bucket(now).workers = self.online
+
+    def disconnected(self, key: str) -> None:
+        stats = self.workers.get(key)
+        if stats is None or stats.connected_at is None:
+            return
+        now = self.clock()
+        stats.uptime_base_s += now - stats.connected_at
+        stats.connected_at = None
+        stats.last_seen = now
+        stats.dirty = True
+        self.online = max(0, self.online - 1)
+        self._bucket(now).workers = self.online
+
+    def job_done(
+        self,
+        job_id: str,
+        key: str,
+        public_id: str,
+        model: str,
+        size_class: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        total_s: float,
+        ttft_s: float | None,
+    ) -> None:
+        now = self.clock()
+        stats = self.worker(key, public_id)
+        stats.jobs += 1
+        stats.last_seen = now
+        stats.dirty = True
+        speed = stats.speeds.get(size_class)
+        if speed is None:
+            speed = stats.speeds[size_class] = Speed()
+        speed.record(prompt_tokens, completion_tokens, total_s, ttft_s)
+        bucket = self._bucket(now)
+        bucket.jobs += 1
+        bucket.tokens += completion_tokens
+        self._window.append((now, completion_tokens))
+        if ttft_s is not None:
+            self._ttft.append((now, ttft_s))
+        self.recent.appendleft(JobRecord(job_id, key, public_id, model, prompt_tokens,
+                                         completion_tokens, total_s, ttft_s, "ok", now))
+
+    def job_failed(self, job_id: str, key: str, public_id: str, model: str, outcome: str,
+                   seconds: float = 0.0) -> None:
+        """A job that did not finish on this worker: ``timeout`` counts as a timeout, any other
+        outcome (``worker_lost``, an error code) as a failure."""
+        now = self.clock()
+        stats = self.worker(key, public_id)
+        if outcome == "timeout":
+            stats.timeouts += 1
+        else:
+            stats.failures += 1
+        stats.dirty = True
+        self._bucket(now).errors += 1
+        self.recent.appendleft(JobRecord(job_id, key, public_id, model, 0, 0, seconds, None,
+                                         outcome, now))
+
+    def _bucket(self, now: float) -> Bucket:
+        index = int(now // BUCKET_S)
+        bucket = self._buckets.get(index)
+        if bucket is None:
+            bucket = self._buckets[index] = Bucket(workers=self.online)
+            oldest = index - HISTORY_S // BUCKET_S
+            for stale in [i for i in self._buckets if i < oldest]:
+                del self._buckets[stale]
+        return bucket
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def speeds_for(self, size_class: str) -> Mapping[str, float]:
+        """Completion seconds per token of every worker with a record on this class."""
+        return {key: speed.completion_s_per_token
+                for key, stats in self.workers.items()
+                if (speed := stats.speeds.get(size_class)) is not None
+                and speed.completion_s_per_token is not None}
+
+    def _trim(self, now: float) -> None:
+        while self._window and now - self._window[0][0] > WINDOW_S:
+            self._window.popleft()
+
+    def tokens_per_s(self) -> float:
+        now = self.clock()
+        self._trim(now)
+        return sum(tokens for _, tokens in self._window) / WINDOW_S
+
+    def jobs_per_min(self) -> float:
+        now = self.clock()
+        self._trim(now)
+        return len(self._window) * 60 / WINDOW_S
+
+    def ttft_percentiles(self) -> tuple[float | None, float | None]:
+        """p50 and p95 time to first token over the last five minutes."""
+        now = self.clock()
+        samples = sorted(ttft for when, ttft in self._ttft if now - when <= TTFT_WINDOW_S)
+        if not samples:
+            return None, None
+        if len(samples) == 1:
+            return samples[0], samples[0]
+        cuts = statistics.quantiles(samples, n=20, method="inclusive")
+        return statistics.median(samples), cuts[18]
+
+    def series(self) -> list[dict[str, float]]:
+        """One point per 10 s over the last hour, oldest first. An empty bucket carries the
+        workers-online count of the one before it."""
+        now = self.clock()
+        last = int(now // BUCKET_S)
+        points = []
+        workers = 0
+        for index in range(last - HISTORY_S // BUCKET_S + 1, last + 1):
+            bucket = self._buckets.get(index)
+            if bucket is not None:
+                workers = bucket.workers
+            points.append({
+                "t": index * BUCKET_S,
+                "workers": self.online if index == last else workers,
+                "tokens_per_s": (bucket.tokens / BUCKET_S) if bucket else 0.0,
+                "jobs": bucket.jobs if bucket else 0,
+                "errors": bucket.errors if bucket else 0,
+            })
+        return points
