@@ -32,6 +32,7 @@ from queen_server.settings import QueenSettings
 from queen_server.stats.metrics import Metrics
 from queen_server.stats.store import StatsStore
 from queen_server.stats.swarm import SwarmStats
+from queen_server.stats_api import router as stats_router
 from queen_server.worker_ws import worker_endpoint
 from shared_schema.protocol import CLOSE_GOING_AWAY
 
@@ -172,6 +173,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     app.include_router(router)
     app.include_router(earnings_router)
     app.include_router(admin_router)
+    app.include_router(stats_router)
     app.add_api_websocket_route("/worker", worker_endpoint)
     _install_error_handlers(app)
     _publish_request_schemas(app)
