@@ -6,8 +6,6 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
-import pytest
-
 from queen_server.routing import TIER_CACHED, TIER_FETCH, TIER_LOADED, rank, tier
 
 MODEL = "org/repo:Q4_K_M"
