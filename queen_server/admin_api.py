@@ -1,20 +1,20 @@
 """``/admin/keys``: the key operations of ``apiary-queen keys``, over HTTP, for the admin token.
 
 Disabled (404) unless ``APIARY_ADMIN_TOKEN`` is set. Requests carry
-``Authorization: Bearer <admin token>``.
+``Authorization: Bearer <admin token>``, or the admin pages' session cookie.
 """
 
 from __future__ import annotations
 
-import hmac
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from queen_server.billing.admin import create_key, credit_key, list_keys, sats_to_msat, view
-from queen_server.errors import NotFound, Unauthorized
+from queen_server.errors import NotFound
 from queen_server.http_io import parse, read_body
+from queen_server.stats_api import require_admin
 from shared_schema.admin_types import KeyCreate, KeyCreated, KeyCredit, KeyCredited, KeyView
 
 if TYPE_CHECKING:
@@ -26,15 +26,7 @@ router = APIRouter(prefix="/admin", tags=["admin"])
 
 
 def _admin(request: Request) -> tuple[QueenState, KeyStore, LedgerStore]:
-    state: QueenState = request.app.state.queen
-    token = state.settings.admin_token
-    if not token:
-        raise NotFound("The admin API is off: set APIARY_ADMIN_TOKEN to turn it on.")
-    scheme, _, given = (request.headers.get("authorization") or "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(),
-                                                             token.encode()):
-        raise Unauthorized("The admin API needs 'Authorization: Bearer <admin token>'.",
-                           code="invalid_admin_token")
+    state = require_admin(request)  # the admin session cookie, or the bearer admin token
     billing = state.billing
     if billing.keys is None or billing.ledger is None:
         raise NotFound("This queen keeps no database.", code="no_ledger")

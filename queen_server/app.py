@@ -17,7 +17,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive, Scope, Send
 
-from queen_server import __version__
+from queen_server import __version__, web
 from queen_server.admin_api import router as admin_router
 from queen_server.api import SCHEMAS, chat_completions, embeddings, json_response, router
 from queen_server.billing.service import Billing
@@ -174,6 +174,8 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     app.include_router(earnings_router)
     app.include_router(admin_router)
     app.include_router(stats_router)
+    app.include_router(web.router)
+    app.state.admin_session = web.admin_session_valid
     app.add_api_websocket_route("/worker", worker_endpoint)
     _install_error_handlers(app)
     _publish_request_schemas(app)
