@@ -1,22 +1,18 @@
-"""Helpers for the page tests and the screenshot script: a real queen with the pages, workers
-that report GPUs, headless Debian chromium through Playwright, and an admin login."""
+"""Helpers for the page tests and the screenshot script: a real queen with an admin token,
+workers that report GPUs, headless Debian chromium through Playwright, and an admin login."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from fastapi import FastAPI
 from playwright.async_api import Browser, Page, async_playwright
-from starlette.routing import NoMatchFound
 from websockets.asyncio.client import connect
 
-import tests.support.queen as queen_support
-from queen_server import web
 from queen_server.web import pages as web_pages
 from shared_schema import (
     SUBPROTOCOL,
@@ -42,40 +38,13 @@ VIEWPORT = {"width": 1280, "height": 800}
 TIMEOUT_MS = 10_000
 
 
-def with_pages(app: FastAPI) -> FastAPI:
-    """Add the pages to a queen app, unless ``create_app`` already does."""
-    try:
-        app.url_path_for("login_form")
-    except NoMatchFound:
-        app.include_router(web.router)
-    if getattr(app.state, "admin_session", None) is None:
-        app.state.admin_session = web.admin_session_valid
-    return app
-
-
-@contextlib.contextmanager
-def pages_in_create_app() -> Iterator[None]:
-    """Make ``running_queen`` build its app with the pages (a no-op once app.py wires them)."""
-    original = queen_support.create_app
-
-    def create_app(*args: Any, **kwargs: Any) -> FastAPI:
-        return with_pages(original(*args, **kwargs))
-
-    queen_support.create_app = create_app  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        queen_support.create_app = original  # type: ignore[assignment]
-
-
 @contextlib.asynccontextmanager
 async def queen_with_pages(tmp_path: Path, refresh_ms: int = 1000,
                            **overrides: Any) -> AsyncIterator[QueenHarness]:
     """A real queen with the pages and an admin token; its pages poll every ``refresh_ms``
     (the shortest app.js allows, so that live updates show up quickly in tests)."""
     overrides.setdefault("admin_token", ADMIN_TOKEN)
-    with (pages_in_create_app(),
-          mock.patch.dict(web_pages.templates.env.globals, refresh_ms=refresh_ms)):
+    with mock.patch.dict(web_pages.templates.env.globals, refresh_ms=refresh_ms):
         async with running_queen(tmp_path, **overrides) as harness:
             yield harness
 
