@@ -99,9 +99,8 @@ class QueenApp(FastAPI):
         finally:
             route = scope.get("route")
             path = scope["path"] if handler is not None else getattr(route, "path", "other")
-            metrics: Metrics = self.state.queen.metrics
-            metrics.requests.labels(path, scope["method"], str(status)).inc()
-            metrics.latency.labels(path, scope["method"]).observe(time.perf_counter() - started)
+            self.state.queen.metrics.observe_http(path, scope["method"], status,
+                                                  time.perf_counter() - started)
 
     def error_response(self, error: ApiError) -> Response:
         self.state.queen.metrics.errors.labels(error.code or "error").inc()

@@ -28,7 +28,19 @@ class Metrics:
                                registry=self.registry)
         self.errors = Counter("apiary_errors", "Errors answered, by code", ["code"],
                               registry=self.registry)
+        self._http: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         Gauge("apiary_workers_connected", "Connected workers",
               registry=self.registry).set_function(workers)
         Gauge("apiary_queue_depth", "Jobs waiting for a free worker",
               registry=self.registry).set_function(queued)
+
+    def observe_http(self, route: str, method: str, status: int, seconds: float) -> None:
+        """Count one request and its latency (the labelled children are looked up once)."""
+        children = self._http.get((route, method, status))
+        if children is None:
+            children = self._http[(route, method, status)] = (
+                self.requests.labels(route, method, str(status)),
+                self.latency.labels(route, method),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
