@@ -61,6 +61,26 @@ class ModelNotFound(NotFound):
     code = "model_not_found"
 
 
+class PaymentRequired(ApiError):
+    """The key's balance or spend budget cannot cover what the request may cost."""
+
+    status_code = 402
+    error_type = "insufficient_quota"
+    code = "insufficient_balance"
+
+
+class RateLimited(ApiError):
+    status_code = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class KeyNotFound(ApiError):
+    status_code = 404
+    error_type = "invalid_request_error"
+    code = "key_not_found"
+
+
 class PayloadTooLarge(ApiError):
     status_code = 413
     error_type = "invalid_request_error"

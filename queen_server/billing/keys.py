@@ -11,16 +11,10 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from queen_server.errors import ApiError
+from queen_server.errors import KeyNotFound
 from queen_server.models import ApiKey
 
 KEY_PREFIX = "sk-apiary-"
-
-
-class KeyNotFound(ApiError):
-    status_code = 404
-    error_type = "invalid_request_error"
-    code = "key_not_found"
 
 
 def new_secret() -> str:

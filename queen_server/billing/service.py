@@ -26,25 +26,13 @@ from queen_server.billing import ledger
 from queen_server.billing.keys import KeyRecord, KeyStore, hash_secret
 from queen_server.billing.pricing import Price, PriceTable
 from queen_server.billing.store import LedgerStore
-from queen_server.errors import ApiError, Unauthorized
+from queen_server.errors import PaymentRequired, RateLimited, Unauthorized
 
 if TYPE_CHECKING:
     from queen_server.db import Database
     from queen_server.settings import QueenSettings
 
 log = logging.getLogger(__name__)
-
-
-class PaymentRequired(ApiError):
-    status_code = 402
-    error_type = "insufficient_quota"
-    code = "insufficient_balance"
-
-
-class RateLimited(ApiError):
-    status_code = 429
-    error_type = "rate_limit_error"
-    code = "rate_limit_exceeded"
 
 
 @dataclass(frozen=True, slots=True)
