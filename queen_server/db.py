@@ -13,7 +13,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import event, func, select
+from sqlalchemy import event
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
@@ -111,7 +111,3 @@ class Database:
                     row.last_seen = now
         except SQLAlchemyError:
             log.exception("could not record worker %s", public_id)
-
-    async def count_workers(self) -> int:
-        async with self.sessions() as session:
-            return int(await session.scalar(select(func.count()).select_from(WorkerRecord)) or 0)

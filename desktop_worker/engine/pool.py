@@ -103,10 +103,6 @@ class ModelPool:
     def loaded(self) -> set[str]:
         return set(self._loaded)
 
-    def plan_for(self, name: str) -> LoadPlan | None:
-        entry = self._loaded.get(name)
-        return entry.plan if entry else None
-
     # --- loading ------------------------------------------------------------------------------
 
     async def _run(self, func: Callable[..., Any], *args: Any) -> Any:

@@ -74,7 +74,6 @@ class LinkClient:
         self.backoff = backoff or Backoff()
         self.on_state = on_state
         self.state = "stopped"
-        self.sessions = 0
         self._ws: ClientConnection | None = None
 
     def _set_state(self, state: str, detail: str = "") -> None:
@@ -150,7 +149,6 @@ class LinkClient:
             elif isinstance(action, CancelJob):
                 self.runner.cancel(action.job_id)
             elif isinstance(action, Welcomed):
-                self.sessions += 1
                 self._set_state("connected", f"worker id {action.welcome.worker_id}")
                 log.info("connected to the queen at %s as worker %s", self.url,
                          action.welcome.worker_id)

@@ -46,8 +46,9 @@ class StatsStore:
             stats.last_seen = _when(row.last_seen)
         for row in speeds:
             if row.worker_key in self.stats.workers:
-                self.stats.workers[row.worker_key].speeds[row.size_class] = Speed(
-                    row.prompt_s_per_token, row.completion_s_per_token, row.samples)
+                speed = Speed(row.prompt_s_per_token, row.completion_s_per_token, row.samples)
+                self.stats.workers[row.worker_key].speeds[row.size_class] = speed
+                self.stats.index_speed(row.worker_key, row.size_class, speed)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="stats writer")

@@ -81,6 +81,7 @@ class SwarmStats:
         self._window: deque[tuple[float, int]] = deque()  # (when, completion tokens)
         self._ttft: deque[tuple[float, float]] = deque(maxlen=5000)
         self._buckets: dict[int, Bucket] = {}
+        self._speeds: dict[str, dict[str, float]] = {}  # size class -> worker key -> s/token
         self.online = 0
 
     # --- recording ----------------------------------------------------------------------------
@@ -136,6 +137,7 @@ class SwarmStats:
         if speed is None:
             speed = stats.speeds[size_class] = Speed()
         speed.record(prompt_tokens, completion_tokens, total_s, ttft_s)
+        self.index_speed(key, size_class, speed)
         bucket = self._bucket(now)
         bucket.jobs += 1
         bucket.tokens += completion_tokens
@@ -144,6 +146,11 @@ class SwarmStats:
             self._ttft.append((now, ttft_s))
         self.recent.appendleft(JobRecord(job_id, key, public_id, model, prompt_tokens,
                                          completion_tokens, total_s, ttft_s, "ok", now))
+
+    def index_speed(self, key: str, size_class: str, speed: Speed) -> None:
+        """Keep ``speeds_for`` current (it is read on every request, so it is not rebuilt)."""
+        if speed.completion_s_per_token is not None:
+            self._speeds.setdefault(size_class, {})[key] = speed.completion_s_per_token
 
     def job_failed(self, job_id: str, key: str, public_id: str, model: str, outcome: str,
                    seconds: float = 0.0) -> None:
@@ -174,10 +181,7 @@ class SwarmStats:
 
     def speeds_for(self, size_class: str) -> Mapping[str, float]:
         """Completion seconds per token of every worker with a record on this class."""
-        return {key: speed.completion_s_per_token
-                for key, stats in self.workers.items()
-                if (speed := stats.speeds.get(size_class)) is not None
-                and speed.completion_s_per_token is not None}
+        return self._speeds.get(size_class, {})
 
     def _trim(self, now: float) -> None:
         while self._window and now - self._window[0][0] > WINDOW_S:

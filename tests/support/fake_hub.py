@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from tests.support.http_server import TrackedHTTPServer
+from tests.support.http_server import ServedFake, TrackedHTTPServer
 
 __all__ = [
     "FakeHub",
@@ -190,11 +190,14 @@ class _Failure:
     method: str | None
 
 
-class FakeHub:
+class FakeHub(ServedFake):
     """The fake hub. Use as a context manager (``with`` or ``async with``) or call
     ``start``/``stop``; ``url`` is the endpoint to hand to the client."""
 
+    name = "fake hub"
+
     def __init__(self, repos: Iterable[FakeRepo] = ()) -> None:
+        super().__init__()
         self._repos: dict[str, tuple[FakeRepo, dict[str, _Blob]]] = {}
         self._lock = threading.Lock()
         self._requests: list[RecordedRequest] = []
@@ -204,8 +207,6 @@ class FakeHub:
         self._corrupt: set[str] = set()
         self._cdn = False
         self._throttle: float | None = None
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
         for repo in repos:
             self.add_repo(repo)
 
@@ -216,44 +217,13 @@ class FakeHub:
         with self._lock:
             self._repos[repo.repo_id] = (repo, blobs)
 
-    def start(self) -> FakeHub:
-        server = _Server(self)
-        thread = threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            daemon=True,
-            name="fake-hub",
-        )
-        thread.start()
-        self._server, self._thread = server, thread
-        logger.debug("fake hub at %s", self.url)
-        return self
+    def _make_server(self) -> _Server:
+        return _Server(self)
 
-    def stop(self) -> None:
-        server, thread = self._server, self._thread
-        if server is None:
-            return
-        with self._lock:
+    def _before_stop(self) -> None:
+        with self._lock:  # a held download must not keep the server from stopping
             for pause in self._pauses:
                 pause.release.set()
-        server.shutdown()
-        server.close_connections()
-        server.server_close()
-        if thread is not None:
-            thread.join(timeout=5)
-        self._server = self._thread = None
-
-    def __enter__(self) -> FakeHub:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> FakeHub:
-        return self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.stop()
 
     @property
     def url(self) -> str:

@@ -34,7 +34,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Literal, Self
+from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 import bolt11
@@ -42,7 +42,7 @@ from bolt11 import Bolt11, MilliSatoshi, Tags
 from coincurve import PrivateKey
 from lnurl import url_encode
 
-from tests.support.http_server import TrackedHTTPServer
+from tests.support.http_server import ServedFake, TrackedHTTPServer
 
 __all__ = [
     "TEST_NODE_KEY",
@@ -110,52 +110,19 @@ class _Reply:
 # --- the HTTP plumbing both fakes share ------------------------------------------------------
 
 
-class _FakeServer:
+class _FakeServer(ServedFake):
     """A ThreadingHTTPServer on 127.0.0.1 whose requests go to ``_route``."""
 
     name = "fake"
+    poll_interval_s = 0.01
 
     def __init__(self) -> None:
+        super().__init__()
         self._lock = threading.RLock()
         self._requests: list[RecordedRequest] = []
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
 
-    def start(self) -> Self:
-        server = _Server(self)
-        thread = threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": 0.01},
-            daemon=True,
-            name=self.name,
-        )
-        thread.start()
-        self._server, self._thread = server, thread
-        logger.debug("%s at %s", self.name, self.url)
-        return self
-
-    def stop(self) -> None:
-        server, thread = self._server, self._thread
-        if server is None:
-            return
-        server.shutdown()
-        server.close_connections()
-        server.server_close()
-        if thread is not None:
-            thread.join(timeout=5)
-        self._server = self._thread = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> Self:
-        return self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.stop()
+    def _make_server(self) -> _Server:
+        return _Server(self)
 
     @property
     def host(self) -> str:

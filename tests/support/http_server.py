@@ -8,7 +8,7 @@ import logging
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 logger = logging.getLogger(__name__)
 
@@ -43,3 +43,58 @@ class TrackedHTTPServer(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         logger.debug("%s: error serving %s", self.name, client_address, exc_info=True)
+
+
+class ServedFake:
+    """Start, stop, ``with`` and ``async with`` for a fake that serves from a background thread.
+
+    Subclasses make their server in ``_make_server`` and may release whatever they hold in
+    ``_before_stop`` (held downloads, say) so that stopping never waits on them.
+    """
+
+    name = "fake"
+    poll_interval_s = 0.05
+
+    def __init__(self) -> None:
+        self._server: TrackedHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def _make_server(self) -> TrackedHTTPServer:
+        raise NotImplementedError
+
+    def _before_stop(self) -> None:
+        """Called before the server shuts down."""
+
+    def start(self) -> Self:
+        server = self._make_server()
+        thread = threading.Thread(target=server.serve_forever,
+                                  kwargs={"poll_interval": self.poll_interval_s}, daemon=True,
+                                  name=self.name)
+        thread.start()
+        self._server, self._thread = server, thread
+        logger.debug("%s at %s:%s", self.name, *server.server_address[:2])
+        return self
+
+    def stop(self) -> None:
+        server, thread = self._server, self._thread
+        if server is None:
+            return
+        self._before_stop()
+        server.shutdown()
+        server.close_connections()
+        server.server_close()
+        if thread is not None:
+            thread.join(timeout=5)
+        self._server = self._thread = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Self:
+        return self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.stop()

@@ -145,9 +145,7 @@ class ScriptedWorker:
                                  max_size=None, subprotocols=[SUBPROTOCOL])
         challenge = decode(await self._ws.recv())
         assert isinstance(challenge, Challenge), challenge
-        hello = signed_hello(self.key, challenge.nonce, models=self.models,
-                             max_jobs=self.max_jobs, ln_url=self.ln_url)
-        await self._ws.send(encode(hello))
+        await self._ws.send(encode(self.hello(challenge.nonce)))
         reply = decode(await self._ws.recv())
         if isinstance(reply, Refused):
             raise RuntimeError(f"refused: {reply.code}: {reply.reason}")
@@ -155,6 +153,11 @@ class ScriptedWorker:
         self.welcome = reply
         self._reader = asyncio.create_task(self._read())
         return self
+
+    def hello(self, nonce: str) -> Hello:
+        """The signed hello this worker sends (subclasses add hardware facts)."""
+        return signed_hello(self.key, nonce, models=self.models, max_jobs=self.max_jobs,
+                            ln_url=self.ln_url)
 
     async def stop(self) -> None:
         if self._ws is not None:

@@ -11,22 +11,11 @@ from typing import Any
 from unittest import mock
 
 from playwright.async_api import Browser, Page, async_playwright
-from websockets.asyncio.client import connect
 
 from queen_server.web import pages as web_pages
-from shared_schema import (
-    SUBPROTOCOL,
-    Challenge,
-    Job,
-    ModelDescriptor,
-    NvGpu,
-    Refused,
-    Welcome,
-    decode,
-    encode,
-)
+from shared_schema import Hello, Job, ModelDescriptor, NvGpu
 from tests.support.queen import QueenHarness, running_queen
-from tests.support.workers import ScriptedWorker, echo_words, signed_hello
+from tests.support.workers import ScriptedWorker, echo_words
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -67,26 +56,12 @@ class GpuWorker(ScriptedWorker):
             for m in self.models
         ]
 
-    async def start(self) -> GpuWorker:
-        """ScriptedWorker's handshake, with the GPUs and version added to the hello (the
-        signature covers only the nonce, key and payout address)."""
-        self._ws = await connect(self.ws_url, compression=None, proxy=None, ping_interval=None,
-                                 max_size=None, subprotocols=[SUBPROTOCOL])
-        challenge = decode(await self._ws.recv())
-        assert isinstance(challenge, Challenge), challenge
-        hello = signed_hello(self.key, challenge.nonce, models=self.models,
-                             max_jobs=self.max_jobs, ln_url=self.ln_url)
-        hello = hello.model_copy(update={
+    def hello(self, nonce: str) -> Hello:
+        """ScriptedWorker's hello, with the GPUs and version added (the signature covers only
+        the nonce, key and payout address)."""
+        return super().hello(nonce).model_copy(update={
             "worker_version": self.version, "nv_gpus": self.gpus, "nv_gpu_count": len(self.gpus),
             "vram": sum(gpu.memory for gpu in self.gpus)})
-        await self._ws.send(encode(hello))
-        reply = decode(await self._ws.recv())
-        if isinstance(reply, Refused):
-            raise RuntimeError(f"refused: {reply.code}: {reply.reason}")
-        assert isinstance(reply, Welcome), reply
-        self.welcome = reply
-        self._reader = asyncio.create_task(self._read())
-        return self
 
 
     async def _run(self, job: Job) -> None:
