@@ -8,6 +8,8 @@ import pytest
 
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 os.environ.setdefault("no_proxy", "127.0.0.1,localhost")
+# Qt must have a platform before it is imported, or it aborts the process with no display.
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from tests.support.queen import QueenHarness, running_queen
 
