@@ -20,6 +20,12 @@ from shared_schema.openai_types import (
     Usage,
     WorkerEarnings,
 )
+from shared_schema.payout_address import (
+    InvalidPayoutAddress,
+    PayoutAddress,
+    check_payout_address,
+    parse_payout_address,
+)
 from shared_schema.protocol import (
     PROTOCOL_VERSION,
     SUBPROTOCOL,
@@ -60,6 +66,7 @@ __all__ = [
     "ErrorDetail",
     "ErrorResponse",
     "Hello",
+    "InvalidPayoutAddress",
     "Job",
     "JobError",
     "LegacyRegistration",
@@ -71,6 +78,7 @@ __all__ = [
     "ModelList",
     "ModelPrice",
     "NvGpu",
+    "PayoutAddress",
     "PayoutView",
     "Ping",
     "Pong",
@@ -82,10 +90,12 @@ __all__ = [
     "Usage",
     "Welcome",
     "WorkerEarnings",
+    "check_payout_address",
     "decode",
     "earnings_auth_payload",
     "encode",
     "hello_signing_payload",
     "loads_object",
     "looks_like_registration",
+    "parse_payout_address",
 ]
