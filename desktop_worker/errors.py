@@ -113,3 +113,14 @@ class HandshakeRefusedError(LinkError):
         super().__init__(f"the queen refused this worker ({code}): {reason}")
         self.code = code
         self.reason = reason
+
+
+# --- the desktop app's platform layer -----------------------------------------------------------
+
+
+class ConfigError(WorkerError):
+    """The settings file could not be written, or a save named a field that is not a setting."""
+
+
+class AutostartError(WorkerError):
+    """"Run at login" could not be turned on or off (a file or registry write failed)."""

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -10,6 +11,9 @@ os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 os.environ.setdefault("no_proxy", "127.0.0.1,localhost")
 # Qt must have a platform before it is imported, or it aborts the process with no display.
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# No test reads or writes the developer's real settings.json, key file or keyring.
+os.environ.setdefault("APIARY_CONFIG_DIR", tempfile.mkdtemp(prefix="apiary-test-config-"))
+os.environ.setdefault("PYTHON_KEYRING_BACKEND", "keyring.backends.fail.Keyring")
 
 from tests.support.queen import QueenHarness, running_queen
 
