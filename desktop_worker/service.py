@@ -40,7 +40,8 @@ class WorkerService:
         quota = int(settings.disk_quota_gb * 1024**3) if settings.disk_quota_gb else None
         self.store = store or ModelStore(settings.models_dir, quota_bytes=quota,
                                          endpoint=settings.hf_endpoint)
-        self.identity = WorkerIdentity.load_or_create(settings.key_path)
+        self.identity = WorkerIdentity.load_or_create(settings.key_path,
+                                                      key_store=settings.key_store)
         self.hardware: HardwareReport | None = None
         self.pool = ModelPool(
             self.store.get,
