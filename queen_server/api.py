@@ -99,33 +99,27 @@ async def chat_completions(request: Request) -> Response:
     dispatcher.require_servable(req.model)
     hold = await billing.hold(principal, completion_id, state.registry.parameter_count(req.model),
                               [_text(m.content) for m in req.messages], openai_req)
+    # Workers stream even a plain answer, so that a lost worker's text can be continued.
+    job_req = openai_req if req.stream else {**openai_req, "stream": True}
     try:
         async with DisconnectGuard(request):
             run = await dispatcher.start(
-                completion_id, req.model, "/v1/chat/completions", openai_req, stream=req.stream
+                completion_id, req.model, "/v1/chat/completions", job_req, stream=req.stream
             )
             if req.stream:  # the stream now owns the hold
-                finish = functools.partial(billing.finish, hold,
-                                           worker_key=run.worker.earnings_key)
-                body = stream_chat(run, ctx, dispatcher, finish)
+                body = stream_chat(run, ctx, dispatcher, functools.partial(billing.finish, hold))
                 hold = None
                 return StreamingResponse(body, media_type="text/event-stream",
                                          headers=SSE_HEADERS)
-            try:
-                chunks, result = await collect(run)
-            finally:
-                await run.finish()
+            collected = await collect(run, dispatcher)
     except ClientGone:
         await billing.finish(hold)
         return Response(status_code=499)
     except BaseException:
         await billing.finish(hold)  # a failed job is charged nothing
         raise
-    dispatcher.record_result(run.handle, result, streamed=False)
-    await billing.finish(hold, prompt_tokens=result.usage.prompt_tokens,
-                         completion_tokens=result.usage.completion_tokens,
-                         worker_key=run.worker.earnings_key)
-    return json_response(assemble_chat(ctx, chunks, result))
+    await billing.finish(hold, parts=collected.parts)
+    return json_response(assemble_chat(ctx, collected))
 
 
 def _text(content: Any) -> str:
@@ -160,20 +154,15 @@ async def embeddings(request: Request) -> Response:
             run = await state.dispatcher.start(
                 job_id, req.model, "/v1/embeddings", openai_req, stream=False
             )
-            try:
-                _, result = await collect(run)
-            finally:
-                await run.finish()
+            collected = await collect(run, state.dispatcher)
     except ClientGone:
         await billing.finish(hold)
         return Response(status_code=499)
     except BaseException:
         await billing.finish(hold)
         raise
-    state.dispatcher.record_result(run.handle, result, streamed=False)
-    await billing.finish(hold, prompt_tokens=result.usage.prompt_tokens,
-                         worker_key=run.worker.earnings_key)
-    return json_response(embeddings_answer(result, req.model, req.encoding_format))
+    await billing.finish(hold, parts=collected.parts)
+    return json_response(embeddings_answer(collected.result, req.model, req.encoding_format))
 
 
 @router.get("/v1/models", response_model=ModelList, summary="Models the connected workers hold")

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from queen_server.errors import GatewayTimeout, ModelNotFound, NoCapacity, WorkerFailed
@@ -22,7 +23,7 @@ from queen_server.sessions import WorkerSession
 from queen_server.settings import QueenSettings
 from queen_server.stats.metrics import Metrics
 from queen_server.stats.swarm import SwarmStats
-from shared_schema import JobError, Result
+from shared_schema import CAPABILITY_CONTINUE, JobError, Result
 
 log = logging.getLogger(__name__)
 
@@ -30,33 +31,49 @@ log = logging.getLogger(__name__)
 CANCEL_GRACE_S = 5.0
 
 
+@dataclass(slots=True)
+class JobRequest:
+    """What the client asked for, kept for every attempt and every failover of one answer."""
+
+    job_id: str
+    model: str
+    openai_url: str
+    openai_req: dict[str, Any]
+    stream: bool
+    deadline: float  # the loop time by which the whole answer must be done
+    tried: set[str] = field(default_factory=set)  # workers that failed this request
+    attempts: int = 0
+
+
 class JobRun:
     """A job under way on one worker, with its first event already received."""
 
-    __slots__ = ("_dispatcher", "attempts", "deadline", "first", "handle")
+    __slots__ = ("_dispatcher", "first", "handle", "request")
 
     def __init__(
-        self,
-        dispatcher: Dispatcher,
-        handle: JobHandle,
-        first: JobEvent,
-        deadline: float,
-        attempts: int,
+        self, dispatcher: Dispatcher, handle: JobHandle, first: JobEvent, request: JobRequest
     ) -> None:
         self._dispatcher = dispatcher
         self.handle = handle
         self.first = first
-        self.deadline = deadline
-        self.attempts = attempts
+        self.request = request
 
     @property
     def worker(self) -> WorkerSession:
         return self.handle.session
 
+    @property
+    def deadline(self) -> float:
+        return self.request.deadline
+
+    @property
+    def attempts(self) -> int:
+        return self.request.attempts
+
     async def next(self) -> JobEvent:
         """The next event of the job; ``GatewayTimeout`` past the total deadline."""
         try:
-            return await self.handle.next(self.deadline)
+            return await self.handle.next(self.request.deadline)
         except TimeoutError:
             self._dispatcher.record_failure(self.handle, "timeout")
             raise GatewayTimeout("the worker did not finish the answer in time") from None
@@ -70,6 +87,12 @@ class JobRun:
     async def finish(self, reason: str = "client went away") -> None:
         """End the lease; if the job has not ended, cancel it on the worker first."""
         await self._dispatcher.end(self.handle, reason)
+
+
+def can_fail_over(event: JobEvent) -> bool:
+    """Whether a failure mid-answer may be continued on another worker: the worker was lost,
+    or it gave up with an error it marked retryable (not a bad request)."""
+    return isinstance(event, WorkerLost) or (isinstance(event, JobError) and event.retryable)
 
 
 class Dispatcher:
@@ -102,20 +125,67 @@ class Dispatcher:
         stream: bool,
     ) -> JobRun:
         """Send the job to the best worker and wait for the answer's first event."""
+        deadline = asyncio.get_running_loop().time() + self.settings.total_timeout_s
+        request = JobRequest(job_id, model, openai_url, openai_req, stream, deadline)
+        return await self._launch(request, self.settings.max_attempts)
+
+    async def fail_over(self, run: JobRun, delivered_text: str, delivered_tokens: int) -> JobRun:
+        """Continue an answer whose worker failed mid-way on a twin: a worker that holds the same
+        model file (same sha256) and can continue another worker's text. Call after ending
+        ``run``'s lease. With nothing delivered yet, any worker of the model will do (a plain
+        retry). Raises ``WorkerFailed`` when no twin is left."""
+        request = run.request
+        request.tried.add(run.worker.key)
+        if self.metrics is not None:
+            self.metrics.failovers.inc()
+        if not delivered_text:
+            return await self._launch(request, self.settings.max_attempts)
+        descriptor = run.worker.models.get(request.model)
+        sha256 = descriptor.sha256 if descriptor is not None else None
+        if sha256 is None:
+            raise WorkerFailed("the worker was lost mid-answer, and without the model file's "
+                               "sha256 no other worker can continue it", code="worker_lost")
+        openai_req = dict(request.openai_req)
+        for name in ("max_tokens", "max_completion_tokens"):
+            if openai_req.get(name) is not None:
+                openai_req[name] = max(1, openai_req[name] - delivered_tokens)
+
+        def twin(session: WorkerSession) -> bool:
+            held = session.models.get(request.model)
+            return (CAPABILITY_CONTINUE in session.capabilities and held is not None
+                    and held.sha256 == sha256)
+
+        return await self._launch(request, self.settings.max_attempts, accept=twin,
+                                  continuation=delivered_text, openai_req=openai_req)
+
+    async def _launch(
+        self,
+        request: JobRequest,
+        attempts: int,
+        *,
+        accept: Callable[[WorkerSession], bool] | None = None,
+        continuation: str | None = None,
+        openai_req: dict[str, Any] | None = None,
+    ) -> JobRun:
+        """Up to ``attempts`` tries on the best acceptable workers not tried yet, until one
+        sends the answer's first event."""
         loop = asyncio.get_running_loop()
         settings = self.settings
-        deadline = loop.time() + settings.total_timeout_s
-        tried: set[str] = set()
+        deadline = request.deadline
+        tried = request.tried
+        body = request.openai_req if openai_req is None else openai_req
         last_error = "no worker answered"
-        for attempt in range(1, settings.max_attempts + 1):
-            session = await self._acquire(model, tried, last_error)
-            handle = JobHandle(f"{job_id}.{attempt}", model, session, loop.time())
+        for _ in range(attempts):
+            session = await self._acquire(request.model, tried, last_error, accept)
+            request.attempts += 1
+            handle = JobHandle(f"{request.job_id}.{request.attempts}", request.model, session,
+                               loop.time())
             self.registry.lease(session, handle)
             first_deadline = deadline
-            if stream:
+            if request.stream:
                 first_deadline = min(deadline, loop.time() + settings.first_token_timeout_s)
             try:
-                await session.send_job(handle, openai_url, openai_req)
+                await session.send_job(handle, request.openai_url, body, continuation)
                 first = await handle.next(first_deadline)
             except TimeoutError:
                 self.record_failure(handle, "timeout")
@@ -132,7 +202,7 @@ class Dispatcher:
                 log.info("sending job %s to %r failed: %s", handle.id, session, exc)
                 first = WorkerLost(f"sending the job failed: {exc}")
             handle.first_at = loop.time()
-            if isinstance(first, WorkerLost) or (isinstance(first, JobError) and first.retryable):
+            if can_fail_over(first):
                 last_error = first.reason if isinstance(first, WorkerLost) else first.message
                 log.info("job %s failed on %r before its first token: %s", handle.id, session,
                          last_error)
@@ -143,7 +213,7 @@ class Dispatcher:
                 if self.metrics is not None:
                     self.metrics.retries.inc()
                 continue
-            return JobRun(self, handle, first, deadline, attempt)
+            return JobRun(self, handle, first, request)
         raise WorkerFailed(
             f"the job failed on {len(tried)} worker(s); last error: {last_error}",
         )
@@ -155,13 +225,28 @@ class Dispatcher:
                 f"The model '{model}' is not served by any connected worker.", param="model"
             )
 
-    async def _acquire(self, model: str, tried: set[str], last_error: str) -> WorkerSession:
-        """The best worker with a free slot, waiting in the admission queue if all are busy."""
+    async def _acquire(
+        self,
+        model: str,
+        tried: set[str],
+        last_error: str,
+        accept: Callable[[WorkerSession], bool] | None = None,
+    ) -> WorkerSession:
+        """The best (acceptable) worker with a free slot, waiting in the admission queue if all
+        are busy."""
         registry = self.registry
         loop = asyncio.get_running_loop()
         queue_deadline: float | None = None
         while True:
             candidates = registry.candidates(model)
+            if accept is not None:
+                candidates = [session for session in candidates if accept(session)]
+                if not candidates or all(session.key in tried for session in candidates):
+                    raise WorkerFailed(
+                        "the worker was lost mid-answer and no other connected worker holds "
+                        f"the same model file to continue it; last error: {last_error}",
+                        code="worker_lost",
+                    )
             if not candidates:
                 if tried:
                     raise WorkerFailed(

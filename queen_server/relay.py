@@ -16,7 +16,8 @@ from typing import Any
 import anyio
 import orjson
 
-from queen_server.dispatch import Dispatcher, JobRun
+from queen_server.billing.service import Part
+from queen_server.dispatch import Dispatcher, JobRun, can_fail_over
 from queen_server.errors import ApiError, WorkerFailed
 from queen_server.jobs import JobEvent, WorkerLost
 from shared_schema import Chunk, JobError, Result, Usage
@@ -76,47 +77,147 @@ def chunks_from_answer(ctx: CompletionContext, answer: dict[str, Any]) -> list[b
     return out
 
 
+class Delivered:
+    """What one answer has given the client so far, across the workers that served it.
+
+    When a worker is lost mid-answer its part is closed (the tokens it delivered) and the text so
+    far becomes the continuation for the next worker, whose chunks then carry only new text.
+    """
+
+    __slots__ = ("_text", "continuing", "finish_reason", "parts", "saw_chunk", "single", "tokens")
+
+    def __init__(self) -> None:
+        self._text: list[str] = []
+        self.tokens = 0  # content chunks of the current worker's part
+        self.parts: list[Part] = []  # closed parts of workers that were lost
+        self.continuing = False
+        self.saw_chunk = False
+        self.single = True  # only choice 0 seen: a continuation is well defined
+        self.finish_reason: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self._text)
+
+    @property
+    def delivered_tokens(self) -> int:
+        return sum(part.completion_tokens for part in self.parts) + self.tokens
+
+    def take(self, data: dict[str, Any]) -> dict[str, Any] | None:
+        """Note one chunk; returns it to forward (without a repeated role), or None to drop."""
+        self.saw_chunk = True
+        keep = not self.continuing
+        for choice in data.get("choices") or ():
+            if choice.get("index", 0):
+                self.single = False
+            delta = choice.get("delta") or {}
+            content = delta.get("content")
+            if content:
+                self._text.append(content)
+                self.tokens += 1
+                keep = True
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+                keep = True
+            if self.continuing and "role" in delta:
+                choice["delta"] = {k: v for k, v in delta.items() if k != "role"}
+        return data if keep or data.get("usage") is not None else None
+
+    def lost(self, worker_key: str | None) -> None:
+        """The current worker failed: close its part and continue from the text so far."""
+        self.parts.append(Part(worker_key, 0, self.tokens, completed=False))
+        self.tokens = 0
+        self.continuing = True
+
+    def done(self, worker_key: str | None, usage: Usage) -> tuple[list[Part], Usage]:
+        """The answer ended on ``worker_key``: every worker's part, and the answer's usage.
+
+        The last worker read the continuation as prompt; the developer pays for the original
+        prompt once (credited to the first worker), which is the last worker's prompt less the
+        tokens delivered before it."""
+        if not self.parts:
+            parts = [Part(worker_key, usage.prompt_tokens, usage.completion_tokens)]
+            return parts, usage
+        before = sum(part.completion_tokens for part in self.parts)
+        first = self.parts[0]
+        parts = [
+            Part(first.worker_key, max(0, usage.prompt_tokens - before), first.completion_tokens,
+                 completed=False),
+            *self.parts[1:],
+            Part(worker_key, 0, usage.completion_tokens),
+        ]
+        prompt = parts[0].prompt_tokens
+        completion = sum(part.completion_tokens for part in parts)
+        return parts, Usage(prompt_tokens=prompt, completion_tokens=completion,
+                            total_tokens=prompt + completion)
+
+    def broken(self, worker_key: str | None) -> list[Part]:
+        """The parts of an answer that ended early (client gone, no twin, timeout)."""
+        parts = [*self.parts, Part(worker_key, 0, self.tokens, completed=False)]
+        return [part for part in parts if part.completion_tokens or part.prompt_tokens]
+
+
 async def stream_chat(
     run: JobRun,
     ctx: CompletionContext,
     dispatcher: Dispatcher,
     finish: Callable[..., Awaitable[None]],
 ) -> AsyncIterator[bytes]:
-    """The SSE body of a streamed chat completion. Always ends the job's lease, and calls
-    ``finish`` once: with the true usage when the job ends, or with only the tokens delivered
-    when the stream breaks (worker lost, timeout, client gone)."""
-    saw_chunk = False
-    delivered = 0
+    """The SSE body of a streamed chat completion. If the worker is lost mid-answer, the
+    answer goes on on a twin worker (``Dispatcher.fail_over``) with no break in the stream.
+    Always ends the job's lease, and calls ``finish`` once with every worker's ``parts``: the
+    true usage when the answer ends, or only the tokens delivered when it breaks (no twin,
+    timeout, client gone)."""
+    answer = Delivered()
+    current: JobRun | None = run
     event: JobEvent = run.first
     try:
         while True:
             out: list[bytes] = []
-            finished = False
+            ended = False
+            failed: JobError | WorkerLost | None = None
             for item in (event, *run.take_ready()):
                 if isinstance(item, Chunk):
-                    saw_chunk = True
-                    for choice in item.data.get("choices") or ():
-                        if (choice.get("delta") or {}).get("content"):
-                            delivered += 1
-                    out.append(sse(ctx.stamp(item.data, "chat.completion.chunk")))
+                    data = answer.take(item.data)
+                    if data is not None:
+                        out.append(sse(ctx.stamp(data, "chat.completion.chunk")))
                     continue
-                finished = True
                 if isinstance(item, Result):
                     dispatcher.record_result(run.handle, item, streamed=True)
-                    await finish(prompt_tokens=item.usage.prompt_tokens,
-                                 completion_tokens=item.usage.completion_tokens)
-                    if not saw_chunk:
+                    parts, usage = answer.done(run.worker.earnings_key, item.usage)
+                    await finish(parts=parts)
+                    if not answer.saw_chunk:
                         out.extend(chunks_from_answer(ctx, item.data))
                     if ctx.include_usage:
-                        out.append(ctx.chunk([], item.usage.model_dump()))
+                        out.append(ctx.chunk([], usage.model_dump()))
                     out.append(DONE)
+                    ended = True
                 else:
-                    error = failure(item)
-                    dispatcher.record_failure(run.handle, error.code or "worker_error")
-                    out.append(error_event(error))
+                    failed = item
                 break
+            if failed is not None:
+                error = failure(failed)
+                dispatcher.record_failure(run.handle, error.code or "worker_error")
+                if can_fail_over(failed) and answer.single:
+                    if out:
+                        yield b"".join(out)
+                        out = []
+                    answer.lost(run.worker.earnings_key)
+                    current = None
+                    await run.finish("continuing on another worker")
+                    try:
+                        run = await dispatcher.fail_over(run, answer.text,
+                                                         answer.delivered_tokens)
+                    except ApiError as exc:
+                        yield error_event(exc)
+                        return
+                    current = run
+                    event = run.first
+                    continue
+                out.append(error_event(error))
+                ended = True
             yield b"".join(out)
-            if finished:
+            if ended:
                 return
             try:
                 event = await run.next()
@@ -126,50 +227,75 @@ async def stream_chat(
     finally:
         with anyio.CancelScope(shield=True):
             # A no-op once the usage was charged; else the delivered tokens, as incomplete.
-            await finish(completion_tokens=delivered, completed=False)
-            await run.finish()
+            await finish(parts=answer.broken(run.worker.earnings_key))
+            if current is not None:
+                await current.finish()
 
 
-def assemble_chat(ctx: CompletionContext, events: list[Chunk], result: Result) -> dict[str, Any]:
-    """The whole answer of a chat completion, from the worker's answer or its chunks."""
-    if result.data.get("choices"):
+class Collected:
+    """A whole answer gathered from its frames (possibly from more than one worker)."""
+
+    __slots__ = ("answer", "parts", "result", "usage")
+
+    def __init__(self, result: Result, answer: Delivered, parts: list[Part], usage: Usage) -> None:
+        self.result = result
+        self.answer = answer
+        self.parts = parts
+        self.usage = usage
+
+
+def assemble_chat(ctx: CompletionContext, collected: Collected) -> dict[str, Any]:
+    """The whole answer of a chat completion, from the worker's answer or the chunks."""
+    result = collected.result
+    if result.data.get("choices") and not collected.answer.continuing:
         answer = ctx.stamp(dict(result.data), "chat.completion")
     else:
-        text: list[str] = []
-        finish_reason = "stop"
-        for chunk in events:
-            for choice in chunk.data.get("choices") or []:
-                delta = choice.get("delta") or {}
-                if delta.get("content"):
-                    text.append(delta["content"])
-                if choice.get("finish_reason"):
-                    finish_reason = choice["finish_reason"]
+        text = collected.answer.text
+        for choice in result.data.get("choices") or ():  # a whole answer after a failover
+            text += (choice.get("message") or {}).get("content") or ""
         answer = ctx.stamp({}, "chat.completion")
         answer["choices"] = [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": "".join(text)},
-                "finish_reason": finish_reason,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": collected.answer.finish_reason or "stop",
             }
         ]
-    answer["usage"] = result.usage.model_dump()
+    answer["usage"] = collected.usage.model_dump()
     return answer
 
 
-async def collect(run: JobRun) -> tuple[list[Chunk], Result]:
-    """Every chunk of a job and its result; raises the job's failure as an ``ApiError``."""
-    chunks: list[Chunk] = []
+async def collect(run: JobRun, dispatcher: Dispatcher) -> Collected:
+    """Every chunk of a job and its result, continuing on a twin worker if the worker is lost
+    mid-answer. Ends every lease it holds. Raises the job's failure as an ``ApiError``."""
+    answer = Delivered()
+    current: JobRun | None = run
     event = run.first
-    while True:
-        if isinstance(event, Result):
-            return chunks, event
-        if isinstance(event, Chunk):
-            chunks.append(event)
-        else:
-            error = failure(event)
-            run.record_failure(error.code or "worker_error")
-            raise error
-        event = await run.next()
+    try:
+        while True:
+            if isinstance(event, Result):
+                dispatcher.record_result(run.handle, event, streamed=False)
+                parts, usage = answer.done(run.worker.earnings_key, event.usage)
+                return Collected(event, answer, parts, usage)
+            if isinstance(event, Chunk):
+                answer.take(event.data)
+            else:
+                error = failure(event)
+                run.record_failure(error.code or "worker_error")
+                if not (can_fail_over(event) and answer.single):
+                    raise error
+                answer.lost(run.worker.earnings_key)
+                current = None
+                await run.finish("continuing on another worker")
+                run = await dispatcher.fail_over(run, answer.text, answer.delivered_tokens)
+                current = run
+                event = run.first
+                continue
+            event = await run.next()
+    finally:
+        if current is not None:
+            with anyio.CancelScope(shield=True):
+                await current.finish()
 
 
 def embeddings_answer(

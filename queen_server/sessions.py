@@ -2,7 +2,8 @@
 
 ``WorkerSession`` speaks protocol v1; ``LegacySession`` speaks the original untyped messages.
 Both write through a ``Transport`` (the websocket edge) and route the frames they read to the
-``JobHandle`` of the job they name. A frame naming a job that is not this worker's is dropped.
+``JobHandle`` of the job they name. A frame naming a job that is not in flight on this worker is
+dropped; ``route`` raises ``ProtocolError`` (``unknown_job``) for it, so that the edge can say so.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from shared_schema import (
 log = logging.getLogger(__name__)
 
 CAPABILITY_FETCH = "fetch_models"
+# The ``ProtocolError`` code for a job frame naming a job that is not in flight on the worker.
+# It is answered but not counted as a bad frame: an honest worker's frame can cross a cancel.
+UNKNOWN_JOB = "unknown_job"
 
 
 class Transport(Protocol):
@@ -106,11 +110,15 @@ class WorkerSession:
     # --- writing ------------------------------------------------------------------------------
 
     async def send_job(
-        self, handle: JobHandle, openai_url: str, openai_req: dict[str, Any]
+        self,
+        handle: JobHandle,
+        openai_url: str,
+        openai_req: dict[str, Any],
+        continuation: str | None = None,
     ) -> None:
-        await self.transport.send_text(
-            encode(Job(id=handle.id, openai_url=openai_url, openai_req=openai_req))
-        )
+        await self.transport.send_text(encode(Job(
+            id=handle.id, openai_url=openai_url, openai_req=openai_req, continuation=continuation
+        )))
 
     async def send_cancel(self, job_id: str, reason: str) -> None:
         await self.transport.send_text(encode(Cancel(id=job_id, reason=reason)))
@@ -120,25 +128,34 @@ class WorkerSession:
     def on_frame(self, frame: str) -> Message | None:
         """Route one frame. Job frames go to their job; other messages are returned.
 
-        Raises ``ProtocolError`` for a frame that is not a valid message.
+        Raises ``ProtocolError`` for a frame that is not a valid message. A job frame naming a
+        job that is not in flight on this worker is dropped (``route`` raises for it instead).
         """
+        try:
+            return self.route(frame)
+        except ProtocolError as exc:
+            if exc.code != UNKNOWN_JOB:
+                raise
+            log.warning("worker %s: %s", self.public_id, exc.message)
+            return None
+
+    def route(self, frame: str) -> Message | None:
+        """``on_frame`` for the websocket edge: a job frame naming a job that is not in flight
+        on this worker (someone else's, one that never was, or one of ours that has ended, as
+        when a frame crosses a cancel) feeds nothing and raises ``ProtocolError`` with code
+        ``unknown_job``, so that the edge can answer it."""
         message = decode(frame)
         if isinstance(message, Chunk | Result | JobError):
-            self._deliver(message)
+            handle = self.jobs.get(message.id)
+            if handle is None or handle.finished:
+                raise ProtocolError(
+                    UNKNOWN_JOB,
+                    f"job {message.id[:64]!r} is not in flight on this worker; its "
+                    f"{message.type} was dropped",
+                )
+            handle.feed(message)
             return None
         return message
-
-    def _deliver(self, message: Chunk | Result | JobError) -> None:
-        handle = self.jobs.get(message.id)
-        if handle is None or handle.finished:
-            log.warning(
-                "worker %s sent %s for job %s, which is not its job; dropped",
-                self.public_id,
-                message.type,
-                message.id[:64],
-            )
-            return
-        handle.feed(message)
 
     def fail_all(self, reason: str) -> None:
         """Tell every job on this worker that the worker is gone."""
@@ -165,13 +182,21 @@ class LegacySession(WorkerSession):
         return True
 
     async def send_job(
-        self, handle: JobHandle, openai_url: str, openai_req: dict[str, Any]
+        self,
+        handle: JobHandle,
+        openai_url: str,
+        openai_req: dict[str, Any],
+        continuation: str | None = None,
     ) -> None:
+        """Legacy workers never get a continuation: they lack the ``continue`` capability."""
         request = LegacyRequest(openai_url=openai_url, openai_req={**openai_req, "stream": False})
         await self.transport.send_text(request.model_dump_json())
 
     async def send_cancel(self, job_id: str, reason: str) -> None:
         """Legacy workers cannot be cancelled: the answer is dropped when it arrives."""
+
+    def route(self, frame: str) -> Message | None:
+        return self.on_frame(frame)
 
     def on_frame(self, frame: str) -> Message | None:
         body = loads_object(frame)

@@ -27,6 +27,7 @@ from shared_schema.payout_address import (
     parse_payout_address,
 )
 from shared_schema.protocol import (
+    CAPABILITY_CONTINUE,
     PROTOCOL_VERSION,
     SUBPROTOCOL,
     Cancel,
@@ -50,6 +51,7 @@ from shared_schema.protocol import (
 )
 
 __all__ = [
+    "CAPABILITY_CONTINUE",
     "PROTOCOL_VERSION",
     "SUBPROTOCOL",
     "Cancel",

@@ -28,6 +28,8 @@ HELLO_SIGNATURE_CONTEXT = b"apiary-hello/1"
 # v1 workers offer this websocket subprotocol. A connection without it is a legacy worker: the
 # queen sends it no challenge and waits for its bare registration, as the original server did.
 SUBPROTOCOL = "apiary.v1"
+# A worker with this capability can continue an answer another worker began (``Job.continuation``).
+CAPABILITY_CONTINUE = "continue"
 
 # Close codes the queen uses on the worker websocket (RFC 6455 private range for our own).
 CLOSE_GOING_AWAY = 1001
@@ -87,6 +89,12 @@ class Job(WireModel):
     id: str
     openai_url: str
     openai_req: dict[str, Any]
+    continuation: str | None = Field(
+        default=None,
+        description="Assistant text another worker already delivered for this request: continue "
+        "it, with no end of turn inserted, and send only the new text. Sent only to workers "
+        f"with the '{CAPABILITY_CONTINUE}' capability.",
+    )
 
 
 class Chunk(WireModel):
@@ -108,6 +116,14 @@ class Result(WireModel):
 
 
 class JobError(WireModel):
+    """A job failed on the worker; or, sent by the queen, a frame the worker sent was bad.
+
+    The queen answers every bad frame after the welcome with an ``error``: ``code`` is the
+    ``ProtocolError`` code (``invalid_json``, ``unknown_type``, ``invalid_message``,
+    ``binary_frame``, ``unexpected_message``, ``unknown_job``) and ``id`` the job the frame
+    named, or "". A worker logs it; too many bad frames close the session (``CLOSE_POLICY``).
+    """
+
     type: Literal["error"] = "error"
     id: str
     code: str

@@ -15,6 +15,11 @@ from typing import Any
 
 import llama_cpp
 from llama_cpp import Llama
+from llama_cpp.llama_chat_format import (
+    ChatFormatterResponse,
+    Jinja2ChatFormatter,
+    chat_formatter_to_chat_completion_handler,
+)
 
 from desktop_worker.engine.fitting import LoadPlan
 from desktop_worker.errors import ModelLoadError, UnsupportedRequest
@@ -46,11 +51,41 @@ class MeteredLlama(Llama):
             append(token)
             yield token
 
+    def continuation_handler(self, prefill: str) -> Any:
+        """A chat handler whose prompt is the usual one (ending with the assistant's turn opened)
+        plus ``prefill``: the model continues that text instead of starting a new answer."""
+        template = self.metadata.get("tokenizer.chat_template")
+        if not template:
+            raise UnsupportedRequest("this model has no chat template in its metadata, so it "
+                                     "cannot continue another worker's answer")
+        eos_id, bos_id = self.token_eos(), self.token_bos()
+        vocab = self._model
+        formatter = Jinja2ChatFormatter(
+            template=template,
+            eos_token=vocab.token_get_text(eos_id) if eos_id != -1 else "",
+            bos_token=vocab.token_get_text(bos_id) if bos_id != -1 else "",
+            stop_token_ids=[eos_id],
+        )
+        return chat_formatter_to_chat_completion_handler(_Prefilled(formatter, prefill))
+
     def completion_tokens(self) -> int:
         sampled = self.meter.sampled
         if sampled and llama_cpp.llama_vocab_is_eog(self._model.vocab, sampled[-1]):
             return len(sampled) - 1
         return len(sampled)
+
+
+class _Prefilled:
+    """A chat formatter that appends already-written assistant text after the prompt."""
+
+    def __init__(self, inner: Jinja2ChatFormatter, prefill: str) -> None:
+        self.inner = inner
+        self.prefill = prefill
+
+    def __call__(self, **kwargs: Any) -> ChatFormatterResponse:
+        response = self.inner(**kwargs)
+        response.prompt += self.prefill
+        return response
 
 
 def _text(content: Any) -> str:
@@ -122,16 +157,22 @@ class LlamaContext:
         self.llama.close()
 
     def stream_chat(
-        self, request: dict[str, Any], cancel: threading.Event
+        self, request: dict[str, Any], cancel: threading.Event, continuation: str | None = None
     ) -> Iterator[dict[str, Any]]:
         """Yield OpenAI chunk dicts as tokens are produced; stops within a token of ``cancel``.
 
-        After the generator ends, ``usage()`` gives the true token counts.
+        With ``continuation`` (assistant text another worker already delivered), the model goes
+        on from the end of that text; the chunks carry only the new text. After the generator
+        ends, ``usage()`` gives the true token counts (the continuation counts as prompt).
         """
         llama = self.llama
         llama.meter = Meter()
         try:
-            chunks = llama.create_chat_completion(**sampling_args(request), stream=True)
+            if continuation:
+                handler = llama.continuation_handler(continuation)
+                chunks = handler(llama=llama, **sampling_args(request), stream=True)
+            else:
+                chunks = llama.create_chat_completion(**sampling_args(request), stream=True)
         except ValueError as exc:  # e.g. the prompt does not fit the context
             raise UnsupportedRequest(str(exc)) from exc
         try:

@@ -202,15 +202,17 @@ class ModelPool:
         request: dict[str, Any],
         cancel: threading.Event,
         on_chunk: Callable[[dict[str, Any]], Awaitable[None]],
+        continuation: str | None = None,
     ) -> dict[str, int]:
-        """Generate in a thread, awaiting ``on_chunk`` for every chunk; returns the usage."""
+        """Generate in a thread, awaiting ``on_chunk`` for every chunk; returns the usage.
+        ``continuation``: assistant text to go on from (see ``LlamaContext.stream_chat``)."""
         entry, context = await self._acquire(name)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
         def generate() -> dict[str, int]:
             try:
-                for chunk in context.stream_chat(request, cancel):
+                for chunk in context.stream_chat(request, cancel, continuation):
                     loop.call_soon_threadsafe(queue.put_nowait, chunk)
                 return context.usage()
             finally:

@@ -92,27 +92,31 @@ def settle(
     reserved_msat: int,
     charge_msat: int,
     job_id: str,
-    worker_account: str | None,
-    worker_share_msat: int,
+    worker_account: str | None = None,
+    worker_share_msat: int = 0,
     *,
+    shares: Iterable[tuple[str, int]] = (),
     count_job_for: str | None = None,
     memo: str = "",
 ) -> Posting:
     """End a job: charge its cost out of the reservation, release the rest, and split the charge
-    between the worker's account (pending or available) and the queen's fee. ``count_job_for``
-    is the worker whose settled-job count this job raises."""
+    between the workers' accounts (pending or available) and the queen's fee. A job that failed
+    over mid-answer has one share per worker that served part of it (``shares``); a job served
+    by one worker may give ``worker_account`` and ``worker_share_msat`` instead.
+    ``count_job_for`` is the worker whose settled-job count this job raises."""
     if not 0 <= charge_msat <= reserved_msat:
         raise UnbalancedPosting(f"charge {charge_msat} is outside the reservation {reserved_msat}")
-    share = worker_share_msat if worker_account else 0
-    if not 0 <= share <= charge_msat:
-        raise UnbalancedPosting(f"worker share {share} is outside the charge {charge_msat}")
+    paid = [(account, share) for account, share in shares]
+    if worker_account:
+        paid.append((worker_account, worker_share_msat))
+    if any(share < 0 for _, share in paid) or sum(share for _, share in paid) > charge_msat:
+        raise UnbalancedPosting(f"worker shares {paid} are outside the charge {charge_msat}")
     entries = [
         (key_reserved(key_id), -reserved_msat),
         (key_available(key_id), reserved_msat - charge_msat),
-        (QUEEN_FEES, charge_msat - share),
+        (QUEEN_FEES, charge_msat - sum(share for _, share in paid)),
+        *paid,
     ]
-    if worker_account:
-        entries.append((worker_account, share))
     jobs = ((count_job_for, 1),) if count_job_for else ()
     return _posting(f"settle:{job_id}", "charge", entries, memo, jobs)
 

@@ -18,7 +18,7 @@ import hashlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,17 @@ class Principal:
 
 OPEN = Principal("open access")
 DEV = Principal("development key")
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """What one worker did for one request. A request that failed over mid-answer has one part
+    per worker; the developer pays for their sum once, and each worker is credited its own."""
+
+    worker_key: str | None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    completed: bool = True  # the worker ended the answer (counts as a job for its record)
 
 
 @dataclass(slots=True)
@@ -293,19 +304,30 @@ class Billing:
         completion_tokens: int = 0,
         worker_key: str | None = None,
         completed: bool = True,
+        parts: Sequence[Part] | None = None,
     ) -> None:
         """Charge what was used (nothing for a failed job) and release the rest of the hold.
 
-        The worker's share of the charge depends on its record: its first completed job is its
-        proof of work (unpaid); the next ``escrow_jobs`` are credited as pending; after that,
-        as available, and the pending earnings are released. An incomplete job (a broken
-        stream) is charged and credited for what it delivered, but does not count as a job.
+        ``parts`` says which worker did what when several served one answer (failover);
+        otherwise the usage and ``worker_key`` make the one part. The developer is charged for
+        the sum, capped at the hold; the charge is split between the workers in proportion to
+        the cost of their parts. A worker's share depends on its record: its first completed
+        job is its proof of work (unpaid); the next ``escrow_jobs`` are credited as pending;
+        after that, as available, and the pending earnings are released. An incomplete part (a
+        broken stream, a lost worker) is charged and credited for what it delivered, but does
+        not count as a job.
         """
         if hold is None or hold.closed or self.ledger is None:
             return
+        if parts is None:
+            parts = [Part(worker_key, prompt_tokens, completion_tokens, completed)]
         hold.closed = True
         state = self._states[hold.key_id]
-        charge = min(hold.price.cost_msat(prompt_tokens, completion_tokens), hold.reserved_msat)
+        price = hold.price
+        costs = [price.cost_msat(part.prompt_tokens, part.completion_tokens) for part in parts]
+        charge = min(price.cost_msat(sum(part.prompt_tokens for part in parts),
+                                     sum(part.completion_tokens for part in parts)),
+                     hold.reserved_msat)
         hold.charged_msat = charge
         state.available += hold.reserved_msat - charge
         state.held -= hold.reserved_msat
@@ -314,34 +336,40 @@ class Billing:
         if charge == 0:
             await self.ledger.post(ledger.release(hold.key_id, hold.reserved_msat, hold.job_id))
             return
-        if worker_key is None:
-            await self.ledger.post(ledger.settle(hold.key_id, hold.reserved_msat, charge,
-                                                 hold.job_id, None, 0))
-            return
-        worker = await self._worker(worker_key)
-        share = int(charge * self.settings.worker_share)
-        stage = worker.jobs
-        if completed:
-            worker.jobs += 1
-        account: str | None
-        memo = ""
-        if stage == 0:
-            account, share = None, 0
-            memo = "proof of work: a new worker's first job is unpaid"
-        elif stage <= self.settings.escrow_jobs:
-            account = ledger.worker_pending(worker_key)
-            worker.pending += share
-        else:
-            account = ledger.worker_available(worker_key)
+        total_cost = sum(costs) or 1
+        shares: list[tuple[str, int]] = []
+        memos: list[str] = []
+        counted: str | None = None
+        escrow_over: list[str] = []
+        for part, cost in zip(parts, costs, strict=True):
+            if part.worker_key is None:
+                continue
+            worker = await self._worker(part.worker_key)
+            stage = worker.jobs
+            if part.completed:
+                worker.jobs += 1
+                counted = part.worker_key
+            share = int(charge * self.settings.worker_share * cost / total_cost)
+            if stage == 0:
+                memos.append("proof of work: a new worker's first job is unpaid")
+                continue
+            if stage <= self.settings.escrow_jobs:
+                shares.append((ledger.worker_pending(part.worker_key), share))
+                worker.pending += share
+                if part.completed and stage == self.settings.escrow_jobs:
+                    escrow_over.append(part.worker_key)
+            else:
+                shares.append((ledger.worker_available(part.worker_key), share))
         await self.ledger.post(ledger.settle(
-            hold.key_id, hold.reserved_msat, charge, hold.job_id, account, share,
-            count_job_for=worker_key if completed else None, memo=memo,
+            hold.key_id, hold.reserved_msat, charge, hold.job_id, shares=shares,
+            count_job_for=counted, memo="; ".join(memos),
         ))
-        if completed and stage == self.settings.escrow_jobs and worker.pending > 0:
-            pending, worker.pending = worker.pending, 0
-            await self.ledger.post(ledger.release_escrow(worker_key, pending))
-            log.info("worker %s finished its escrow: %d msat released", worker_key[:12],
-                     pending)
+        for key in escrow_over:
+            worker = await self._worker(key)
+            if worker.pending > 0:
+                pending, worker.pending = worker.pending, 0
+                await self.ledger.post(ledger.release_escrow(key, pending))
+                log.info("worker %s finished its escrow: %d msat released", key[:12], pending)
 
     # --- deposits from other processes ---------------------------------------------------------
 

@@ -26,6 +26,9 @@ class Metrics:
                               buckets=TTFT_BUCKETS, registry=self.registry)
         self.retries = Counter("apiary_job_retries", "Jobs retried on another worker",
                                registry=self.registry)
+        self.failovers = Counter("apiary_job_failovers",
+                                 "Answers continued on another worker after theirs was lost",
+                                 registry=self.registry)
         self.errors = Counter("apiary_errors", "Errors answered, by code", ["code"],
                               registry=self.registry)
         self._http: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
