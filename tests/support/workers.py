@@ -19,6 +19,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from shared_schema import (
+    CAPABILITY_CONTINUE,
     PROTOCOL_VERSION,
     SUBPROTOCOL,
     Cancel,
@@ -40,6 +41,7 @@ from shared_schema import (
 )
 
 ECHO_MODEL = "test-org/echo-GGUF:Q4_K_M"
+ECHO_SHA256 = "5e" * 32  # the model file every continuing scripted worker holds
 
 
 def new_key() -> Ed25519PrivateKey:
@@ -100,7 +102,12 @@ class ScriptedWorker:
     behaviour: ``echo`` (default), ``die`` (drop the connection when a job arrives), ``hang``
     (never answer; record the cancel), ``error`` (a retryable error), ``fatal`` (a non-retryable
     error), ``gated`` (stream the first chunk, or for a plain answer nothing, then wait for
-    ``release`` before the rest).
+    ``release`` before the rest), ``die_mid`` (stream ``die_after`` chunks, wait for
+    ``release``, then drop the connection).
+
+    ``continues=True`` makes it a twin for failover: it holds the model file ``sha256``
+    (default ``ECHO_SHA256``), has the ``continue`` capability, and answers a job with a
+    ``continuation`` with only the rest of the echo (an error if the text is not a prefix of it).
     """
 
     def __init__(
@@ -115,14 +122,20 @@ class ScriptedWorker:
         ln_url: str | None = None,
         answer_pongs: bool = True,
         tokens_per_answer: int | None = None,
+        continues: bool = False,
+        sha256: str | None = None,
+        die_after: int = 2,
     ) -> None:
         self.ws_url = ws_url
         self.key = key or new_key()
         self.pubkey = pubkey_hex(self.key)
         self.models = [
-            ModelDescriptor(name=name, size_bytes=1000, parameter_count=135_000_000, loaded=loaded)
+            ModelDescriptor(name=name, size_bytes=1000, parameter_count=135_000_000, loaded=loaded,
+                            sha256=sha256 or (ECHO_SHA256 if continues else None))
             for name in (models if models is not None else [ECHO_MODEL])
         ]
+        self.continues = continues
+        self.die_after = die_after
         self.max_jobs = max_jobs
         self.behaviour = behaviour
         self.ln_url = ln_url
@@ -156,8 +169,11 @@ class ScriptedWorker:
 
     def hello(self, nonce: str) -> Hello:
         """The signed hello this worker sends (subclasses add hardware facts)."""
+        capabilities = ["chat", "embeddings", "stream"]
+        if self.continues:
+            capabilities.append(CAPABILITY_CONTINUE)
         return signed_hello(self.key, nonce, models=self.models, max_jobs=self.max_jobs,
-                            ln_url=self.ln_url)
+                            ln_url=self.ln_url, capabilities=capabilities)
 
     async def stop(self) -> None:
         if self._ws is not None:
@@ -219,7 +235,17 @@ class ScriptedWorker:
         words = echo_words(job.openai_req)
         if self.tokens_per_answer is not None:
             words = [" tok"] * self.tokens_per_answer
-        usage = Usage(prompt_tokens=7, completion_tokens=len(words), total_tokens=7 + len(words))
+        prompt = 7
+        if job.continuation is not None:
+            done = next((k for k in range(len(words) + 1)
+                         if "".join(words[:k]) == job.continuation), None)
+            if done is None:
+                await self._send(JobError(id=job.id, code="bad_continuation", retryable=False,
+                                          message=f"{job.continuation!r} is not my answer's start"))
+                return
+            words, prompt = words[done:], prompt + done
+        usage = Usage(prompt_tokens=prompt, completion_tokens=len(words),
+                      total_tokens=prompt + len(words))
         if not job.openai_req.get("stream"):
             if behaviour == "gated":
                 await self.release.wait()
@@ -235,6 +261,11 @@ class ScriptedWorker:
                 "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}))
             if seq == 0 and behaviour == "gated":
                 await self.release.wait()
+            if seq + 1 == self.die_after and behaviour == "die_mid":
+                await self.release.wait()
+                assert self._ws is not None
+                self._ws.transport.abort()  # gone, as a sleeping laptop is: no close frame
+                return
         await self._send(Chunk(id=job.id, seq=len(words), data={
             "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
         await self._send(Result(id=job.id, usage=usage))
