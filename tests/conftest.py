@@ -12,8 +12,7 @@ os.environ.setdefault("no_proxy", "127.0.0.1,localhost")
 # Qt must have a platform before it is imported, or it aborts the process with no display.
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # No test reads or writes the developer's real settings.json, key file or keyring.
-_CONFIG_DIR = tempfile.TemporaryDirectory(prefix="apiary-test-config-")  # removed at exit
-os.environ.setdefault("APIARY_CONFIG_DIR", _CONFIG_DIR.name)
+os.environ.setdefault("APIARY_CONFIG_DIR", tempfile.mkdtemp(prefix="apiary-test-config-"))
 os.environ.setdefault("PYTHON_KEYRING_BACKEND", "keyring.backends.fail.Keyring")
 
 from tests.support.queen import QueenHarness, running_queen
