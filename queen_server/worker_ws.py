@@ -18,12 +18,13 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from queen_server.errors import HandshakeRefused
 from queen_server.identity import new_nonce, public_id, verify_hello
 from queen_server.lightning import InvalidPayoutAddress, parse_payout_address
-from queen_server.sessions import LegacySession, WorkerSession
+from queen_server.sessions import UNKNOWN_JOB, LegacySession, WorkerSession
 from shared_schema import (
     PROTOCOL_VERSION,
     SUBPROTOCOL,
     Challenge,
     Hello,
+    JobError,
     LegacyRegistration,
     Ping,
     Pong,
@@ -218,7 +219,13 @@ async def _handshake(
 
 
 async def _read_loop(websocket: WebSocket, session: WorkerSession, state: QueenState) -> str:
-    """Read frames until the worker goes; returns why it went."""
+    """Read frames until the worker goes; returns why it went.
+
+    Every bad frame is answered with an ``error`` message (its ``code`` says what was wrong,
+    its ``id`` names the job the frame named, if any) and counted; ``max_bad_frames`` of them
+    close the session. A frame for a job not in flight is answered but not counted, since an
+    honest worker's frame can cross a cancel.
+    """
     loop = asyncio.get_running_loop()
     max_bad = state.settings.max_bad_frames
     receive = websocket.receive
@@ -231,24 +238,40 @@ async def _read_loop(websocket: WebSocket, session: WorkerSession, state: QueenS
         try:
             if text is None:
                 raise ProtocolError("binary_frame", "binary frames are not part of the protocol")
-            other = session.on_frame(text)
+            other = session.route(text)
+            if other is None or isinstance(other, Pong):
+                continue
+            if isinstance(other, Status):
+                _apply_status(session, other, state)
+            elif isinstance(other, Ping):
+                await session.transport.send_text(encode(Pong(ts=other.ts)))
+            else:
+                raise ProtocolError(
+                    "unexpected_message",
+                    f"a {other.type} is not expected from a worker after its welcome",
+                )
         except ProtocolError as exc:
-            session.bad_frames += 1
+            if exc.code != UNKNOWN_JOB:
+                session.bad_frames += 1
             log.warning("worker %s sent a bad frame (%s): %s", session.public_id, exc.code,
                         exc.message[:200])
             if session.bad_frames >= max_bad:
                 return f"too many bad frames ({session.bad_frames})"
-            continue
-        if other is None or isinstance(other, Pong):
-            continue
-        if isinstance(other, Status):
-            _apply_status(session, other, state)
-        elif isinstance(other, Ping):
-            await session.transport.send_text(encode(Pong(ts=other.ts)))
-        else:
-            session.bad_frames += 1
-            log.warning("worker %s sent a %s, which only the queen sends", session.public_id,
-                        other.type)
+            if not session.legacy:  # a legacy worker would take any frame for a request
+                await session.transport.send_text(encode(JobError(
+                    id=_job_id(text), code=exc.code, message=exc.message[:500])))
+
+
+def _job_id(frame: str | None) -> str:
+    """The job id a bad frame names, if it is a JSON object with a string ``id``; else ""."""
+    if frame is None:
+        return ""
+    try:
+        body = loads_object(frame)
+    except ProtocolError:
+        return ""
+    job_id = body.get("id")
+    return job_id[:128] if isinstance(job_id, str) else ""
 
 
 def _apply_status(session: WorkerSession, status: Status, state: QueenState) -> None:

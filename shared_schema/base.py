@@ -12,7 +12,9 @@ from pydantic import BaseModel, ConfigDict
 
 
 class WireModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # JSON has no NaN or infinity: a float that cannot be sent back is refused on the way in
+    # (a ping with ``"ts": NaN`` would otherwise be answered with an undecodable ``"ts": null``).
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class LenientModel(BaseModel):

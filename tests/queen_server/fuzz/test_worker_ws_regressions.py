@@ -1,0 +1,137 @@
+"""Plain regression tests for what fuzzing the /worker websocket found.
+
+1. A bad frame after the welcome was dropped with no answer (only a log line on the queen), so a
+   worker could not tell why nothing happened: each now gets an ``error`` message naming its code.
+2. A queen-only message from a worker (a second ``hello``, a ``welcome``) was counted as bad but
+   never closed the session, however many came: only undecodable frames checked the limit.
+3. A ``ping`` with ``"ts": NaN`` (or ``1e999``) was answered with ``"ts": null``, a pong no worker
+   can decode: wire floats must now be finite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from shared_schema import SUBPROTOCOL, Challenge, Ping, ProtocolError, Welcome, decode, encode
+from tests.support.queen import running_queen
+from tests.support.workers import ECHO_MODEL, ScriptedWorker, new_key, signed_hello
+
+USER = [{"role": "user", "content": "one two three"}]
+
+
+async def _welcomed(queen):
+    ws = await connect(queen.ws_url, subprotocols=[SUBPROTOCOL], proxy=None)
+    challenge = decode(await ws.recv())
+    assert isinstance(challenge, Challenge)
+    await ws.send(encode(signed_hello(new_key(), challenge.nonce, models=[])))
+    assert isinstance(decode(await ws.recv()), Welcome)
+    return ws
+
+
+async def _answer(ws):
+    """The queen's next message that is not its heartbeat ping."""
+    while True:
+        async with asyncio.timeout(5):
+            body = orjson.loads(await ws.recv())
+        if body["type"] != "ping":
+            return body
+
+
+@pytest.mark.parametrize(
+    ("frame", "code", "job_id"),
+    [
+        (b"\x00\x01", "binary_frame", ""),
+        ("{broken", "invalid_json", ""),
+        ('{"id": "j-7"}', "unknown_type", "j-7"),
+        ('{"type": "chunk", "id": "j-8", "seq": -1, "data": {}}', "invalid_message", "j-8"),
+        ('{"type": "hello", "protocol": 1}', "invalid_message", ""),
+        ('{"type": "cancel", "id": "j-9"}', "unexpected_message", "j-9"),
+        ('{"type": "result", "id": "nobody", "usage": {"prompt_tokens": 1, "total_tokens": 1}}',
+         "unknown_job", "nobody"),
+    ],
+)
+async def test_each_bad_frame_after_the_welcome_gets_a_typed_error(queen, frame, code, job_id):
+    ws = await _welcomed(queen)
+    try:
+        await ws.send(frame)
+        error = await _answer(ws)
+        assert error["type"] == "error"
+        assert error["code"] == code
+        assert error["id"] == job_id
+        assert error["message"]
+        assert error["retryable"] is False
+        # The session goes on: a ping is still answered.
+        await ws.send(encode(Ping(ts=3.0)))
+        assert await _answer(ws) == {"type": "pong", "ts": 3.0}
+    finally:
+        await ws.close()
+
+
+async def test_a_second_hello_is_unexpected_and_such_frames_close_the_session(tmp_path):
+    async with running_queen(tmp_path, max_bad_frames=3) as queen:
+        ws = await _welcomed(queen)
+        challenge = Challenge(nonce="ab" * 32)
+        hello = encode(signed_hello(new_key(), challenge.nonce, models=[]))
+        for _ in range(2):
+            await ws.send(hello)
+            error = await _answer(ws)
+            assert (error["type"], error["code"]) == ("error", "unexpected_message")
+        await ws.send(encode(challenge))  # the third queen-only message
+        with pytest.raises(ConnectionClosed):
+            await _answer(ws)
+        assert ws.close_code == 1008
+        assert ws.close_reason == "too many bad frames (3)"
+        await queen.wait_until(lambda: len(queen.state.registry) == 0)
+
+
+async def test_frames_for_another_workers_job_are_refused_and_never_delivered(tmp_path):
+    async with running_queen(tmp_path, max_bad_frames=3, first_token_timeout_s=30,
+                             total_timeout_s=30) as queen:
+        honest = await ScriptedWorker(queen.ws_url, behaviour="gated").start()
+        try:
+            stream = await queen.client().chat.completions.create(
+                model=ECHO_MODEL, messages=USER, stream=True)
+            (job_id,) = queen.state.registry.get(honest.pubkey).jobs
+            intruder = await _welcomed(queen)
+            forged = [
+                {"type": "chunk", "id": job_id, "seq": 1,
+                 "data": {"choices": [{"index": 0, "delta": {"content": " FORGED"}}]}},
+                {"type": "result", "id": job_id,
+                 "usage": {"prompt_tokens": 1, "completion_tokens": 999, "total_tokens": 1000}},
+                {"type": "error", "id": job_id, "code": "x", "message": "forged"},
+            ] * 2  # more than max_bad_frames: frames for unknown jobs are not counted
+            for body in forged:
+                await intruder.send(orjson.dumps(body).decode())
+                error = await _answer(intruder)
+                assert (error["type"], error["code"], error["id"]) == (
+                    "error", "unknown_job", job_id)
+            await intruder.close()
+            handle = queen.state.registry.get(honest.pubkey).jobs[job_id]
+            assert not handle.finished
+            honest.release.set()
+            text = "".join([c.choices[0].delta.content or "" async for c in stream
+                            if c.choices])
+            assert text == "echo: one two three"
+        finally:
+            await honest.stop()
+
+
+@pytest.mark.parametrize("ts", ["NaN", "Infinity", "-Infinity", "1e999"])
+async def test_a_ping_with_a_non_finite_time_is_refused_not_echoed_as_null(queen, ts):
+    frame = '{"type": "ping", "ts": ' + ts + "}"
+    with pytest.raises(ProtocolError) as caught:
+        decode(frame)
+    assert caught.value.code == "invalid_message"
+    ws = await _welcomed(queen)
+    try:
+        await ws.send(frame)
+        error = await _answer(ws)
+        assert (error["type"], error["code"]) == ("error", "invalid_message")
+        assert "finite" in error["message"]
+    finally:
+        await ws.close()

@@ -1,0 +1,608 @@
+"""Fuzzing the queen's ``/worker`` websocket: bad-frame strategies, what the queen must answer to
+each frame, and a harness that checks every example against a real queen over real sockets.
+
+The harness runs a real queen (``running_queen``) with two honest ``ScriptedWorker``s: one
+holding a streamed job in flight (gated), one idle. Each example connects a fresh fuzzing
+worker, sends its frames one at a time, and checks the answer to each against ``SessionOracle``:
+an ``error`` message with the expected code (and the job id the frame named), a ``pong``, nothing,
+or a close with the expected code and a reason. A ``ping`` probe after every frame makes
+"nothing" observable: the probe's ``pong`` must come next, so a hang fails within
+``ANSWER_TIMEOUT_S``. After each example the fuzzing worker must be gone from the registry, the
+honest workers' entries unchanged, and ``/health`` 200.
+
+Shared by ``test_worker_ws_fuzz.py`` (bounded, for CI) and ``bench/fuzz.py`` (bigger runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import orjson
+from hypothesis import strategies as st
+from pydantic import ValidationError
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from shared_schema import (
+    PROTOCOL_VERSION,
+    SUBPROTOCOL,
+    Challenge,
+    Chunk,
+    Hello,
+    JobError,
+    LegacyRegistration,
+    Ping,
+    Pong,
+    ProtocolError,
+    Result,
+    Status,
+    Welcome,
+    decode,
+    encode,
+    loads_object,
+    looks_like_registration,
+)
+from tests.support.queen import QueenHarness, running_queen
+from tests.support.workers import (
+    ScriptedWorker,
+    echo_words,
+    new_key,
+    pubkey_hex,
+    signed_hello,
+)
+
+# The queen under fuzz: the smallest frame limit it allows, a small hello limit, few bad frames
+# before a close, and job timeouts long enough for the honest job to stay in flight all run.
+MAX_FRAME_BYTES = 64 * 1024
+MAX_HELLO_BYTES = 8 * 1024
+MAX_BAD_FRAMES = 8
+QUEEN_SETTINGS: dict[str, Any] = {
+    "max_frame_bytes": MAX_FRAME_BYTES,
+    "max_hello_bytes": MAX_HELLO_BYTES,
+    "max_bad_frames": MAX_BAD_FRAMES,
+    "heartbeat_interval_s": 1.0,
+    "hello_timeout_s": 5.0,
+    "first_token_timeout_s": 600.0,
+    "total_timeout_s": 600.0,
+}
+ANSWER_TIMEOUT_S = 10.0
+HONEST_A_MODEL = "honest/alpha-GGUF:Q4_K_M"
+HONEST_B_MODEL = "honest/beta-GGUF:Q8_0"
+HONEST_PROMPT = "the honest stream must arrive whole"
+UNKNOWN_JOB = "unknown_job"  # queen_server.sessions.UNKNOWN_JOB, spelled out as the wire has it
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame a fuzzing worker sends; ``kind`` names the strategy that made it."""
+
+    data: str | bytes
+    kind: str
+
+    def __repr__(self) -> str:
+        shown = self.data if len(self.data) <= 200 else self.data[:200]
+        return f"Frame({self.kind}, {len(self.data)} long, {shown!r})"
+
+
+# --- strategies -------------------------------------------------------------------------------
+
+HEX = "0123456789abcdef"
+short_text = st.text(max_size=40)
+json_scalars = (
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False) | short_text
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+counts = st.integers(min_value=0, max_value=10**6)
+usages = st.fixed_dictionaries(
+    {"prompt_tokens": counts, "completion_tokens": counts, "total_tokens": counts}
+)
+
+
+def hexes(n: int) -> st.SearchStrategy[str]:
+    return st.text(HEX, min_size=n, max_size=n)
+
+
+def dumps(value: Any) -> str:
+    """JSON text for any generated value (the stdlib takes integers past 64 bits)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def job_ids(other_jobs: list[str]) -> st.SearchStrategy[str]:
+    named = [st.sampled_from(other_jobs)] if other_jobs else []
+    return st.one_of(*named, st.sampled_from(["", "chatcmpl-0.1", "embd-0.1"]), short_text)
+
+
+def message_dicts(other_jobs: list[str]) -> st.SearchStrategy[dict[str, Any]]:
+    """Well-formed protocol messages of every type, as dicts (queen-only types included)."""
+    ids = job_ids(other_jobs)
+    models = st.lists(
+        st.fixed_dictionaries({"name": st.text(min_size=1, max_size=30)},
+                              optional={"loaded": st.booleans(), "size_bytes": counts}),
+        max_size=3,
+    )
+    finite = st.floats(min_value=-1e12, max_value=1e12)
+    shapes = {
+        "challenge": {"nonce": hexes(64)},
+        "hello": {"protocol": st.just(1), "worker_version": short_text, "pubkey": hexes(64),
+                  "signature": hexes(128), "cpu_count": counts, "disk_space": counts,
+                  "vram": counts},
+        "welcome": {"session_id": short_text, "worker_id": short_text,
+                    "heartbeat_interval_s": st.floats(min_value=0.1, max_value=100)},
+        "refused": {"code": short_text, "reason": short_text},
+        "job": {"id": ids, "openai_url": st.just("/v1/chat/completions"),
+                "openai_req": st.dictionaries(st.text(max_size=8), json_scalars, max_size=3)},
+        "chunk": {"id": ids, "seq": counts,
+                  "data": st.dictionaries(st.text(max_size=8), json_values, max_size=3)},
+        "result": {"id": ids, "usage": usages},
+        "error": {"id": ids, "code": short_text, "message": short_text,
+                  "retryable": st.booleans()},
+        "cancel": {"id": ids},
+        "status": {"active_jobs": counts},
+        "ping": {"ts": finite},
+        "pong": {"ts": finite},
+    }
+    optional = {"status": {"max_jobs": st.integers(1, 256), "models": models,
+                           "vram_free_mb": counts}}
+    return st.one_of(*(
+        st.fixed_dictionaries({"type": st.just(kind), **fields}, optional=optional.get(kind, {}))
+        for kind, fields in shapes.items()
+    ))
+
+
+@st.composite
+def wrong_types(draw: st.DrawFn, messages: st.SearchStrategy[dict[str, Any]]) -> str:
+    """A well-formed message with one field replaced by any JSON value, or removed."""
+    body = dict(draw(messages))
+    name = draw(st.sampled_from(sorted(body)))
+    if draw(st.booleans()):
+        del body[name]
+    else:
+        body[name] = draw(json_values)
+    return dumps(body)
+
+
+@st.composite
+def truncated(draw: st.DrawFn, messages: st.SearchStrategy[dict[str, Any]]) -> str:
+    text = dumps(draw(messages))
+    return text[: draw(st.integers(min_value=0, max_value=len(text) - 1))]
+
+
+def oversized(limit: int) -> st.SearchStrategy[str | bytes]:
+    """Frames over ``limit`` bytes: text or binary, JSON-looking or not."""
+    sizes = st.integers(min_value=limit + 1, max_value=2 * limit)
+    return st.one_of(
+        sizes.map(lambda n: "x" * n),
+        sizes.map(lambda n: b"\x00" * n),
+        sizes.map(lambda n: '{"type": "status", "pad": "' + "y" * n + '"}'),
+    )
+
+
+def big_but_allowed(limit: int) -> st.SearchStrategy[str]:
+    """Frames near the limit but under it: a valid status with padding, or broken JSON."""
+    sizes = st.integers(min_value=limit // 2, max_value=limit - 100)
+    return st.one_of(
+        sizes.map(lambda n: '{"type": "status", "pad": "' + "y" * n + '"}'),
+        sizes.map(lambda n: '{"type": "chunk", "id": "' + "z" * n),
+    )
+
+
+def of_kinds(kinds: dict[str, st.SearchStrategy[str | bytes]]) -> st.SearchStrategy[Frame]:
+    """A frame of a kind drawn evenly (``one_of`` would favour the first strategies)."""
+    return st.sampled_from(sorted(kinds)).flatmap(
+        lambda kind: kinds[kind].map(lambda data: Frame(data, kind)))
+
+
+def session_frames(other_jobs: list[str]) -> st.SearchStrategy[Frame]:
+    """Every kind of frame a worker might send after its welcome, good or bad."""
+    messages = message_dicts(other_jobs)
+    ids = job_ids(other_jobs)
+    job_frames = st.one_of(
+        st.builds(lambda i, s: encode(Chunk(id=i, seq=s, data={"choices": []})), ids, counts),
+        st.builds(lambda i: encode(Result(id=i, usage={"prompt_tokens": 1, "total_tokens": 1})),
+                  ids),
+        st.builds(lambda i: encode(JobError(id=i, code="x", message="y")), ids),
+    )
+    kinds: dict[str, st.SearchStrategy[str | bytes]] = {
+        "text": st.text(max_size=200),
+        "binary": st.binary(max_size=200),
+        "json": json_values.map(dumps),
+        "truncated": truncated(messages),
+        "wrong_types": wrong_types(messages),
+        "message": messages.map(dumps),
+        "job_frame": job_frames,
+        "non_finite": st.sampled_from(['{"type": "ping", "ts": NaN}',
+                                       '{"type": "pong", "ts": Infinity}',
+                                       '{"type": "ping", "ts": 1e999}']),
+        "oversized": oversized(MAX_FRAME_BYTES),
+        "big": big_but_allowed(MAX_FRAME_BYTES),
+    }
+    return of_kinds(kinds)
+
+
+def handshake_frames() -> st.SearchStrategy[Frame]:
+    """First frames: garbage, broken or unsigned hellos, legacy-looking bodies, huge ones."""
+    messages = message_dicts([])
+    legacy = st.dictionaries(
+        st.sampled_from(["ln_url", "cpu_count", "vram", "disk_space", "nv_gpus", "cl_gpus",
+                         "nv_gpu_count", "type"]),
+        json_values, max_size=5,
+    )
+    kinds: dict[str, st.SearchStrategy[str | bytes]] = {
+        "text": st.text(max_size=200),
+        "binary": st.binary(max_size=200),
+        "json": json_values.map(dumps),
+        "truncated": truncated(messages),
+        "wrong_types": wrong_types(messages),
+        "message": messages.map(dumps),
+        "legacy": legacy.map(dumps),
+        "registration": st.fixed_dictionaries(
+            {"cpu_count": counts, "vram": counts},
+            optional={"ln_url": st.none() | short_text, "disk_space": counts,
+                      "nv_gpus": st.lists(st.fixed_dictionaries(
+                          {"name": short_text, "memory": counts}), max_size=2)},
+        ).map(dumps),
+        "over_hello_limit": st.integers(MAX_HELLO_BYTES + 1, MAX_FRAME_BYTES - 100).map(
+            lambda n: '{"type": "hello", "protocol": 1, "pad": "' + "p" * n + '"}'),
+        "oversized": oversized(MAX_FRAME_BYTES),
+    }
+    return of_kinds(kinds)
+
+
+# --- the oracle -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What the queen must answer to one frame."""
+
+    kind: Literal["error", "pong", "nothing", "close"]
+    code: str | int | None = None  # the error's (or refusal's) code, or the close code
+    job_id: str = ""
+    ts: float = 0.0
+    close: int | None = None  # the close code after a refusal
+
+
+def frame_size(data: str | bytes) -> int:
+    return len(data.encode() if isinstance(data, str) else data)
+
+
+def named_job(data: str) -> str:
+    try:
+        job_id = loads_object(data).get("id")
+    except ProtocolError:
+        return ""
+    return job_id[:128] if isinstance(job_id, str) else ""
+
+
+@dataclass
+class SessionOracle:
+    """The queen's answers to a welcomed worker's frames, from the protocol's own rules."""
+
+    max_bad: int = MAX_BAD_FRAMES
+    max_frame: int = MAX_FRAME_BYTES
+    bad: int = 0
+
+    def expect(self, data: str | bytes) -> Expect:
+        if frame_size(data) > self.max_frame:
+            return Expect("close", 1009)
+        if isinstance(data, bytes):
+            return self._bad("binary_frame")
+        try:
+            message = decode(data)
+        except ProtocolError as exc:
+            return self._bad(exc.code, named_job(data))
+        if isinstance(message, Chunk | Result | JobError):
+            # The fuzzing worker holds no job, so every job frame names someone else's.
+            return Expect("error", UNKNOWN_JOB, message.id[:128])
+        if isinstance(message, Ping):
+            return Expect("pong", ts=message.ts)
+        if isinstance(message, Pong | Status):
+            return Expect("nothing")
+        return self._bad("unexpected_message", named_job(data))
+
+    def _bad(self, code: str, job_id: str = "") -> Expect:
+        self.bad += 1
+        if self.bad >= self.max_bad:
+            return Expect("close", 1008)
+        return Expect("error", code, job_id)
+
+
+def expect_first(data: str | bytes, *, v1: bool) -> Expect:
+    """The queen's answer to a first frame: a ``refused`` with a code, then a close; or, for a
+    legacy registration it accepts, nothing (it is registered and sent nothing)."""
+    if frame_size(data) > MAX_FRAME_BYTES:
+        return Expect("close", 1009)
+    if isinstance(data, bytes):
+        return Expect("error", "binary_frame", close=1008)
+    if len(data) > MAX_HELLO_BYTES:
+        return Expect("error", "frame_too_large", close=1009)
+    try:
+        body = loads_object(data)
+    except ProtocolError as exc:
+        return Expect("error", exc.code, close=1008)
+    if v1:
+        if body.get("type") != "hello":
+            return Expect("error", "unexpected_message", close=1008)
+        if body.get("protocol") != PROTOCOL_VERSION:
+            return Expect("error", "protocol_version", close=1008)
+        try:
+            Hello.model_validate(body, extra="ignore")
+        except ValidationError:
+            return Expect("error", "invalid_message", close=1008)
+        # Nothing generated here is signed over this connection's nonce.
+        return Expect("error", "bad_signature", close=1008)
+    if not looks_like_registration(body):
+        return Expect("error", "unexpected_message", close=1008)
+    try:
+        LegacyRegistration.model_validate(body, extra="ignore")
+    except ValidationError:
+        return Expect("error", "invalid_message", close=1008)
+    return Expect("nothing")
+
+
+# --- the fuzzing worker -----------------------------------------------------------------------
+
+
+class ExampleFailed(AssertionError):
+    pass
+
+
+async def _next_message(ws: ClientConnection) -> dict[str, Any]:
+    """The queen's next message, skipping its heartbeat pings."""
+    while True:
+        async with asyncio.timeout(ANSWER_TIMEOUT_S):
+            frame = await ws.recv()
+        body = orjson.loads(frame)
+        if body.get("type") != "ping":
+            return body
+
+
+async def _closed(ws: ClientConnection) -> tuple[int | None, str]:
+    """Wait for the queen to close the connection; its close code and reason."""
+    with contextlib.suppress(ConnectionClosed):
+        async with asyncio.timeout(ANSWER_TIMEOUT_S):
+            while True:
+                await ws.recv()
+    return ws.close_code, ws.close_reason or ""
+
+
+def _check(condition: bool, what: str) -> None:
+    if not condition:
+        raise ExampleFailed(what)
+
+
+async def _connect(url: str, *, v1: bool) -> ClientConnection:
+    return await connect(url, subprotocols=[SUBPROTOCOL] if v1 else None, proxy=None,
+                         compression=None, max_size=None, ping_interval=None,
+                         open_timeout=ANSWER_TIMEOUT_S, close_timeout=2)
+
+
+# --- the harness ------------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    frames: int = 0
+    examples: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
+    answers: dict[str, int] = field(default_factory=dict)
+
+    def count(self, frame: Frame, expect: Expect) -> None:
+        self.frames += 1
+        self.by_kind[frame.kind] = self.by_kind.get(frame.kind, 0) + 1
+        key = f"{expect.kind} {expect.code}" if expect.code is not None else expect.kind
+        self.answers[key] = self.answers.get(key, 0) + 1
+
+
+class ErrorLog(logging.Handler):
+    """Collects every ERROR record (an exception in the app is logged so by uvicorn)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+class WsFuzzHarness:
+    """A real queen with two honest workers, one holding a streamed job in flight."""
+
+    def __init__(self, queen: QueenHarness) -> None:
+        self.queen = queen
+        self.tally = Tally()
+        self.errors = ErrorLog()
+        self.http = httpx.AsyncClient(base_url=queen.base_url, timeout=ANSWER_TIMEOUT_S,
+                                      trust_env=False)
+        self.honest_a = ScriptedWorker(queen.ws_url, models=[HONEST_A_MODEL],
+                                       behaviour="gated", max_jobs=2)
+        self.honest_b = ScriptedWorker(queen.ws_url, models=[HONEST_B_MODEL])
+        self.other_jobs: list[str] = []
+        self._stream: Any = None
+        self._probes = itertools.count(1)
+
+    async def start(self) -> None:
+        logging.getLogger().addHandler(self.errors)
+        await self.honest_a.start()
+        await self.honest_b.start()
+        await self.queen.wait_until(lambda: len(self.queen.state.registry) == 2)
+        client = self.queen.client(timeout=600)
+        self._stream = await client.chat.completions.create(
+            model=HONEST_A_MODEL, stream=True,
+            messages=[{"role": "user", "content": HONEST_PROMPT}])
+        session = self.queen.state.registry.get(self.honest_a.pubkey)
+        self.other_jobs = list(session.jobs)
+        assert len(self.other_jobs) == 1, session.jobs
+        self.baseline = self.snapshot()
+
+    async def stop(self) -> None:
+        logging.getLogger().removeHandler(self.errors)
+        await self.http.aclose()
+        await self.honest_a.stop()
+        await self.honest_b.stop()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The honest workers' registry entries, and the registry's model index."""
+        registry = self.queen.state.registry
+        entries = {}
+        for worker in (self.honest_a, self.honest_b):
+            s = registry.get(worker.pubkey)
+            entries[worker.pubkey] = (
+                id(s), s.session_id, s.max_jobs, s.models, s.loaded, s.cached, s.capabilities,
+                sorted((job_id, h.finished, h.cancelling) for job_id, h in s.jobs.items()),
+                s.bad_frames, s.closed, s.ln_url, s.worker_version, s.gpus, s.vram_mb,
+            )
+        return {"entries": entries, "keys": sorted(s.key for s in registry),
+                "models": {name: sorted(s.key for s in registry.holders(name))
+                           for name in registry.model_names()}}
+
+    async def check_swarm(self, fuzz_key: str | None) -> None:
+        """After an example: the fuzzing worker gone, the honest ones as they were, health 200."""
+        registry = self.queen.state.registry
+        if fuzz_key is not None:
+            await self.queen.wait_until(lambda: registry.get(fuzz_key) is None,
+                                        timeout_s=ANSWER_TIMEOUT_S, what="fuzz worker gone")
+        await self.queen.wait_until(lambda: len(registry) == 2, timeout_s=ANSWER_TIMEOUT_S,
+                                    what="only the honest workers left")
+        _check(self.snapshot() == self.baseline, "the honest workers' registry entries changed")
+        response = await self.http.get("/health")
+        _check(response.status_code == 200, f"/health answered {response.status_code}")
+        _check(not self.errors.records,
+               f"the queen logged errors: {[r.getMessage() for r in self.errors.records]}")
+
+    async def session_example(self, frames: list[Frame]) -> None:
+        """A welcomed fuzzing worker sends ``frames``; each answer must be what the oracle says."""
+        ws = await _connect(self.queen.ws_url, v1=True)
+        key = new_key()
+        try:
+            challenge = decode(await ws.recv())
+            _check(isinstance(challenge, Challenge), f"expected a challenge, got {challenge}")
+            await ws.send(encode(signed_hello(key, challenge.nonce, models=[])))
+            welcome = decode(await _next_message_raw(ws))
+            _check(isinstance(welcome, Welcome), f"expected a welcome, got {welcome}")
+            self.tally.examples += 1
+            oracle = SessionOracle()
+            for frame in frames:
+                expect = oracle.expect(frame.data)
+                self.tally.count(frame, expect)
+                await ws.send(frame.data)
+                if expect.kind == "close":
+                    code, reason = await _closed(ws)
+                    _check(code == expect.code and bool(reason),
+                           f"{frame!r}: expected close {expect.code}, got {code} {reason!r}")
+                    break
+                await self._answer(ws, frame, expect)
+        finally:
+            await ws.close()
+        await self.check_swarm(pubkey_hex(key))
+
+    async def _answer(self, ws: ClientConnection, frame: Frame, expect: Expect) -> None:
+        probe = float(next(self._probes))
+        await ws.send(encode(Ping(ts=probe)))
+        got = []
+        try:
+            while (body := await _next_message(ws)) != {"type": "pong", "ts": probe}:
+                got.append(body)
+        except TimeoutError:
+            raise ExampleFailed(f"{frame!r}: no answer in {ANSWER_TIMEOUT_S} s "
+                                f"(got {got})") from None
+        except ConnectionClosed as exc:
+            raise ExampleFailed(f"{frame!r}: closed unexpectedly ({exc}); got {got}") from None
+        if expect.kind == "nothing":
+            _check(got == [], f"{frame!r}: expected no answer, got {got}")
+        elif expect.kind == "pong":
+            _check(got == [{"type": "pong", "ts": expect.ts}],
+                   f"{frame!r}: expected a pong {expect.ts}, got {got}")
+        else:
+            _check(len(got) == 1, f"{frame!r}: expected one error, got {got}")
+            error = got[0]
+            _check(error.get("type") == "error" and error.get("code") == expect.code
+                   and error.get("id") == expect.job_id and bool(error.get("message"))
+                   and error.get("retryable") is False,
+                   f"{frame!r}: expected error {expect.code} for {expect.job_id!r}, got {got}")
+
+    async def handshake_example(self, frame: Frame, *, v1: bool) -> None:
+        """A first frame, with or without the v1 subprotocol; the answer the oracle says."""
+        expect = expect_first(frame.data, v1=v1)
+        self.tally.count(frame, expect)
+        self.tally.examples += 1
+        before = {s.key for s in self.queen.state.registry}
+        ws = await _connect(self.queen.ws_url, v1=v1)
+        try:
+            if v1:
+                challenge = decode(await ws.recv())
+                _check(isinstance(challenge, Challenge), f"expected a challenge: {challenge}")
+            await ws.send(frame.data)
+            if expect.kind == "nothing":  # a legacy worker registered; it is sent nothing
+                await self.queen.wait_until(lambda: len(self.queen.state.registry) == 3,
+                                            timeout_s=ANSWER_TIMEOUT_S, what="legacy joined")
+                (legacy,) = {s.key for s in self.queen.state.registry} - before
+                _check(legacy.startswith("legacy-"), f"{frame!r}: registered as {legacy}")
+            elif expect.kind == "close":
+                code, reason = await _closed(ws)
+                _check(code == expect.code and bool(reason),
+                       f"{frame!r}: expected close {expect.code}, got {code} {reason!r}")
+            else:
+                refused = decode(await _next_message_raw(ws))
+                _check(refused.type == "refused" and refused.code == expect.code
+                       and bool(refused.reason),
+                       f"{frame!r}: expected refused {expect.code}, got {refused}")
+                code, reason = await _closed(ws)
+                _check(code == expect.close and bool(reason),
+                       f"{frame!r}: expected close {expect.close}, got {code} {reason!r}")
+        except (TimeoutError, ConnectionClosed) as exc:
+            raise ExampleFailed(f"{frame!r}: no typed answer ({exc!r})") from None
+        finally:
+            await ws.close()
+        await self.check_swarm(None)
+
+    async def finish(self) -> None:
+        """The honest job ends with exactly its own answer; the idle worker still serves."""
+        self.honest_a.release.set()
+        text = ""
+        async with asyncio.timeout(ANSWER_TIMEOUT_S):
+            async for chunk in self._stream:
+                if chunk.choices:
+                    text += chunk.choices[0].delta.content or ""
+        expected = "".join(echo_words({"messages": [{"role": "user",
+                                                     "content": HONEST_PROMPT}]}))
+        _check(text == expected, f"the honest stream was {text!r}, not {expected!r}")
+        answer = await self.queen.client().chat.completions.create(
+            model=HONEST_B_MODEL, messages=[{"role": "user", "content": "still here"}])
+        _check(answer.choices[0].message.content == "echo: still here",
+               f"the idle honest worker answered {answer}")
+        _check(self.honest_a.close_code is None and self.honest_b.close_code is None,
+               "an honest worker was disconnected")
+
+
+async def _next_message_raw(ws: ClientConnection) -> str | bytes:
+    async with asyncio.timeout(ANSWER_TIMEOUT_S):
+        return await ws.recv()
+
+
+@contextlib.asynccontextmanager
+async def ws_fuzz_harness(tmp_path: Path, **overrides: Any) -> AsyncIterator[WsFuzzHarness]:
+    async with running_queen(tmp_path, **{**QUEEN_SETTINGS, **overrides}) as queen:
+        harness = WsFuzzHarness(queen)
+        await harness.start()
+        try:
+            yield harness
+        finally:
+            await harness.stop()
