@@ -41,8 +41,10 @@ def default_key() -> str:
 
 
 class SingleInstance(QObject):
-    """``acquire()`` once at start: True means carry on (we listen now), False means another
-    instance runs and has been asked to show itself, so quit."""
+    """``acquire()`` once at start, after the ``QApplication`` exists: True means carry on (we
+    listen now, and ``raise_requested`` fires when a later launch asks), False means another
+    instance runs and has been asked to show itself, so quit. ``acquire`` blocks for at most
+    about a second while it asks."""
 
     raise_requested = Signal()
 
