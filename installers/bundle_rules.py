@@ -16,9 +16,10 @@ __all__ = [
     "EXCLUDED_MODULES",
     "KEEP_PLUGINS",
     "app_version",
-    "filter_qt",
+    "filter_toc",
     "keep_llama_lib",
     "keep_qt_entry",
+    "keep_system_lib",
     "llama_binaries",
     "variant_file",
 ]
@@ -73,9 +74,24 @@ def keep_qt_entry(dest: str) -> bool:
     return "*" in kept or _stem(match["file"]) in kept
 
 
-def filter_qt(toc: Iterable[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
-    """The PyInstaller TOC (dest, source, kind) without the Qt files the app does not use."""
-    return [entry for entry in toc if keep_qt_entry(entry[0])]
+# Libraries that belong to the user's GPU driver: bundling the build machine's copy would break
+# the app on every other driver version. The CUDA runtime (cudart, cuBLAS) is bundled; the driver
+# (libcuda) never is. The Vulkan loader is the system's, which finds the installed drivers.
+DRIVER_LIBS = re.compile(
+    r"^(libcuda\.so|libnvidia-ml\.so|libvulkan\.so|nvcuda\.dll|nvml\.dll|vulkan-1\.dll)",
+    re.IGNORECASE,
+)
+
+
+def keep_system_lib(dest: str) -> bool:
+    """Whether a collected library may ship in the app (False for the GPU driver's own)."""
+    return DRIVER_LIBS.match(PurePosixPath(dest.replace("\\", "/")).name) is None
+
+
+def filter_toc(toc: Iterable[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """The PyInstaller TOC (dest, source, kind) without the Qt files the app does not use and
+    without the GPU driver's libraries."""
+    return [entry for entry in toc if keep_qt_entry(entry[0]) and keep_system_lib(entry[0])]
 
 
 _FULL_VERSION = re.compile(r"\.\d+\.\d+")  # libggml.so.0.25.3, libggml.0.25.3.dylib

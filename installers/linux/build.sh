@@ -82,9 +82,12 @@ done
 # Every bundled library is glibc-linked on this machine: require at least its glibc. The rest
 # are what Qt's xcb platform plugin loads from the system (PyInstaller bundles the others).
 GLIBC="$(getconf GNU_LIBC_VERSION | awk '{print $2}')"
+EXTRA_DEPENDS=""
+# The Vulkan loader is the system's (it finds the installed GPU drivers); so is NVIDIA's driver.
+if [[ "$VARIANT" == "vulkan" ]]; then EXTRA_DEPENDS=", libvulkan1"; fi
 INSTALLED_KB="$(du -sk --exclude=DEBIAN "$STAGE" | cut -f1)"
 sed -e "s|@VERSION@|$VERSION|" -e "s|@ARCH@|$ARCH_DEB|" -e "s|@GLIBC@|$GLIBC|" \
-    -e "s|@SIZE@|$INSTALLED_KB|" -e "s|@VARIANT@|$VARIANT|" \
+    -e "s|@SIZE@|$INSTALLED_KB|" -e "s|@VARIANT@|$VARIANT|" -e "s|@EXTRA_DEPENDS@|$EXTRA_DEPENDS|" \
     "$ROOT/installers/linux/control.in" > "$STAGE/DEBIAN/control"
 install -m 0755 "$ROOT/installers/linux/postinst" "$STAGE/DEBIAN/postinst"
 install -m 0755 "$ROOT/installers/linux/postrm" "$STAGE/DEBIAN/postrm"
