@@ -37,5 +37,7 @@ $env:FORCE_CMAKE = "1"
 # --no-cache-dir: pip's wheel cache would hand back a build of another variant.
 & $Python -m pip install --force-reinstall --no-deps --no-cache-dir --no-binary llama-cpp-python $spec
 if ($LASTEXITCODE) { throw "pip install failed ($LASTEXITCODE)" }
+& $Python -m pip install $spec  # its dependencies, if this environment lacks them
+if ($LASTEXITCODE) { throw "pip install failed ($LASTEXITCODE)" }
 & $Python -c "import llama_cpp; from llama_cpp import llama_cpp as lib; print('llama-cpp-python', llama_cpp.__version__, 'GPU offload:', bool(lib.llama_supports_gpu_offload()))"
 if ($LASTEXITCODE) { throw "llama_cpp does not import" }

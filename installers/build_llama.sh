@@ -49,6 +49,7 @@ echo "==> $SPEC for $VARIANT: CMAKE_ARGS='${ARGS# }'"
 # --no-cache-dir: pip's wheel cache would hand back a build of another variant.
 CMAKE_ARGS="${ARGS# }" FORCE_CMAKE=1 "$PYTHON" -m pip install --force-reinstall --no-deps \
     --no-cache-dir --no-binary llama-cpp-python "$SPEC"
+"$PYTHON" -m pip install "$SPEC"  # its dependencies, if this environment lacks them
 "$PYTHON" - <<'PY'
 import llama_cpp
 from llama_cpp import llama_cpp as lib

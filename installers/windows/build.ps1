@@ -45,7 +45,13 @@ if ($LASTEXITCODE) { throw "the built app does not run" }
 
 function Sign-Files([string[]]$Files) {
     if (-not $env:SIGNTOOL_CERT) { return }
-    & signtool sign /f $env:SIGNTOOL_CERT /p $env:SIGNTOOL_PASSWORD /fd sha256 `
+    $signtool = (Get-Command signtool -ErrorAction SilentlyContinue).Source
+    if (-not $signtool) {  # the Windows SDK's, which is not on PATH on CI runners
+        $signtool = (Get-ChildItem "${env:ProgramFiles(x86)}\Windows Kits\10\bin\*\x64\signtool.exe" |
+            Sort-Object FullName | Select-Object -Last 1).FullName
+    }
+    if (-not $signtool) { throw "SIGNTOOL_CERT is set but signtool.exe is not found" }
+    & $signtool sign /f $env:SIGNTOOL_CERT /p $env:SIGNTOOL_PASSWORD /fd sha256 `
         /tr http://timestamp.digicert.com /td sha256 @Files
     if ($LASTEXITCODE) { throw "signtool failed" }
 }

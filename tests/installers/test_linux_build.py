@@ -2,7 +2,9 @@
 app, its tarball and the .deb (about 3 minutes here), then the frozen binary runs ``--version``,
 ``detect``, and serves one real chat completion headless against a real queen.
 
-Set ``APIARY_SKIP_INSTALLER_BUILD=1`` to skip the build (for quick local runs).
+Set ``APIARY_SKIP_INSTALLER_BUILD=1`` to skip these tests (for quick local runs), or
+``APIARY_INSTALLER_DIST=DIR`` to check the artefacts already built in DIR by build.sh (the
+release workflow does) instead of building them again.
 """
 
 from __future__ import annotations
@@ -50,6 +52,11 @@ class Build:
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
+    from desktop_worker import __version__
+
+    built = os.environ.get("APIARY_INSTALLER_DIST")
+    if built:
+        return artefacts(Path(built).resolve(), __version__)
     out = tmp_path_factory.mktemp("dist")
     work = tmp_path_factory.mktemp("work")
     env = {**os.environ, "PYTHON": sys.executable}
@@ -61,11 +68,16 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
     if result.returncode:
         pytest.fail(f"build.sh failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
                     f"{result.stderr[-5000:]}")
-    from desktop_worker import __version__
+    return artefacts(out, __version__)
 
-    name = f"apiary-worker-{__version__}-linux-cpu-x86_64"
-    return Build(version=__version__, app=out / name, tarball=out / f"{name}.tar.gz",
-                 deb=out / f"apiary-worker_{__version__}_cpu_amd64.deb")
+
+def artefacts(out: Path, version: str) -> Build:
+    name = f"apiary-worker-{version}-linux-cpu-x86_64"
+    build = Build(version=version, app=out / name, tarball=out / f"{name}.tar.gz",
+                  deb=out / f"apiary-worker_{version}_cpu_amd64.deb")
+    missing = [p for p in (build.binary, build.tarball, build.deb) if not p.exists()]
+    assert not missing, f"build.sh did not make {missing}"
+    return build
 
 
 def frozen_env(tmp_path: Path) -> dict[str, str]:
