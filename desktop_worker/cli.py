@@ -1,5 +1,6 @@
 """``apiary-worker``: serve headless, inspect the hardware, and manage the model store.
 
+    apiary-worker                    open the desktop app (tray + window)
     apiary-worker --headless --queen ws://HOST:PORT/worker --ln-url ADDRESS --model NAME_OR_PATH
     apiary-worker detect
     apiary-worker models pull NAME | list | rm NAME | import PATH --name NAME
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "models":
             return manage_models(settings, args)
         if not args.headless:
-            parser.error("the desktop app is not part of this release yet; run with --headless")
+            return open_app(settings)
         if not settings.models:
             parser.error("name at least one model to serve with --model")
         return asyncio.run(serve(settings))
@@ -112,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def open_app(settings: WorkerSettings) -> int:
+    from desktop_worker.gui.app import run_app
+
+    return run_app(settings)
 
 
 def detect(settings: WorkerSettings) -> int:

@@ -1,7 +1,7 @@
 """Running the queen's jobs on the engine: chat (streamed or whole) and embeddings.
 
 ``JobRunner`` is widget-free and socket-free: it reports through a ``JobSink`` (the link) and
-through ``on_finished`` callbacks (the CLI's log line today, the GUI's jobs table later).
+through ``on_started`` / ``on_finished`` callbacks (the CLI's log line, the app's jobs table).
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ class JobRunner:
     def __init__(self, pool: ModelPool, has_model: Callable[[str], bool]) -> None:
         self.pool = pool
         self.has_model = has_model
+        self.on_started: list[Callable[[Job], None]] = []
         self.on_finished: list[Callable[[JobRecord], None]] = []
         self._running: dict[str, tuple[asyncio.Task[None], threading.Event]] = {}
 
@@ -79,6 +80,8 @@ class JobRunner:
         task = asyncio.create_task(self._run(job, sink, cancel), name=f"job {job.id}")
         self._running[job.id] = (task, cancel)
         task.add_done_callback(lambda _t: self._running.pop(job.id, None))
+        for callback in self.on_started:
+            callback(job)
 
     def cancel(self, job_id: str) -> None:
         entry = self._running.get(job_id)
@@ -136,6 +139,7 @@ class JobRunner:
         log.info("job %s %s %s: %d prompt + %d completion tokens, %.1f tokens/s, %.2f s, %s",
                  job.id, kind, model, record.prompt_tokens, record.completion_tokens,
                  record.tokens_per_s, record.seconds, outcome)
+        self._running.pop(job.id, None)  # ``active`` already counts it out for the callbacks
         for callback in self.on_finished:
             callback(record)
 

@@ -1,7 +1,9 @@
 """A running worker, widget-free: the model store, the engine, the job runner and the link.
 
-The headless CLI drives it today and the tray app will drive the same object later. Blocking
-work (hardware probes, downloads, hashing, model loading) runs in threads.
+The headless CLI and the desktop app (``desktop_worker/gui``) drive the same object. Blocking
+work (hardware probes, downloads, hashing, model loading) runs in threads. A service serves
+once: ``serve`` closes its engine at the end, so the app builds a fresh one (sharing the model
+store) for each Start Earning.
 """
 
 from __future__ import annotations
@@ -34,9 +36,19 @@ def default_budget_mb() -> int:
     return max(512, int(psutil.virtual_memory().available / (1024 * 1024) * 0.6))
 
 
+Detector = Callable[[Path], HardwareReport]
+
+
 class WorkerService:
-    def __init__(self, settings: WorkerSettings, *, store: ModelStore | None = None) -> None:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        *,
+        store: ModelStore | None = None,
+        detector: Detector | None = None,
+    ) -> None:
         self.settings = settings
+        self.detector: Detector = detector or detect_hardware
         quota = int(settings.disk_quota_gb * 1024**3) if settings.disk_quota_gb else None
         self.store = store or ModelStore(settings.models_dir, quota_bytes=quota,
                                          endpoint=settings.hf_endpoint)
@@ -49,7 +61,7 @@ class WorkerService:
             gpu_layers=settings.gpu_layers,
             n_ctx=settings.n_ctx,
             n_threads=settings.threads,  # None: llama.cpp picks half the cores
-            free_vram_mb=lambda: self.hardware.free_vram_mb if self.hardware else None,
+            free_vram_mb=self.free_vram_mb,
             budget_mb=settings.memory_budget_mb or default_budget_mb(),
         )
         self.runner = JobRunner(self.pool, has_model=self.has_model)
@@ -61,6 +73,15 @@ class WorkerService:
             status_interval_s=settings.status_interval_s,
             shutdown_grace_s=settings.shutdown_grace_s,
         )
+
+    def free_vram_mb(self) -> int | None:
+        """Free GPU memory the engine may plan with: what was detected, capped by the owner's
+        ``vram_cap_mb`` setting."""
+        free = self.hardware.free_vram_mb if self.hardware else None
+        cap = getattr(self.settings, "vram_cap_mb", None)
+        if cap is None or free is None:
+            return free
+        return min(free, cap)
 
     # --- models -------------------------------------------------------------------------------
 
@@ -96,7 +117,7 @@ class WorkerService:
     # --- what the queen is told ---------------------------------------------------------------
 
     async def detect(self) -> HardwareReport:
-        self.hardware = await asyncio.to_thread(detect_hardware, self.settings.models_dir)
+        self.hardware = await asyncio.to_thread(self.detector, self.settings.models_dir)
         return self.hardware
 
     async def hello_factory(self) -> tuple[Callable[[str], Hello], int]:

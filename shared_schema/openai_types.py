@@ -6,7 +6,7 @@ Apiary honours are typed and range-checked, so a bad value is a 400 naming its `
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator
@@ -202,6 +202,18 @@ class PayoutView(WireModel):
     detail: str = ""
 
 
+class DailyEarning(WireModel):
+    day: date
+    earned_msat: int = Field(ge=0)
+
+
+class JobEarning(WireModel):
+    job_id: str = Field(description="The queen's request id; the worker saw it as "
+                        "``<job_id>.<attempt>``.")
+    earned_msat: int = Field(ge=0)
+    settled_at: datetime
+
+
 class WorkerEarnings(WireModel):
     worker_id: str
     jobs_settled: int = Field(ge=0)
@@ -212,3 +224,10 @@ class WorkerEarnings(WireModel):
     today_msat: int = Field(ge=0)
     total_msat: int = Field(ge=0)
     recent_payouts: list[PayoutView] = Field(default_factory=list)
+    week_msat: int = Field(default=0, ge=0, description="Earned in the last 7 days (UTC), today "
+                           "included.")
+    daily: list[DailyEarning] = Field(
+        default_factory=list, description="Earnings per UTC day over the last 30 days, oldest "
+        "first, days with nothing included.")
+    recent_jobs: list[JobEarning] = Field(
+        default_factory=list, description="What the latest settled jobs earned, newest first.")

@@ -13,7 +13,7 @@ from desktop_worker.store.names import (
     validate_local_name,
 )
 from desktop_worker.store.progress import ProgressCallback, PullProgress
-from desktop_worker.store.store import LocalModel, ModelStore
+from desktop_worker.store.store import LocalModel, ModelStore, PullPlan
 
 __all__ = [
     "GgufInfo",
@@ -22,6 +22,7 @@ __all__ = [
     "ModelName",
     "ModelStore",
     "ProgressCallback",
+    "PullPlan",
     "PullProgress",
     "RemoteFile",
     "RepoListing",

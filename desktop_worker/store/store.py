@@ -39,7 +39,7 @@ from desktop_worker.store.names import parse_model_name, resolve_filter, validat
 from desktop_worker.store.progress import ProgressCallback, ProgressMeter
 from shared_schema.hardware import ModelDescriptor
 
-__all__ = ["LocalModel", "ModelStore", "Source"]
+__all__ = ["LocalModel", "ModelStore", "PullPlan", "Source"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,23 @@ class LocalModel:
             context_length=self.info.context_length,
             loaded=loaded,
         )
+
+
+@dataclass(frozen=True)
+class PullPlan:
+    """What pulling a model would take, known before a byte is downloaded.
+
+    ``problem`` says why it cannot be stored (the quota, the free disk), else it is None.
+    ``cached`` is True when the model is here already.
+    """
+
+    name: str
+    files: tuple[str, ...]
+    total_bytes: int
+    on_disk_bytes: int
+    free_bytes: int
+    cached: bool = False
+    problem: str | None = None
 
 
 class ModelStore:
@@ -136,6 +153,32 @@ class ModelStore:
     def descriptors(self, loaded: Collection[str] = frozenset()) -> list[ModelDescriptor]:
         """Every stored model as announced to the queen, marked loaded if named in ``loaded``."""
         return [m.descriptor(m.name in loaded) for m in self.list()]
+
+    def plan_pull(self, name: str) -> PullPlan:
+        """Check a pull before downloading: list the repo, pick the file, and check the quota and
+        the free disk. Raises what ``pull`` would for a bad name, repo or filter."""
+        with self._lock:
+            cached = self._models.get(name)
+        if cached is not None:
+            return PullPlan(name, (cached.path.name,), cached.size_bytes, cached.size_bytes,
+                            self._disk_free(self.root), cached=True)
+        parsed = parse_model_name(name)
+        listing = self.hub.list_files(parsed.repo_id)
+        resolved = resolve_filter(listing.paths(), parsed.filter)
+        total = sum(listing.file(p).size or 0 for p in resolved.paths)
+        on_disk = sum(local_bytes(self._hub_path(parsed.repo_id, p)) for p in resolved.paths)
+        free = self._disk_free(self.root)
+        problem = None
+        with self._lock:
+            try:
+                victims = self._plan_eviction(name, total, set())
+            except InsufficientDisk as exc:
+                problem, victims = str(exc), []
+        freed = sum(v.size_bytes for v in victims)
+        if problem is None and max(total - on_disk, 0) > free + freed:
+            problem = (f"{name} needs {_fmt(total)}, but only {_fmt(free + freed)} is free on "
+                       f"the disk holding {self.root}")
+        return PullPlan(name, tuple(resolved.paths), total, on_disk, free, problem=problem)
 
     # --- adding ------------------------------------------------------------------------------
 

@@ -53,7 +53,7 @@ def test_pulling_a_bad_name_is_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(["--headless"], "--model"), ([], "--headless"), (["--gpu-layers", "lots"], "auto")],
+    [(["--headless"], "--model"), (["--gpu-layers", "lots"], "auto")],
 )
 def test_usage_errors(tmp_path, args, message):
     result = cli(tmp_path, *args)
@@ -70,3 +70,25 @@ def test_an_unreachable_queen_is_retried_with_backoff(tmp_path):
         assert worker.alive()
     finally:
         assert worker.stop() == 0
+
+
+def test_no_command_opens_the_app_and_a_second_launch_raises_it(tmp_path):
+    env = base_env(tmp_path)
+    env.update({"APIARY_KEY_PATH": str(tmp_path / "key.pem"), "APIARY_KEY_STORE": "file",
+                "APIARY_CONFIG_DIR": str(tmp_path / "config"), "QT_QPA_PLATFORM": "offscreen",
+                "APIARY_MODELS_DIR": str(tmp_path / "models"), "APIARY_FIRST_RUN_DONE": "true"})
+    log = tmp_path / "app.log"
+    with log.open("w") as out:
+        first = subprocess.Popen([sys.executable, "-m", "desktop_worker.cli"], env=env,
+                                 stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: "is running" in log.read_text(), 60, "the app to start")
+        second = subprocess.run([sys.executable, "-m", "desktop_worker.cli"], env=env,
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 0, second.stderr
+        assert "already running" in second.stderr
+        wait_for(lambda: first.poll() is None and "show its window" in log.read_text(), 10,
+                 "the first app to be asked to show its window")
+    finally:
+        first.terminate()
+        first.wait(timeout=30)

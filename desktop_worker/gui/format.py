@@ -1,0 +1,47 @@
+"""How numbers read in the app: sats, sizes, durations (pure functions)."""
+
+from __future__ import annotations
+
+import math
+
+
+def sats(msat: int) -> str:
+    """Millisatoshis as whole sats with thousands separators (``1,234 sats``)."""
+    return f"{msat // 1000:,} sats"
+
+
+def sats_number(msat: int) -> str:
+    value = msat / 1000
+    return f"{value:,.0f}" if value >= 10 or value == 0 else f"{value:,.3f}".rstrip("0")
+
+
+def size(n: int | float | None) -> str:
+    """Bytes in binary units (``1.5 GB`` means GiB, as the rest of the worker counts)."""
+    if n is None:
+        return "?"
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(value) < 1024 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TB"
+
+
+def duration(seconds: float | None) -> str:
+    """``42 s``, ``3 min 5 s``, ``2 h 10 min``; ``?`` when unknown."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
+def speed(bytes_per_s: float | None) -> str:
+    return "?" if bytes_per_s is None else f"{size(bytes_per_s)}/s"

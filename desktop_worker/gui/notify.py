@@ -1,0 +1,88 @@
+"""When the tray pops a notification: the deciding logic, pure (no Qt, clock passed in).
+
+* the first job served (once per app run, and not if the queen already settled jobs for us);
+* a payout sent (a payout seen as ``paid`` that was not paid at the last look; the first look
+  only takes note of what is there);
+* disconnected from the queen for over a minute (once per outage);
+* errors that need the owner (always).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from shared_schema import PayoutView
+
+
+@dataclass(frozen=True)
+class Notice:
+    title: str
+    message: str
+    level: str = "info"  # info, warning, error
+
+
+class NotificationPolicy:
+    def __init__(self, disconnect_after_s: float = 60.0) -> None:
+        self.disconnect_after_s = disconnect_after_s
+        self._served = False
+        self._paid: set[int] | None = None
+        self._connected_once = False
+        self._lost_since: float | None = None
+        self._lost_told = False
+
+    def already_served(self, jobs_settled: int) -> None:
+        """The queen's count of settled jobs: a worker with some has served its first job."""
+        if jobs_settled > 0:
+            self._served = True
+
+    def job_finished(self, outcome: str) -> Notice | None:
+        if outcome != "ok" or self._served:
+            return None
+        self._served = True
+        return Notice("First job served", "Your computer just answered its first request. "
+                      "Earnings show in the Earnings tab once the queen settles them.")
+
+    def payouts(self, payouts: Iterable[PayoutView]) -> list[Notice]:
+        paid = {p.id: p for p in payouts if p.state == "paid"}
+        if self._paid is None:
+            self._paid = set(paid)
+            return []
+        new = [paid[i] for i in sorted(set(paid) - self._paid)]
+        self._paid |= set(paid)
+        return [Notice("Payout sent", f"{p.amount_msat // 1000:,} sats were paid to your "
+                       "Lightning address.") for p in new]
+
+    def link(self, state: str, now: float) -> Notice | None:
+        """The link's state changed (``LinkClient`` states). Returns a notice on reconnecting
+        after an outage the owner was told about."""
+        if state == "connected":
+            told = self._lost_told
+            self._connected_once = True
+            self._lost_since = None
+            self._lost_told = False
+            if told:
+                return Notice("Reconnected", "Apiary is connected to the queen again.")
+            return None
+        if state in ("stopped", "refused"):
+            self._lost_since = None
+            self._lost_told = False
+            self._connected_once = False
+            return None
+        if self._connected_once and self._lost_since is None:
+            self._lost_since = now
+        return None
+
+    def tick(self, now: float) -> Notice | None:
+        """Called every few seconds: tells once when the queen has been gone too long."""
+        if self._lost_since is None or self._lost_told:
+            return None
+        if now - self._lost_since < self.disconnect_after_s:
+            return None
+        self._lost_told = True
+        minutes = int((now - self._lost_since) // 60)
+        return Notice("Disconnected", f"Apiary has not reached the queen for {minutes} minute"
+                      f"{'s' if minutes != 1 else ''}. It keeps retrying.", "warning")
+
+    def error(self, message: str) -> Notice:
+        return Notice("Apiary needs your attention", message, "error")

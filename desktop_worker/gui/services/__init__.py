@@ -1,0 +1,1 @@
+"""Widget-free services for the app: each is a QObject that reports through signals."""

@@ -1,0 +1,72 @@
+"""The owner's settings: validated, saved to ``settings.json`` (``desktop/config.py``), and
+announced to the rest of the app; "Run at login" goes through ``desktop/autostart.py``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+from PySide6.QtCore import QObject, Signal
+
+from desktop_worker.desktop.config import save_settings
+from desktop_worker.errors import WorkerError
+from desktop_worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+
+class AutostartLike(Protocol):
+    def is_enabled(self) -> bool: ...
+    def set_enabled(self, enabled: bool) -> None: ...
+
+
+def validation_message(exc: ValidationError) -> str:
+    first = exc.errors(include_url=False)[0]
+    where = ".".join(str(part) for part in first.get("loc", ())) or "value"
+    return f"{where.replace('_', ' ')}: {first['msg']}"
+
+
+class SettingsService(QObject):
+    changed = Signal(object)  # WorkerSettings
+
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        autostart: AutostartLike | None = None,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.settings = settings
+        self.autostart = autostart
+
+    def update(self, **changes: Any) -> WorkerSettings:
+        """Validate ``changes`` over the current settings, save them and announce them.
+        Raises ``WorkerError`` with a readable reason (nothing is saved then)."""
+        values = self.settings.model_dump()
+        values.update(changes)
+        try:
+            updated = WorkerSettings(**values)
+        except ValidationError as exc:
+            raise WorkerError(validation_message(exc)) from exc
+        save_settings(updated)
+        self.settings = updated
+        self.changed.emit(updated)
+        return updated
+
+    def run_at_login(self) -> bool:
+        if self.autostart is None:
+            return False
+        try:
+            return self.autostart.is_enabled()
+        except OSError as exc:
+            log.warning("cannot read the run-at-login setting: %s", exc)
+            return False
+
+    def set_run_at_login(self, enabled: bool) -> None:
+        if self.autostart is None:
+            raise WorkerError("run at login is not supported on this system")
+        try:
+            self.autostart.set_enabled(enabled)
+        except OSError as exc:
+            raise WorkerError(f"cannot change run at login: {exc}") from exc

