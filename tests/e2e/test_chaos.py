@@ -218,3 +218,47 @@ async def test_200_streams_survive_workers_killed_at_random(tmp_path, billed_que
         for worker in workers:
             if worker.proc is not None:
                 worker.proc.stop(kill=True)
+
+
+async def test_a_real_model_answer_goes_on_on_its_twin_after_a_sigkill(tmp_path, billed_queen):
+    queen, secret, key_id = billed_queen
+    workers = [real_worker(tmp_path, queen.port, f"real{i}") for i in range(2)]
+    try:
+        for worker in workers:
+            worker.start()
+        await queen.wait_until(lambda: len(connected(queen)) == 2, timeout_s=120,
+                               what="both real workers connected")
+        body = {"model": REAL_MODEL, "stream": True, "max_tokens": 48, "temperature": 0,
+                "stream_options": {"include_usage": True},
+                "messages": [{"role": "user", "content": "Name five animals and say why."}]}
+        events: list = []
+        before_kill = ""
+        headers = {"Authorization": f"Bearer {secret}"}
+        async with httpx.AsyncClient(base_url=queen.base_url, timeout=90) as http, \
+                http.stream("POST", "/v1/chat/completions", json=body,
+                            headers=headers) as response:
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                events.append(line[6:] if line[6:] == "[DONE]" else orjson.loads(line[6:]))
+                if not before_kill and len(text_of(events)) and len(events) >= 4:
+                    before_kill = text_of(events)
+                    [serving] = [w for w in workers for s in queen.state.registry
+                                 if s.jobs and s.key == w.pubkey]
+                    serving.kill()
+        assert before_kill
+        assert events[-1] == "[DONE]"
+        assert not [e for e in events if isinstance(e, dict) and "error" in e]
+        text = text_of(events)
+        assert text.startswith(before_kill)
+        assert len(text) > len(before_kill)
+        assert queen.state.metrics.failovers._value.get() == 1
+        usage = events[-2]["usage"]
+        assert usage["completion_tokens"] >= 4
+        billing = queen.state.billing
+        await queen.wait_until(lambda: billing._states[key_id].inflight == 0, what="settled")
+        assert (await billing.ledger.check()).clean
+    finally:
+        for worker in workers:
+            if worker.proc is not None:
+                worker.proc.stop(kill=True)
