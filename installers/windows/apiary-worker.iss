@@ -65,6 +65,8 @@ Name: "{autodesktop}\Apiary Worker"; Filename: "{app}\apiary-worker.exe"; Tasks:
 [Registry]
 ; The autostart task: the app at sign-in, from the current user's Run key (removed on uninstall).
 Root: HKCU; Subkey: "Software\Microsoft\Windows\CurrentVersion\Run"; ValueType: string; ValueName: "ApiaryWorker"; ValueData: """{app}\apiary-worker.exe"""; Flags: uninsdeletevalue; Tasks: autostart
+; The app's own "Run at login" setting writes the same value; uninstalling removes it either way.
+Root: HKCU; Subkey: "Software\Microsoft\Windows\CurrentVersion\Run"; ValueType: none; ValueName: "ApiaryWorker"; Flags: uninsdeletevalue
 
 [Run]
 Filename: "{app}\apiary-worker.exe"; Description: "{cm:LaunchProgram,Apiary Worker}"; Flags: nowait postinstall skipifsilent

@@ -169,6 +169,30 @@ def test_the_frozen_binary_serves_a_chat_completion_headless(build, tmp_path):
     assert "loaded a chat context" in worker.log()
 
 
+def test_the_frozen_desktop_app_starts(build, tmp_path):
+    """No arguments open the tray app: its Qt modules, plugins and icons are all in the bundle."""
+    env = frozen_env(tmp_path)
+    env.update({
+        "APIARY_CONFIG_DIR": str(tmp_path / "config"),
+        "PYTHON_KEYRING_BACKEND": "keyring.backends.fail.Keyring",
+        "HOME": str(tmp_path / "home"),
+        "XDG_CONFIG_HOME": str(tmp_path / "xdg-config"),
+        "XDG_DATA_HOME": str(tmp_path / "xdg-data"),
+        "TMPDIR": str(tmp_path),  # the single-instance socket: not shared with other runs
+    })
+    app = Proc([str(build.binary)], tmp_path / "frozen-app.log", env)
+    with running(app):
+        app.start()
+
+        def started() -> bool:
+            if not app.alive():
+                raise AssertionError(f"the frozen app exited:\n{app.log()[-3000:]}")
+            return "is running" in app.log()
+
+        wait_for(started, 60, "the frozen desktop app to start")
+    assert "Traceback" not in app.log()
+
+
 def deb_field(deb: Path, field: str) -> str:
     return subprocess.run(["dpkg-deb", "-f", str(deb), field], capture_output=True, text=True,
                           check=True).stdout.strip()
