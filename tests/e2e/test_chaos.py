@@ -27,6 +27,7 @@ from desktop_worker.identity import WorkerIdentity
 from queen_server.billing import ledger
 from tests.support.processes import Proc, base_env, worker_process
 from tests.support.queen import QueenHarness, running_queen
+from tests.support.sse import sse_events, text_of
 from tests.support.workers import ECHO_MODEL, echo_words
 
 log = logging.getLogger(__name__)
@@ -90,22 +91,7 @@ def connected(queen: QueenHarness) -> set[str]:
 
 async def stream(queen: QueenHarness, body: dict, secret: str) -> list:
     """Every ``data:`` payload of one streamed answer (``[DONE]`` kept as a string)."""
-    events: list = []
-    headers = {"Authorization": f"Bearer {secret}"}
-    async with httpx.AsyncClient(base_url=queen.base_url, timeout=90) as http, \
-            http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
-        assert response.status_code == 200, await response.aread()
-        async for line in response.aiter_lines():
-            if line.startswith("data: "):
-                payload = line[6:]
-                events.append(payload if payload == "[DONE]" else orjson.loads(payload))
-    return events
-
-
-def text_of(events: list) -> str:
-    return "".join(choice["delta"].get("content") or ""
-                   for event in events if isinstance(event, dict)
-                   for choice in event.get("choices") or ())
+    return await sse_events(queen.base_url, body, {"Authorization": f"Bearer {secret}"}, 90)
 
 
 @dataclass

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import openai
-import orjson
 import pytest
 
 from queen_server.billing import ledger
 from queen_server.billing.pricing import PriceTable
 from tests.support.queen import QueenHarness, running_queen
+from tests.support.sse import sse_events as read_sse
+from tests.support.sse import text_of
 from tests.support.workers import ECHO_MODEL, ScriptedWorker, echo_words
 
 WORDS = "one two three four five six seven eight"
@@ -22,23 +22,7 @@ TINY = PriceTable().for_parameters(135_000_000)
 
 
 async def sse_events(queen: QueenHarness, body: dict, headers: dict | None = None) -> list:
-    """Every ``data:`` payload of a streamed answer, parsed (``[DONE]`` kept as a string)."""
-    events: list = []
-    async with httpx.AsyncClient(base_url=queen.base_url, timeout=20) as http, \
-            http.stream("POST", "/v1/chat/completions", json=body,
-                        headers=headers or {}) as response:
-        assert response.status_code == 200
-        async for line in response.aiter_lines():
-            if line.startswith("data: "):
-                payload = line[6:]
-                events.append(payload if payload == "[DONE]" else orjson.loads(payload))
-    return events
-
-
-def text_of(events: list) -> str:
-    return "".join(choice["delta"].get("content") or ""
-                   for event in events if isinstance(event, dict)
-                   for choice in event.get("choices") or ())
+    return await read_sse(queen.base_url, body, headers)
 
 
 async def lose_first_worker_mid_answer(queen: QueenHarness, request, **twin_kw):
