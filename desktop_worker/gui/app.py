@@ -209,6 +209,7 @@ class ApiaryApp(QObject):
         self.controller.settings = settings
         self.models.apply_settings(settings)
         self.header.show_queen(settings.queen_url)
+        self.window.settings.load(settings)
         self.earnings.poke()
 
     def _tick(self) -> None:

@@ -11,6 +11,7 @@ MIB = 1 << 20
 
 # Room for the context (KV cache) and llama.cpp's buffers on top of the weights.
 OVERHEAD = 1.2
+FIXED_OVERHEAD_MB = 512
 # A CPU-only machine is offered small models: bigger ones answer too slowly to earn.
 CPU_ONLY_LIMIT_MB = 2048
 
@@ -41,7 +42,7 @@ CATALOG: tuple[CatalogModel, ...] = (
 
 def need_mb(size_bytes: int) -> int:
     """Memory a model of this file size needs to serve, MiB (weights plus overhead)."""
-    return int(size_bytes / MIB * OVERHEAD)
+    return int(size_bytes / MIB * OVERHEAD) + FIXED_OVERHEAD_MB
 
 
 def usable_vram_mb(report: HardwareReport | None, cap_mb: int | None = None) -> int | None:

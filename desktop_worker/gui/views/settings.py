@@ -137,6 +137,7 @@ class SettingsView(QWidget):
         if not self.payout.valid:
             self._say(f"Payout address: {self.payout.verdict.text()}", BAD)
             return False
+        at_login = self.at_login.isChecked()  # read before saving reloads the form
         try:
             self.service.update(
                 queen_url=self.queen.text().strip(),
@@ -147,8 +148,9 @@ class SettingsView(QWidget):
                 threads=self.threads.value() or None,
                 start_earning_at_launch=self.at_launch.isChecked(),
             )
-            if self.at_login.isChecked() != self.service.run_at_login():
-                self.service.set_run_at_login(self.at_login.isChecked())
+            if at_login != self.service.run_at_login():
+                self.service.set_run_at_login(at_login)
+                self.at_login.setChecked(self.service.run_at_login())
         except WorkerError as exc:
             self._say(str(exc), BAD)
             return False
