@@ -13,7 +13,7 @@ from fastapi.responses import Response
 
 from queen_server.billing.admin import create_key, credit_key, list_keys, sats_to_msat, view
 from queen_server.errors import NotFound
-from queen_server.http_io import parse, read_body
+from queen_server.http_io import parse, read_body, request_schema
 from queen_server.stats_api import require_admin
 from shared_schema.admin_types import KeyCreate, KeyCreated, KeyCredit, KeyCredited, KeyView
 
@@ -49,7 +49,7 @@ async def admin_list_keys(request: Request) -> Response:
 @router.post("/keys", response_model=KeyCreated, status_code=201,
              summary="Make a key (its secret is in this answer only)",
              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-                 "schema": KeyCreate.model_json_schema()}}}})
+                 "schema": request_schema(KeyCreate)}}}})
 async def admin_create_key(request: Request) -> Response:
     state, keys, store = _admin(request)
     body = parse(KeyCreate, await read_body(request, state.settings.max_body_bytes))
@@ -64,7 +64,7 @@ async def admin_create_key(request: Request) -> Response:
 
 @router.post("/keys/{key_id}/credit", response_model=KeyCredited, summary="Add sats to a key",
              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-                 "schema": KeyCredit.model_json_schema()}}}})
+                 "schema": request_schema(KeyCredit)}}}})
 async def admin_credit_key(key_id: int, request: Request) -> Response:
     state, keys, store = _admin(request)
     body = parse(KeyCredit, await read_body(request, state.settings.max_body_bytes))

@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import Message, Receive, Scope, Send
 
 from queen_server import __version__, web
@@ -25,7 +26,7 @@ from queen_server.db import Database
 from queen_server.dispatch import Dispatcher
 from queen_server.earnings import router as earnings_router
 from queen_server.errors import ApiError, InvalidRequest, NotFound
-from queen_server.http_io import param_name
+from queen_server.http_io import param_name, request_schema
 from queen_server.payouts import PayoutRunner, make_backend
 from queen_server.registry import Registry
 from queen_server.settings import QueenSettings
@@ -34,6 +35,7 @@ from queen_server.stats.store import StatsStore
 from queen_server.stats.swarm import SwarmStats
 from queen_server.stats_api import router as stats_router
 from queen_server.worker_ws import worker_endpoint
+from shared_schema import ErrorResponse
 from shared_schema.protocol import CLOSE_GOING_AWAY
 
 log = logging.getLogger(__name__)
@@ -197,7 +199,10 @@ def _install_error_handlers(app: QueenApp) -> None:
         if exc.status_code == 404:
             error: ApiError = NotFound(f"No route {request.method} {request.url.path}")
         else:
-            error = ApiError(str(exc.detail), code=f"http_{exc.status_code}")
+            headers = dict(exc.headers or {})
+            if exc.status_code == 405:  # every method of the path, not only the first route's
+                headers["Allow"] = ", ".join(_allowed_methods(app, request.scope))
+            error = ApiError(str(exc.detail), code=f"http_{exc.status_code}", headers=headers)
             error.status_code = exc.status_code
             error.error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return await api_error(request, error)
@@ -210,6 +215,13 @@ def _install_error_handlers(app: QueenApp) -> None:
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, unexpected)
+
+
+def _allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
+    """The methods some route serves at this path (FastAPI makes one route per method)."""
+    return [method for method in ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+            if any(route.matches({**scope, "method": method})[0] is Match.FULL
+                   for route in app.routes)]
 
 
 def _publish_request_schemas(app: FastAPI) -> None:
@@ -225,10 +237,51 @@ def _publish_request_schemas(app: FastAPI) -> None:
             )
             schemas = spec.setdefault("components", {}).setdefault("schemas", {})
             for model in SCHEMAS:
-                schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                schema = request_schema(model, ref_template="#/components/schemas/{model}")
                 schemas.update(schema.pop("$defs", {}))
                 schemas[model.__name__] = schema
+            _document_errors(spec)
             app.openapi_schema = spec
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+# The errors each group of routes can answer, besides its own (see errors.py). Bad input is a
+# 400 in OpenAI's shape (the validation handler above), never FastAPI's 422.
+ROUTE_ERRORS: tuple[tuple[str, dict[str, str]], ...] = (
+    ("/v1/", {"401": "Missing or wrong API key (when keys are required)",
+              "402": "The key's balance or spend budget is too low",
+              "429": "The key's rate or concurrency limit"}),
+    ("/admin/", {"401": "Missing or wrong admin token",
+                 "404": "The admin API is off (no APIARY_ADMIN_TOKEN), no database, or no such "
+                        "key"}),
+    ("/worker/earnings", {"401": "Missing, stale or wrong worker signature",
+                          "404": "This queen keeps no ledger"}),
+    ("/worker/stats", {"404": "No worker with this key has connected"}),
+)
+
+
+def _document_errors(spec: dict[str, Any]) -> None:
+    """Put the errors the routes really answer into the spec, all as ``ErrorResponse``."""
+
+    def error(description: str) -> dict[str, Any]:
+        return {"description": description, "content": {"application/json": {
+            "schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+
+    components = spec.setdefault("components", {}).setdefault("schemas", {})
+    components.setdefault("ErrorResponse", ErrorResponse.model_json_schema(
+        ref_template="#/components/schemas/{model}"))
+    components.update(components["ErrorResponse"].pop("$defs", {}))
+    for path, operations in spec.get("paths", {}).items():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            takes_input = responses.pop("422", None) is not None or "requestBody" in operation
+            if takes_input or operation.get("parameters"):
+                responses.setdefault("400", error("Invalid request"))
+            for prefix, statuses in ROUTE_ERRORS:
+                if path.startswith(prefix):
+                    for status, description in statuses.items():
+                        responses.setdefault(status, error(description))
+    for unused in ("HTTPValidationError", "ValidationError"):
+        components.pop(unused, None)

@@ -39,6 +39,21 @@ def parse(model: type[M], body: bytes) -> M:
         raise validation_error(exc) from exc
 
 
+def request_schema(model: type[BaseModel], **kwargs: Any) -> dict[str, Any]:
+    """A body's JSON schema as ``parse`` reads bodies: unknown fields are ignored, not refused
+    (so no ``additionalProperties: false``, which a strict ``WireModel``'s schema has)."""
+
+    def lenient(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {key: lenient(value) for key, value in node.items()
+                    if not (key == "additionalProperties" and value is False)}
+        if isinstance(node, list):
+            return [lenient(value) for value in node]
+        return node
+
+    return lenient(model.model_json_schema(**kwargs))
+
+
 def validation_error(exc: ValidationError) -> InvalidRequest:
     first = exc.errors(include_url=False)[0]
     if first["type"] == "json_invalid":
