@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -89,7 +88,7 @@ class HttpFuzzHarness:
         self.schema: Any = None
 
     async def start(self) -> None:
-        logging.getLogger().addHandler(self.errors)
+        self.errors.attach()
         await self.worker.start()
         await self.queen.wait_until(lambda: len(self.queen.state.registry) == 1)
         async with httpx.AsyncClient(base_url=self.queen.base_url, trust_env=False) as http:
@@ -102,7 +101,7 @@ class HttpFuzzHarness:
         self.schema = await asyncio.to_thread(schemathesis.openapi.from_url, url)
 
     async def stop(self) -> None:
-        logging.getLogger().removeHandler(self.errors)
+        self.errors.detach()
         self.session.close()
         await self.worker.stop()
 

@@ -412,7 +412,10 @@ class Tally:
 
 
 class ErrorLog(logging.Handler):
-    """Collects every ERROR record (an exception in the app is logged so by uvicorn)."""
+    """Collects every ERROR record: the queen's own, and uvicorn's (its loggers do not
+    propagate to the root), where an exception that escaped the app is logged."""
+
+    LOGGERS = ("", "uvicorn")
 
     def __init__(self) -> None:
         super().__init__(logging.ERROR)
@@ -420,6 +423,14 @@ class ErrorLog(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
+
+    def attach(self) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).addHandler(self)
+
+    def detach(self) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeHandler(self)
 
 
 class WsFuzzHarness:
@@ -439,7 +450,7 @@ class WsFuzzHarness:
         self._probes = itertools.count(1)
 
     async def start(self) -> None:
-        logging.getLogger().addHandler(self.errors)
+        self.errors.attach()
         await self.honest_a.start()
         await self.honest_b.start()
         await self.queen.wait_until(lambda: len(self.queen.state.registry) == 2)
@@ -453,7 +464,7 @@ class WsFuzzHarness:
         self.baseline = self.snapshot()
 
     async def stop(self) -> None:
-        logging.getLogger().removeHandler(self.errors)
+        self.errors.detach()
         await self.http.aclose()
         await self.honest_a.stop()
         await self.honest_b.stop()
