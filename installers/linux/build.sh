@@ -56,6 +56,9 @@ APIARY_VARIANT="$VARIANT" "$PYTHON" -m PyInstaller --noconfirm --log-level WARN 
 rm -rf "${OUT:?}/$NAME"
 mv "$WORK/pyinstaller-dist/apiary-worker" "$OUT/$NAME"
 APP="$OUT/$NAME"
+# Shared libraries need no execute bit, and no VCS files belong in an app.
+find "$APP" -type f -name "*.so*" -exec chmod 0644 {} +
+find "$APP" -name ".gitignore" -type f -delete
 "$APP/apiary-worker" --version
 
 echo "==> tarball"
@@ -70,6 +73,12 @@ mkdir -p "$STAGE/DEBIAN" "$STAGE/opt" "$STAGE/usr/bin" "$STAGE/usr/share/applica
 cp -a "$APP" "$STAGE/opt/apiary-worker"
 ln -s /opt/apiary-worker/apiary-worker "$STAGE/usr/bin/apiary-worker"
 install -m 0644 "$ROOT/installers/linux/apiary-worker.desktop" "$STAGE/usr/share/applications/"
+DOC="$STAGE/usr/share/doc/apiary-worker"
+mkdir -p "$DOC"
+install -m 0644 "$ROOT/installers/linux/copyright" "$DOC/copyright"
+printf 'apiary-worker (%s) stable; urgency=medium\n\n  * Release %s (%s build).\n\n -- Apiary developers <dev@apiary.net>  %s\n' \
+    "$VERSION" "$VERSION" "$VARIANT" "$(date -R)" | gzip -9n > "$DOC/changelog.gz"
+chmod 0644 "$DOC/changelog.gz"
 ICON_SVG="$ROOT/resources/icons/app.svg"
 install -m 0644 "$ICON_SVG" "$STAGE/usr/share/icons/hicolor/scalable/apps/apiary-worker.svg"
 QT_QPA_PLATFORM=offscreen "$PYTHON" "$ROOT/installers/render_icon.py" "$ICON_SVG" \

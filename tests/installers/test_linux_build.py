@@ -215,6 +215,8 @@ def test_the_deb_installs_the_app_a_command_a_menu_entry_and_icons(build):
         "./usr/share/applications/apiary-worker.desktop",
         "./usr/share/icons/hicolor/256x256/apps/apiary-worker.png",
         "./usr/share/icons/hicolor/scalable/apps/apiary-worker.svg",
+        "./usr/share/doc/apiary-worker/copyright",
+        "./usr/share/doc/apiary-worker/changelog.gz",
     } <= paths
     assert any(line.startswith("-rwxr-xr-x root/root")
                and line.endswith(" ./opt/apiary-worker/apiary-worker") for line in lines)
