@@ -45,6 +45,35 @@ class Challenge(WireModel):
     protocol: int = PROTOCOL_VERSION
 
 
+# Ed25519 public keys of small order (libsodium's blocklist, read with the sign bit cleared).
+# Nobody holds their private keys, yet forged signatures verify under them for a share of all
+# messages (the all-zero key with an all-zero signature: about one nonce in four). Refused.
+SMALL_ORDER_KEYS = frozenset({
+    "0000000000000000000000000000000000000000000000000000000000000000",
+    "0100000000000000000000000000000000000000000000000000000000000000",
+    "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05",
+    "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a",
+    "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+    "edffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+    "eeffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+})
+
+
+def is_small_order_key(pubkey: str) -> bool:
+    """Whether a hex Ed25519 public key is one that anyone can forge signatures for."""
+    raw = bytearray(bytes.fromhex(pubkey))
+    if len(raw) != 32:
+        return False
+    raw[31] &= 0x7F
+    return raw.hex() in SMALL_ORDER_KEYS
+
+
+def _usable_key(value: str) -> str:
+    if is_small_order_key(value):
+        raise ValueError("a small-order Ed25519 key, which anyone can sign for")
+    return value
+
+
 class Hello(WireModel):
     """The worker's answer to a challenge: who it is, what it has, signed with its key."""
 
@@ -52,6 +81,7 @@ class Hello(WireModel):
     protocol: int
     worker_version: str
     pubkey: str = Field(pattern=r"^[0-9a-f]{64}$", description="Ed25519 public key, hex.")
+    _no_small_order_key = field_validator("pubkey")(_usable_key)
     signature: str = Field(pattern=r"^[0-9a-f]{128}$", description="Ed25519 signature, hex.")
     # The original registration fields.
     ln_url: str | None = Field(default=None, max_length=2048)
