@@ -24,6 +24,7 @@ from queen_server.relay import (
     embeddings_answer,
     stream_chat,
 )
+from queen_server.sessions import EMBEDDINGS_JOB
 from shared_schema import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -142,7 +143,7 @@ async def embeddings(request: Request) -> Response:
     req = parse(EmbeddingRequest, await read_body(request, state.settings.max_body_bytes))
     openai_req = req.model_dump(mode="json", exclude_unset=True)
     openai_req["encoding_format"] = "float"  # workers send floats; the queen encodes base64
-    job_id = "embd-" + secrets.token_hex(12)
+    job_id = EMBEDDINGS_JOB + secrets.token_hex(12)
     billing = state.billing
     state.dispatcher.require_servable(req.model)
     inputs = [req.input] if isinstance(req.input, str) else req.input

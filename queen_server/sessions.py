@@ -38,6 +38,10 @@ CAPABILITY_FETCH = "fetch_models"
 # The ``ProtocolError`` code for a job frame naming a job that is not in flight on the worker.
 # It is answered but not counted as a bad frame: an honest worker's frame can cross a cancel.
 UNKNOWN_JOB = "unknown_job"
+# The id prefix of embeddings jobs (``api.embeddings``); every other job is a chat completion.
+EMBEDDINGS_JOB = "embd-"
+# More tokens than any one job can have: a usage past it is a lie (and past 64 bits, a crash).
+MAX_TOKENS = 2**31 - 1
 
 
 class Transport(Protocol):
@@ -153,6 +157,13 @@ class WorkerSession:
                     f"job {message.id[:64]!r} is not in flight on this worker; its "
                     f"{message.type} was dropped",
                 )
+            problem = answer_problem(message, embeddings=message.id.startswith(EMBEDDINGS_JOB))
+            if problem is not None:
+                # The job fails (retryable: another worker may answer it), and the worker is told.
+                handle.feed(JobError(id=message.id, code="invalid_answer", retryable=True,
+                                     message=f"the worker's {message.type} was malformed: "
+                                             f"{problem}"))
+                raise ProtocolError("invalid_message", f"{message.type}.data: {problem}")
             handle.feed(message)
             return None
         return message
@@ -162,6 +173,61 @@ class WorkerSession:
         for handle in list(self.jobs.values()):
             if not handle.finished:
                 handle.feed(WorkerLost(reason))
+
+
+def answer_problem(message: Chunk | Result | JobError, *, embeddings: bool = False) -> str | None:
+    """What is wrong with the OpenAI payload a job frame carries, or None.
+
+    An embeddings job's result must carry its vectors (``data``); a chat job's result may be
+    empty when the answer was streamed in chunks.
+
+    ``Chunk.data`` and ``Result.data`` are relayed to the client nearly untouched, so the parts
+    the queen reads (choices, deltas, messages, embeddings) must have the types OpenAI gives
+    them. Plain checks, not a pydantic model: this runs for every streamed token.
+    """
+    if isinstance(message, JobError):
+        return None
+    if isinstance(message, Result):
+        usage = message.usage
+        if max(usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) > MAX_TOKENS:
+            return f"'usage' counts more than {MAX_TOKENS} tokens"
+    data = message.data
+    if "choices" in data:
+        choices = data["choices"]
+        if not isinstance(choices, list):
+            return "'choices' is not a list"
+        inner = "delta" if isinstance(message, Chunk) else "message"
+        for choice in choices:
+            if not isinstance(choice, dict):
+                return "a choice is not an object"
+            if not _is_int(choice.get("index", 0)):
+                return "a choice's 'index' is not an integer"
+            if not isinstance(choice.get("finish_reason"), str | None):
+                return "a choice's 'finish_reason' is not a string"
+            part = choice.get(inner)
+            if not isinstance(part, dict):
+                return f"a choice's '{inner}' is missing or not an object"
+            if not isinstance(part.get("content"), str | None) or not isinstance(
+                    part.get("role"), str | None):
+                return f"a choice's '{inner}' has a 'content' or 'role' that is not a string"
+    items = data.get("data")
+    if isinstance(message, Result) and (items is not None or embeddings):
+        if not isinstance(items, list):
+            return "'data' is not a list"
+        for item in items:
+            if not isinstance(item, dict):
+                return "an embedding is not an object"
+            if not _is_int(item.get("index")):
+                return "an embedding's 'index' is not an integer"
+            vector = item.get("embedding")
+            if not isinstance(vector, list) or not all(
+                    isinstance(x, float) or _is_int(x) for x in vector):
+                return "an embedding is not a list of numbers"
+    return None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class LegacySession(WorkerSession):

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from tests.queen_server.fuzz.profiles import fuzz_settings, run_in_loop
 from tests.queen_server.fuzz.wsfuzz import (
     MAX_BAD_FRAMES,
+    answer_frames,
     handshake_frames,
     session_frames,
     ws_fuzz_harness,
@@ -61,3 +62,20 @@ async def test_bad_first_frames_are_refused_with_a_code(tmp_path):
         assert harness.tally.examples >= 100
         assert {"error invalid_json", "error binary_frame", "error unexpected_message",
                 "error frame_too_large"} <= set(harness.tally.answers)
+
+
+async def test_malformed_answers_to_a_workers_own_job_are_a_typed_failure(tmp_path):
+    async with ws_fuzz_harness(tmp_path) as harness:
+        loop = asyncio.get_running_loop()
+
+        @fuzz_settings(ci_examples=80)
+        @given(frames=answer_frames(), stream=st.booleans(), embeddings=st.booleans())
+        def example(frames, stream, embeddings):
+            run_in_loop(loop, harness.own_job_example(frames, stream=stream,
+                                                      embeddings=embeddings), EXAMPLE_TIMEOUT_S)
+
+        await asyncio.to_thread(example)
+        await harness.finish()
+        answers = harness.tally.answers
+        assert answers.get("http 200", 0) > 0
+        assert answers.get("http 502", 0) > 0

@@ -9,12 +9,18 @@
 4. A hello with the all-zero public key and an all-zero signature was welcomed for about one
    nonce in four (found by ``bench/fuzz.py``): OpenSSL's Ed25519 accepts forged signatures under
    small-order keys. Such keys are now refused, so no one can join as an identity nobody holds.
+5. A worker answering its own job with a malformed payload (``"choices": "x"``, a delta that is
+   a string, an embeddings result without vectors, a usage past 64 bits) made the relay raise:
+   a 500, or a stream cut without an end. Such a frame now fails the job (retryable, so another
+   worker may answer it), the client gets a 502 in OpenAI's shape, the worker an ``error``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 
+import httpx
 import orjson
 import pytest
 from pydantic import ValidationError
@@ -26,6 +32,7 @@ from shared_schema import (
     Challenge,
     Hello,
     Ping,
+    Pong,
     ProtocolError,
     Welcome,
     decode,
@@ -170,3 +177,67 @@ async def test_a_hello_under_a_small_order_key_is_refused(queen, sign_bit):
             assert refused.code == "invalid_message"
             assert "small-order" in refused.reason
     assert len(queen.state.registry) == 0
+
+
+class Garbler(ScriptedWorker):
+    """Answers every job with the frames it is given (the job's id filled in)."""
+
+    frames: list[dict] = []
+    errors: list[dict] = []
+
+    async def _run(self, job):
+        for frame in self.frames:
+            await self._ws.send(json.dumps({**frame, "id": job.id}))  # ints past 64 bits too
+
+    async def _read(self):
+        ws = self._ws
+        async for frame in ws:
+            body = orjson.loads(frame)
+            if body["type"] == "job":
+                self._tasks.add(asyncio.create_task(self._run(decode(frame))))
+            elif body["type"] == "error":
+                self.errors.append(body)
+            elif body["type"] == "ping":
+                await ws.send(encode(Pong(ts=body["ts"])))
+
+
+ONE = {"prompt_tokens": 1, "total_tokens": 1}
+
+
+@pytest.mark.parametrize(
+    ("path", "stream", "frames"),
+    [
+        ("/v1/chat/completions", False, [{"type": "chunk", "seq": 0, "data": {"choices": "x"}},
+                                         {"type": "result", "usage": ONE}]),
+        ("/v1/chat/completions", True, [{"type": "chunk", "seq": 0,
+                                         "data": {"choices": [{"delta": "x"}]}}]),
+        ("/v1/chat/completions", True, [{"type": "chunk", "seq": 0,
+                                         "data": {"choices": [{"index": 0}]}}]),
+        ("/v1/chat/completions", False, [{"type": "result", "usage": {
+            "prompt_tokens": 10**30, "completion_tokens": 1, "total_tokens": 10**30},
+            "data": {"choices": [{"message": {"content": "hi"}}]}}]),
+        ("/v1/embeddings", False, [{"type": "result", "data": {"object": "list"},
+                                    "usage": ONE}]),
+        ("/v1/embeddings", False, [{"type": "result", "data": {"data": [{"embedding": "x"}]},
+                                    "usage": ONE}]),
+    ],
+)
+async def test_a_malformed_answer_fails_the_job_with_a_502_not_a_500(queen, path, stream, frames):
+    worker = Garbler(queen.ws_url)
+    worker.frames, worker.errors = frames, []
+    await worker.start()
+    body = {"model": ECHO_MODEL, "input": "hi"} if path.endswith("embeddings") else {
+        "model": ECHO_MODEL, "messages": USER, "stream": stream}
+    try:
+        async with httpx.AsyncClient(base_url=queen.base_url, timeout=10) as http:
+            response = await http.post(path, json=body)
+        assert response.status_code == 502
+        error = response.json()["error"]
+        assert error["type"] == "server_error"
+        assert "malformed" in error["message"]
+        await queen.wait_until(lambda: bool(worker.errors))
+        assert worker.errors[0]["code"] == "invalid_message"
+        assert worker.errors[0]["id"].startswith(("chatcmpl-", "embd-"))
+        assert queen.state.registry.get(worker.pubkey).jobs == {}
+    finally:
+        await worker.stop()

@@ -36,10 +36,15 @@ from shared_schema import (
     PROTOCOL_VERSION,
     SUBPROTOCOL,
     Challenge,
+    ChatCompletion,
+    ChatCompletionChunk,
     Chunk,
+    EmbeddingResponse,
+    ErrorResponse,
     Hello,
     JobError,
     LegacyRegistration,
+    ModelDescriptor,
     Ping,
     Pong,
     ProtocolError,
@@ -78,6 +83,7 @@ ANSWER_TIMEOUT_S = 10.0
 HONEST_A_MODEL = "honest/alpha-GGUF:Q4_K_M"
 HONEST_B_MODEL = "honest/beta-GGUF:Q8_0"
 HONEST_PROMPT = "the honest stream must arrive whole"
+FUZZ_MODEL = "fuzz/own-GGUF:Q4_0"  # served only by the fuzzing worker, for its own jobs
 UNKNOWN_JOB = "unknown_job"  # queen_server.sessions.UNKNOWN_JOB, spelled out as the wire has it
 
 log = logging.getLogger(__name__)
@@ -234,6 +240,34 @@ def session_frames(other_jobs: list[str]) -> st.SearchStrategy[Frame]:
         "big": big_but_allowed(MAX_FRAME_BYTES),
     }
     return of_kinds(kinds)
+
+
+def answer_frames() -> st.SearchStrategy[list[dict[str, Any]]]:
+    """A worker's answer to its own job, shapes good and bad: chunks, then maybe an end.
+
+    The ``id`` is filled in with the real job's id when the frames are sent."""
+    text = st.none() | short_text | json_scalars
+    part = st.one_of(json_values, st.fixed_dictionaries(
+        {}, optional={"role": text, "content": text}))
+    choice = st.one_of(json_scalars, st.fixed_dictionaries({}, optional={
+        "index": st.integers(0, 3) | json_scalars, "delta": part, "message": part,
+        "finish_reason": st.none() | st.just("stop") | json_scalars}))
+    data = st.fixed_dictionaries({}, optional={
+        "choices": st.lists(choice, max_size=3) | json_values,
+        "data": st.lists(st.one_of(json_scalars, st.fixed_dictionaries(
+            {"index": st.integers(0, 3), "embedding": st.lists(st.floats(-1, 1), max_size=4)
+             | json_values})), max_size=2) | json_values})
+    big = st.integers(0, 10) | st.integers(2**31, 2**70)
+    usage = st.fixed_dictionaries({"prompt_tokens": big, "completion_tokens": big,
+                                   "total_tokens": big})
+    chunk = st.fixed_dictionaries({"type": st.just("chunk"), "seq": st.integers(0, 5),
+                                   "data": data})
+    end = st.one_of(
+        st.fixed_dictionaries({"type": st.just("result"), "data": data, "usage": usage}),
+        st.fixed_dictionaries({"type": st.just("error"), "code": short_text,
+                               "message": short_text, "retryable": st.booleans()}))
+    return st.tuples(st.lists(chunk, max_size=3), st.lists(end, max_size=1)).map(
+        lambda parts: parts[0] + parts[1])
 
 
 def handshake_frames() -> st.SearchStrategy[Frame]:
@@ -548,6 +582,53 @@ class WsFuzzHarness:
                    and error.get("id") == expect.job_id and bool(error.get("message"))
                    and error.get("retryable") is False,
                    f"{frame!r}: expected error {expect.code} for {expect.job_id!r}, got {got}")
+
+    async def own_job_example(self, frames: list[dict[str, Any]], *, stream: bool,
+                              embeddings: bool) -> None:
+        """A worker answers a real request for its own model with ``frames``, then leaves.
+
+        The client must get a typed answer: a 200 in the right shape, or a 502 in OpenAI's
+        error shape (a plain answer, or the error event of a stream), never a 500 or a hang.
+        """
+        ws = await _connect(self.queen.ws_url, v1=True)
+        key = new_key()
+        model = ModelDescriptor(name=FUZZ_MODEL, loaded=True, parameter_count=135_000_000)
+        try:
+            challenge = decode(await _next_message_raw(ws))
+            await ws.send(encode(signed_hello(key, challenge.nonce, models=[model])))
+            _check(isinstance(decode(await _next_message_raw(ws)), Welcome), "no welcome")
+            self.tally.examples += 1
+            path = "/v1/embeddings" if embeddings else "/v1/chat/completions"
+            body: dict[str, Any] = {"model": FUZZ_MODEL}
+            body.update({"input": "hi"} if embeddings else {
+                "messages": [{"role": "user", "content": "hi"}], "stream": stream})
+            request = asyncio.create_task(self.http.post(path, json=body))
+            job = await _next_message(ws)
+            _check(job.get("type") == "job", f"expected the job, got {job}")
+            for frame in frames:
+                self.tally.count(Frame(dumps(frame), "own_job"), Expect("nothing"))
+                await ws.send(dumps({**frame, "id": job["id"]}))
+        finally:
+            await ws.close()
+        response = await request
+        self.tally.answers[f"http {response.status_code}"] = (
+            self.tally.answers.get(f"http {response.status_code}", 0) + 1)
+        _check(response.status_code in (200, 502),
+               f"{frames}: the client got {response.status_code}: {response.text[:300]}")
+        if response.status_code == 502:
+            ErrorResponse.model_validate_json(response.content)
+        elif stream and not embeddings:
+            events = [line[6:] for line in response.text.split("\n\n") if line]
+            _check(bool(events), f"{frames}: an empty stream")
+            for event in events[:-1]:
+                ChatCompletionChunk.model_validate_json(event)
+            last = events[-1]
+            _check(last == "[DONE]" or "error" in orjson.loads(last),
+                   f"{frames}: the stream ended with {last[:200]}")
+        else:
+            (EmbeddingResponse if embeddings else ChatCompletion).model_validate_json(
+                response.content)
+        await self.check_swarm(pubkey_hex(key))
 
     async def handshake_example(self, frame: Frame, *, v1: bool) -> None:
         """A first frame, with or without the v1 subprotocol; the answer the oracle says."""
