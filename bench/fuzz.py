@@ -7,6 +7,9 @@ queen on 127.0.0.1 in this process's event loop, with Hypothesis drawing at rand
   truncated and mistyped messages, queen-only messages, frames for another worker's job in flight,
   non-finite numbers, frames over the size limit) while two honest workers stay connected;
 * ``ws-handshake``: one bad first frame per connection, with and without the v1 subprotocol;
+* ``ws-own-job``: a worker answers a real request for its own model (chat, plain or streamed,
+  or embeddings) with chunks and an end in good and bad shapes, then leaves; the client must
+  get a 200 in the right shape or a 502 in OpenAI's error shape;
 * ``http-keys`` / ``http-open``: Schemathesis cases (valid and invalid) from the queen's own
   ``/openapi.json``, with keys required (a funded key, the admin API on) and in open mode.
 
@@ -16,7 +19,8 @@ and the run goes on. A "failure" is any check that did not hold: a missing or wr
 logged by the queen.
 
     .venv/bin/python bench/fuzz.py                                  # ~2 min on 2 cores
-    .venv/bin/python bench/fuzz.py --ws-session 3000 --ws-handshake 1000 --http 1500
+    .venv/bin/python bench/fuzz.py --ws-session 3000 --ws-handshake 1000 --ws-own-job 1000 \
+        --http 1500
     .venv/bin/python bench/fuzz.py --seed 1                         # a repeatable draw
 
 See bench/RESULTS.md ("Fuzzing").
@@ -47,6 +51,7 @@ from hypothesis import strategies as st  # noqa: E402
 from tests.queen_server.fuzz.httpfuzz import http_fuzz_harness  # noqa: E402
 from tests.queen_server.fuzz.wsfuzz import (  # noqa: E402
     MAX_BAD_FRAMES,
+    answer_frames,
     handshake_frames,
     session_frames,
     ws_fuzz_harness,
@@ -98,11 +103,12 @@ def in_loop(loop: asyncio.AbstractEventLoop, coroutine: Any) -> None:
 
 
 async def fuzz_ws(tmp: Path, session_examples: int, handshake_examples: int,
-                  seed_value: int | None) -> list[Row]:
+                  own_job_examples: int, seed_value: int | None) -> list[Row]:
     rows = []
     loop = asyncio.get_running_loop()
     for part, examples in (("ws-session", session_examples),
-                           ("ws-handshake", handshake_examples)):
+                           ("ws-handshake", handshake_examples),
+                           ("ws-own-job", own_job_examples)):
         if not examples:
             continue
         row = Row(part)
@@ -114,11 +120,18 @@ async def fuzz_ws(tmp: Path, session_examples: int, handshake_examples: int,
 
                 def body(frames: Any, harness: Any = harness) -> None:
                     in_loop(loop, harness.session_example(frames))
-            else:
+            elif part == "ws-handshake":
                 strategy = st.tuples(handshake_frames(), st.booleans())
 
                 def body(drawn: Any, harness: Any = harness) -> None:
                     in_loop(loop, harness.handshake_example(drawn[0], v1=drawn[1]))
+            else:
+                strategy = st.tuples(answer_frames(), st.booleans(), st.booleans())
+
+                def body(drawn: Any, harness: Any = harness) -> None:
+                    frames, stream, embeddings = drawn
+                    in_loop(loop, harness.own_job_example(frames, stream=stream,
+                                                          embeddings=embeddings))
 
             await asyncio.to_thread(run_examples, row, strategy, body, examples, seed_value)
             try:
@@ -128,6 +141,12 @@ async def fuzz_ws(tmp: Path, session_examples: int, handshake_examples: int,
                 row.first_failures.append(f"after the run: {exc}")
         row.wall_s = time.perf_counter() - started
         row.frames = harness.tally.frames
+        statuses = {int(key.split()[1]): n for key, n in harness.tally.answers.items()
+                    if key.startswith("http ")}
+        row.requests = sum(statuses.values())
+        # A 502 is the typed answer to a worker's malformed answer; any other 5xx is not.
+        row.server_errors = sum(n for status, n in statuses.items() if status >= 500
+                                and status != 502)
         answers = sorted(harness.tally.answers.items(), key=lambda item: -item[1])
         row.detail = ", ".join(f"{answer}: {count}" for answer, count in answers)
         rows.append(row)
@@ -183,7 +202,8 @@ async def main_async(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(logging.ERROR)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="apiary-fuzz-") as tmp:
-        rows = await fuzz_ws(Path(tmp), args.ws_session, args.ws_handshake, args.seed)
+        rows = await fuzz_ws(Path(tmp), args.ws_session, args.ws_handshake, args.ws_own_job,
+                             args.seed)
         if args.http:
             rows += await fuzz_http(Path(tmp), args.http, args.seed)
     print_table(rows, time.perf_counter() - started)
@@ -196,6 +216,8 @@ def main() -> int:
                         help="websocket examples after the welcome (1-10 frames each)")
     parser.add_argument("--ws-handshake", type=int, default=500,
                         help="websocket examples with one bad first frame")
+    parser.add_argument("--ws-own-job", type=int, default=500,
+                        help="websocket examples where a worker answers its own job badly")
     parser.add_argument("--http", type=int, default=600,
                         help="Schemathesis requests per queen (keys, then open)")
     parser.add_argument("--seed", type=int, default=None, help="a repeatable Hypothesis draw")

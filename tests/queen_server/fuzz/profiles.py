@@ -33,6 +33,12 @@ def fuzz_settings(ci_examples: int) -> settings:
     )
 
 
+def fuzz_timeout_s() -> int:
+    """pytest-timeout's limit for one fuzz test: the usual 60 s in CI, more for bigger runs."""
+    bigger = os.environ.get("APIARY_FUZZ_EXAMPLES") or os.environ.get("APIARY_FUZZ_PROFILE")
+    return 3600 if bigger not in (None, "", "ci") else 60
+
+
 def run_in_loop(loop: Any, coroutine: Any, timeout_s: float) -> None:
     """Run one example's coroutine on the test's event loop from Hypothesis's thread."""
     import asyncio

@@ -14,7 +14,9 @@ import pytest
 from hypothesis import given
 
 from tests.queen_server.fuzz.httpfuzz import http_fuzz_harness
-from tests.queen_server.fuzz.profiles import fuzz_settings
+from tests.queen_server.fuzz.profiles import fuzz_settings, fuzz_timeout_s
+
+pytestmark = pytest.mark.timeout(fuzz_timeout_s())
 
 
 @pytest.mark.parametrize("billed", [True, False], ids=["keys", "open"])

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.queen_server.fuzz.profiles import fuzz_settings, run_in_loop
+from tests.queen_server.fuzz.profiles import fuzz_settings, fuzz_timeout_s, run_in_loop
 from tests.queen_server.fuzz.wsfuzz import (
     MAX_BAD_FRAMES,
     answer_frames,
@@ -24,6 +25,9 @@ from tests.queen_server.fuzz.wsfuzz import (
 )
 
 EXAMPLE_TIMEOUT_S = 60.0
+
+
+pytestmark = pytest.mark.timeout(fuzz_timeout_s())
 
 
 async def test_bad_frames_after_the_welcome_get_typed_answers(tmp_path):
