@@ -169,7 +169,8 @@ class ApiaryApp(QObject):
     # --- first run --------------------------------------------------------------------------------
 
     def open_wizard(self) -> FirstRunWizard:
-        self.wizard = FirstRunWizard(self.settings.ln_url, self._wizard_done, self.window)
+        self.wizard = FirstRunWizard(self.settings.ln_url, self._wizard_done, self.window,
+                                     logo=self.icons.pixmap("app", 48))
         self.wizard.show_hardware(self.hardware, self.settings.vram_cap_mb)
         self.wizard.show()
         return self.wizard

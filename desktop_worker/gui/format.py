@@ -6,13 +6,15 @@ import math
 
 
 def sats(msat: int) -> str:
-    """Millisatoshis as whole sats with thousands separators (``1,234 sats``)."""
-    return f"{msat // 1000:,} sats"
+    """Millisatoshis as sats: ``1,234 sats``, or with the msat shown while under 100 sats
+    (``0.042 sats``: a small model's job earns a fraction of a sat)."""
+    return f"{sats_number(msat)} sats"
 
 
 def sats_number(msat: int) -> str:
-    value = msat / 1000
-    return f"{value:,.0f}" if value >= 10 or value == 0 else f"{value:,.3f}".rstrip("0")
+    if msat % 1000 == 0 or msat >= 100_000:
+        return f"{msat // 1000:,}"
+    return f"{msat / 1000:,.3f}".rstrip("0").rstrip(".")
 
 
 def size(n: int | float | None) -> str:

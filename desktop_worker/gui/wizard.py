@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from PySide6.QtGui import QPixmap
 from PySide6.QtWidgets import (
     QCheckBox,
     QLabel,
@@ -15,7 +16,12 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_worker.gui.format import size
-from desktop_worker.gui.services.advice import CatalogModel, suggest_model
+from desktop_worker.gui.services.advice import (
+    CatalogModel,
+    need_mb,
+    suggest_model,
+    usable_vram_mb,
+)
 from desktop_worker.gui.views.settings import PayoutField
 from desktop_worker.hardware import HardwareReport
 
@@ -68,6 +74,7 @@ class HardwarePage(QWizardPage):
         self.setSubTitle("This is what Apiary found and tells the queen.")
         self.summary = QLabel()
         self.summary.setWordWrap(True)
+        self.summary.setStyleSheet("font-size: 14px; line-height: 150%;")
         layout = QVBoxLayout(self)
         layout.addWidget(self.summary)
         layout.addStretch(1)
@@ -80,10 +87,16 @@ class ModelPage(QWizardPage):
         self.setSubTitle("The biggest well-known model that fits your hardware.")
         self.label = QLabel()
         self.label.setWordWrap(True)
+        self.label.setStyleSheet("font-size: 14px;")
+        self.fit = QLabel()
+        self.fit.setWordWrap(True)
+        self.fit.setStyleSheet("color: #4b5563;")
         self.download = QCheckBox("Download it now")
         self.download.setChecked(True)
         layout = QVBoxLayout(self)
         layout.addWidget(self.label)
+        layout.addWidget(self.fit)
+        layout.addSpacing(8)
         layout.addWidget(self.download)
         layout.addStretch(1)
 
@@ -109,10 +122,13 @@ class FirstRunWizard(QWizard):
         ln_url: str | None,
         on_done: Callable[[str | None, CatalogModel | None, bool], None],
         parent: QWidget | None = None,
+        logo: QPixmap | None = None,
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Set up Apiary")
         self.setWizardStyle(QWizard.WizardStyle.ModernStyle)
+        if logo is not None:
+            self.setPixmap(QWizard.WizardPixmap.LogoPixmap, logo)
         self.payout = PayoutPage(ln_url)
         self.hardware = HardwarePage()
         self.model = ModelPage()
@@ -131,6 +147,16 @@ class FirstRunWizard(QWizard):
         self.model.label.setText(
             f"<b>{self.suggestion.label}</b><br><code>{self.suggestion.name}</code><br>"
             f"about {size(self.suggestion.size_bytes)} to download")
+        need = need_mb(self.suggestion.size_bytes)
+        vram = usable_vram_mb(report, cap_mb)
+        if report is None:
+            self.model.fit.setText("")
+        elif vram is not None:
+            self.model.fit.setText(f"It needs about {need:,} MB of memory to serve; "
+                                   f"{vram:,} MB of VRAM is free, so it runs on your GPU.")
+        else:
+            self.model.fit.setText(f"It needs about {need:,} MB of memory to serve and runs on "
+                                   "the CPU: small models answer fast enough to earn there.")
 
     def accept(self) -> None:
         model = self.suggestion if self.model.download.isChecked() else None
