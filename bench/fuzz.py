@@ -36,6 +36,7 @@ import platform
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,7 @@ os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from hypothesis.errors import HypothesisDeprecationWarning  # noqa: E402
 
 from tests.queen_server.fuzz.httpfuzz import http_fuzz_harness  # noqa: E402
 from tests.queen_server.fuzz.wsfuzz import (  # noqa: E402
@@ -200,6 +202,8 @@ def print_table(rows: list[Row], total_s: float) -> None:
 async def main_async(args: argparse.Namespace) -> int:
     # The queen logs a warning for every bad frame it refuses; errors still reach the harnesses.
     logging.getLogger().setLevel(logging.ERROR)
+    # Schemathesis's strategies use `random`, which Hypothesis warns about once per strategy.
+    warnings.filterwarnings("ignore", category=HypothesisDeprecationWarning)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="apiary-fuzz-") as tmp:
         rows = await fuzz_ws(Path(tmp), args.ws_session, args.ws_handshake, args.ws_own_job,

@@ -192,6 +192,8 @@ def answer_problem(message: Chunk | Result | JobError, *, embeddings: bool = Fal
         if max(usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) > MAX_TOKENS:
             return f"'usage' counts more than {MAX_TOKENS} tokens"
     data = message.data
+    if not _fits_json(data):
+        return "an integer in 'data' is past 64 bits"
     if "choices" in data:
         choices = data["choices"]
         if not isinstance(choices, list):
@@ -224,6 +226,24 @@ def answer_problem(message: Chunk | Result | JobError, *, embeddings: bool = Fal
                     isinstance(x, float) or _is_int(x) for x in vector):
                 return "an embedding is not a list of numbers"
     return None
+
+
+def _fits_json(value: object) -> bool:
+    """Whether every integer in a decoded payload fits the 64 bits the relay can encode."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is dict:
+            stack.extend(item.values())  # type: ignore[attr-defined]
+        elif kind is list:
+            stack.extend(item)  # type: ignore[call-overload]
+        elif kind is int and not _INT_MIN <= item < _UINT_END:  # type: ignore[operator]
+            return False
+    return True
+
+
+_INT_MIN, _UINT_END = -(2**63), 2**64
 
 
 def _is_int(value: object) -> bool:

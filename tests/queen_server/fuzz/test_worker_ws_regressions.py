@@ -10,7 +10,8 @@
    nonce in four (found by ``bench/fuzz.py``): OpenSSL's Ed25519 accepts forged signatures under
    small-order keys. Such keys are now refused, so no one can join as an identity nobody holds.
 5. A worker answering its own job with a malformed payload (``"choices": "x"``, a delta that is
-   a string, an embeddings result without vectors, a usage past 64 bits) made the relay raise:
+   a string, an embeddings result without vectors, an integer past 64 bits anywhere in the
+   payload, a usage past 64 bits) made the relay raise:
    a 500, or a stream cut without an end. Such a frame now fails the job (retryable, so another
    worker may answer it), the client gets a 502 in OpenAI's shape, the worker an ``error``.
 """
@@ -216,6 +217,8 @@ ONE = {"prompt_tokens": 1, "total_tokens": 1}
         ("/v1/chat/completions", False, [{"type": "result", "usage": {
             "prompt_tokens": 10**30, "completion_tokens": 1, "total_tokens": 10**30},
             "data": {"choices": [{"message": {"content": "hi"}}]}}]),
+        ("/v1/chat/completions", True, [{"type": "chunk", "seq": 0, "data": {
+            "choices": [{"index": 0, "delta": {"content": "a"}}], "n": 2**70}}]),
         ("/v1/embeddings", False, [{"type": "result", "data": {"object": "list"},
                                     "usage": ONE}]),
         ("/v1/embeddings", False, [{"type": "result", "data": {"data": [{"embedding": "x"}]},
