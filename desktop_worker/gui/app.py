@@ -9,8 +9,10 @@ the link closes) before the loop ends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
+import signal
 import sys
 import time
 
@@ -254,9 +256,14 @@ def run_app(settings: WorkerSettings | None = None, argv: list[str] | None = Non
         app = ApiaryApp(settings or WorkerSettings(), autostart=autostart_for_platform())
         qt_app.setWindowIcon(app.icons.app())
         guard.raise_requested.connect(app.raise_requested)
+        for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl+C, logout: quit cleanly
+            with contextlib.suppress(NotImplementedError, RuntimeError):  # Windows
+                loop.add_signal_handler(signum, app.quit)
         app.launch()
         log.info("Apiary %s is running (settings in %s)", __version__, config_dir())
         with loop:
-            return loop.run_until_complete(app.run_until_quit())
+            code = loop.run_until_complete(app.run_until_quit())
+        log.info("Apiary stopped")
+        return code
     finally:
         guard.release()

@@ -89,6 +89,10 @@ def test_no_command_opens_the_app_and_a_second_launch_raises_it(tmp_path):
         assert "already running" in second.stderr
         wait_for(lambda: first.poll() is None and "show its window" in log.read_text(), 10,
                  "the first app to be asked to show its window")
+        first.terminate()  # SIGTERM, as at logout: the app quits cleanly
+        assert first.wait(timeout=30) == 0
+        assert "Apiary stopped" in log.read_text()
     finally:
-        first.terminate()
-        first.wait(timeout=30)
+        if first.poll() is None:
+            first.kill()
+            first.wait(timeout=30)

@@ -147,3 +147,25 @@ async def test_a_bad_name_is_a_clear_error(settings_for, hub, qtbot):
                     and "Checking" not in view.message.text(), 30, "the error")
         assert view.add.isEnabled()
         assert view.names() == []
+
+
+async def test_import_a_local_file_and_delete_it(settings_for, tmp_path, qtbot):
+    async with open_app(settings_for()) as app:
+        app.launch()
+        view = app.window.models
+        assert await app.models.import_file(MODEL) is None  # what the file dialog hands over
+        name = MODEL.stem
+        assert view.names() == [name]
+        assert "imported" in view.message.text()
+        assert view.table.item(0, 5).text() == "import"
+        assert "93.8 MB used" in view.disk.text()
+        not_gguf = tmp_path / "notes.gguf"
+        not_gguf.write_text("hello")
+        error = await app.models.import_file(not_gguf)
+        assert error is not None
+        assert "GGUF" in view.message.text() or "gguf" in view.message.text().lower()
+        assert view.names() == [name]
+        await view._remove(name)  # after the confirmation dialog
+        assert view.names() == []
+        assert f"Deleted {name}" in view.message.text()
+        assert "0 B used" in view.disk.text()
