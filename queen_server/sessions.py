@@ -307,5 +307,11 @@ class LegacySession(WorkerSession):
             usage = Usage.model_validate(body.get("usage"), extra="ignore")
         except ValidationError:
             usage = Usage(prompt_tokens=0, total_tokens=0)
-        handle.feed(Result(id=handle.id, data=body, usage=usage))
+        result = Result(id=handle.id, data=body, usage=usage)
+        problem = answer_problem(result, embeddings=handle.id.startswith(EMBEDDINGS_JOB))
+        if problem is not None:
+            handle.feed(JobError(id=handle.id, code="invalid_answer", retryable=True,
+                                 message=f"the legacy worker's answer was malformed: {problem}"))
+            raise ProtocolError("invalid_message", f"answer: {problem}")
+        handle.feed(result)
         return None

@@ -142,7 +142,8 @@ class HttpFuzzHarness:
             case.validate_response(response, checks=CHECKS)
             problem = error_shape(response)
             assert problem is None, problem
-            assert not self.errors.records, [r.getMessage() for r in self.errors.records]
+            logged = self.errors.new()
+            assert not logged, f"the queen logged errors: {logged}"
         except BaseException as exc:
             self.tally.failures.append(f"{case.method} {path} -> {response.status_code}: "
                                        f"{str(exc)[:300]}")

@@ -41,7 +41,13 @@ from shared_schema import (
 )
 from shared_schema.protocol import SMALL_ORDER_KEYS
 from tests.support.queen import running_queen
-from tests.support.workers import ECHO_MODEL, ScriptedWorker, new_key, signed_hello
+from tests.support.workers import (
+    ECHO_MODEL,
+    LegacyWorker,
+    ScriptedWorker,
+    new_key,
+    signed_hello,
+)
 
 USER = [{"role": "user", "content": "one two three"}]
 
@@ -244,3 +250,19 @@ async def test_a_malformed_answer_fails_the_job_with_a_502_not_a_500(queen, path
         assert queen.state.registry.get(worker.pubkey).jobs == {}
     finally:
         await worker.stop()
+
+
+@pytest.mark.parametrize("answer", [{"choices": [1]}, {"choices": [{"message": "x"}]},
+                                    {"choices": [{"message": {"content": 5}}]}])
+async def test_a_malformed_legacy_answer_is_a_502_not_a_500(queen, answer):
+    legacy = await LegacyWorker(queen.ws_url, answer=lambda _request: answer).start()
+    try:
+        await queen.wait_until(lambda: len(queen.state.registry) == 1)
+        for stream in (False, True):
+            async with httpx.AsyncClient(base_url=queen.base_url, timeout=10) as http:
+                response = await http.post("/v1/chat/completions", json={
+                    "model": "a/b:Q4_0", "messages": USER, "stream": stream})
+            assert response.status_code == 502
+            assert "malformed" in response.json()["error"]["message"]
+    finally:
+        await legacy.stop()

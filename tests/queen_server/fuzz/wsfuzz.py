@@ -458,6 +458,11 @@ class ErrorLog(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
 
+    def new(self) -> list[str]:
+        """The messages logged since the last call (so one failure is counted once)."""
+        fresh, self.records = self.records, []
+        return [record.getMessage() for record in fresh]
+
     def attach(self) -> None:
         for name in self.LOGGERS:
             logging.getLogger(name).addHandler(self)
@@ -529,8 +534,8 @@ class WsFuzzHarness:
         _check(self.snapshot() == self.baseline, "the honest workers' registry entries changed")
         response = await self.http.get("/health")
         _check(response.status_code == 200, f"/health answered {response.status_code}")
-        _check(not self.errors.records,
-               f"the queen logged errors: {[r.getMessage() for r in self.errors.records]}")
+        logged = self.errors.new()
+        _check(not logged, f"the queen logged errors: {logged}")
 
     async def session_example(self, frames: list[Frame]) -> None:
         """A welcomed fuzzing worker sends ``frames``; each answer must be what the oracle says."""
