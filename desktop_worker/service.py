@@ -157,4 +157,7 @@ class WorkerService:
         try:
             await self.link.run(stop)
         finally:
+            # A job task ends only after its generation thread does; closing the engine under
+            # a running thread would free the model it is reading.
+            await self.runner.drain(0)
             await self.pool.close()
