@@ -21,7 +21,7 @@ from PySide6.QtWidgets import QApplication
 
 from desktop_worker import __version__
 from desktop_worker.errors import WorkerError
-from desktop_worker.gui.icons import Icons
+from desktop_worker.gui.common import Icons, spawn
 from desktop_worker.gui.notify import Notice, NotificationPolicy
 from desktop_worker.gui.qt_compat import protect_singletons
 from desktop_worker.gui.services.advice import CatalogModel
@@ -29,16 +29,14 @@ from desktop_worker.gui.services.earnings import EarningsService
 from desktop_worker.gui.services.models import ModelsService
 from desktop_worker.gui.services.settings import AutostartLike, SettingsService
 from desktop_worker.gui.services.worker import LogBridge, WorkerController
-from desktop_worker.gui.tasks import spawn
 from desktop_worker.gui.tray import Tray
 from desktop_worker.gui.views.earnings import EarningsView
 from desktop_worker.gui.views.hardware import HardwareView
-from desktop_worker.gui.views.header import Header
 from desktop_worker.gui.views.jobs import JobsView
 from desktop_worker.gui.views.logs import LogsView
 from desktop_worker.gui.views.models import ModelsView
 from desktop_worker.gui.views.settings import SettingsView
-from desktop_worker.gui.window import MainWindow
+from desktop_worker.gui.window import Header, MainWindow
 from desktop_worker.gui.wizard import FirstRunWizard
 from desktop_worker.hardware import HardwareReport
 from desktop_worker.identity import WorkerIdentity

@@ -9,8 +9,7 @@ from PySide6.QtCore import QObject
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
-from desktop_worker.gui.format import sats
-from desktop_worker.gui.icons import Icons
+from desktop_worker.gui.common import Icons, sats
 from desktop_worker.gui.notify import Notice
 from desktop_worker.gui.services.earnings import EarningsService
 from desktop_worker.gui.services.worker import STATE_TEXT, TrayState, WorkerController

@@ -1,5 +1,6 @@
-"""The main window: the header over the tabs. Closing it hides it; the app keeps earning in the
-tray until Quit."""
+"""The main window: the header (the big Start Earning / Stop toggle, the status, the queen's
+address, today's sats) over the tabs. Closing it hides it; the app keeps earning in the tray
+until Quit."""
 
 from __future__ import annotations
 
@@ -7,15 +8,96 @@ from collections.abc import Callable
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QCloseEvent
-from PySide6.QtWidgets import QMainWindow, QTabWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QPushButton,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
+from desktop_worker.gui.common import Icons, sats
+from desktop_worker.gui.services.worker import STATE_TEXT, TrayState, WorkerController
 from desktop_worker.gui.views.earnings import EarningsView
 from desktop_worker.gui.views.hardware import HardwareView
-from desktop_worker.gui.views.header import Header
 from desktop_worker.gui.views.jobs import JobsView
 from desktop_worker.gui.views.logs import LogsView
 from desktop_worker.gui.views.models import ModelsView
 from desktop_worker.gui.views.settings import SettingsView
+
+START_STYLE = ("QPushButton { background: #16a34a; color: white; font-size: 17px; "
+               "font-weight: 600; border-radius: 8px; padding: 10px 26px; }"
+               "QPushButton:hover { background: #15803d; }")
+STOP_STYLE = ("QPushButton { background: #e5e7eb; color: #111827; font-size: 17px; "
+              "font-weight: 600; border-radius: 8px; padding: 10px 26px; }"
+              "QPushButton:hover { background: #d1d5db; }")
+
+
+class Header(QFrame):
+    def __init__(self, controller: WorkerController, icons: Icons,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.icons = icons
+        self.setObjectName("header")
+        self.setStyleSheet("#header { background: #fffbeb; border-bottom: 1px solid #fcd34d; }")
+        self.icon = QLabel()
+        self.status = QLabel()
+        self.status.setObjectName("status")
+        self.status.setStyleSheet("font-size: 16px; font-weight: 600;")
+        self.detail = QLabel()
+        self.detail.setStyleSheet("color: #4b5563;")
+        self.detail.setWordWrap(True)
+        self.queen = QLabel()
+        self.queen.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.queen.setStyleSheet("color: #4b5563;")
+        self.today = QLabel()
+        self.today.setStyleSheet("font-size: 15px; color: #92400e; font-weight: 600;")
+        self.toggle = QPushButton()
+        self.toggle.setObjectName("toggle")
+        self.toggle.setMinimumWidth(190)
+        self.toggle.setCursor(Qt.CursorShape.PointingHandCursor)
+        self.toggle.clicked.connect(controller.toggle)
+
+        text = QVBoxLayout()
+        text.setSpacing(2)
+        text.addWidget(self.status)
+        text.addWidget(self.detail)
+        text.addWidget(self.queen)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(16, 12, 16, 12)
+        row.addWidget(self.icon)
+        row.addLayout(text, 1)
+        row.addWidget(self.today)
+        row.addSpacing(12)
+        row.addWidget(self.toggle)
+
+        controller.state_changed.connect(self.show_state)
+        controller.running_changed.connect(self.show_running)
+        self.show_state(controller.state.value, controller.detail)
+        self.show_running(controller.running)
+        self.show_queen(controller.settings.queen_url)
+        self.show_today(0)
+
+    def show_state(self, state: str, detail: str) -> None:
+        self.icon.setPixmap(self.icons.pixmap(state, 44))
+        self.status.setText(STATE_TEXT.get(TrayState(state), state))
+        self.detail.setText(detail)
+        self.detail.setVisible(bool(detail))
+
+    def show_running(self, running: bool) -> None:
+        self.toggle.setText("Stop" if running else "Start Earning")
+        self.toggle.setStyleSheet(STOP_STYLE if running else START_STYLE)
+
+    def show_queen(self, url: str) -> None:
+        self.queen.setText(f"Queen: {url}")
+
+    def show_today(self, msat: int) -> None:
+        self.today.setText(f"Today: {sats(msat)}")
+
 
 TABS = ("Hardware", "Models", "Jobs", "Earnings", "Settings", "Logs")
 

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (
     QWizardPage,
 )
 
-from desktop_worker.gui.format import size
+from desktop_worker.gui.common import size
 from desktop_worker.gui.services.advice import (
     CatalogModel,
     need_mb,

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop_worker.gui.format import sats_number
+from desktop_worker.gui.common import sats_number
 from desktop_worker.gui.services.earnings import EarningsService
 from desktop_worker.gui.services.worker import JobStart, WorkerController
 from desktop_worker.jobs import JobRecord

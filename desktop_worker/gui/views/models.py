@@ -23,9 +23,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop_worker.gui.format import duration, size, speed
+from desktop_worker.gui.common import duration, size, spawn, speed
 from desktop_worker.gui.services.models import DiskUse, ModelsService, progress_fraction
-from desktop_worker.gui.tasks import spawn
 from desktop_worker.store import LocalModel, PullProgress
 
 COLUMNS = ("Model", "Size", "Quant", "Parameters", "Last used", "Source")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from desktop_worker.gui.format import sats, sats_number
+from desktop_worker.gui.common import sats, sats_number
 from tests.desktop_worker.gui.conftest import MODEL, MODEL_NAME, open_app, until
 from tests.queen_server.billing.test_billing_api import funded_key
 from tests.support.queen import running_queen

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from desktop_worker.gui.format import duration, sats, size
+from desktop_worker.gui.common import duration, sats, size
 
 
 @pytest.mark.parametrize(("msat", "text"), [

@@ -1,0 +1,109 @@
+"""What the views share: how numbers read (sats, sizes, durations), the app's icons, and
+starting coroutines from Qt slots on the app's qasync loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Coroutine
+from typing import Any
+
+from PySide6.QtCore import QSize
+from PySide6.QtGui import QIcon, QPixmap
+
+from desktop_worker.resources import resource_path
+
+log = logging.getLogger(__name__)
+
+# --- numbers --------------------------------------------------------------------------------------
+
+
+def sats(msat: int) -> str:
+    """Millisatoshis as sats: ``1,234 sats``, or with the msat shown while under 100 sats
+    (``0.042 sats``: a small model's job earns a fraction of a sat)."""
+    return f"{sats_number(msat)} sats"
+
+
+def sats_number(msat: int) -> str:
+    if msat % 1000 == 0 or msat >= 100_000:
+        return f"{msat // 1000:,}"
+    return f"{msat / 1000:,.3f}".rstrip("0").rstrip(".")
+
+
+def size(n: int | float | None) -> str:
+    """Bytes in binary units (``1.5 GB`` means GiB, as the rest of the worker counts)."""
+    if n is None:
+        return "?"
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(value) < 1024 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TB"
+
+
+def duration(seconds: float | None) -> str:
+    """``42 s``, ``3 min 5 s``, ``2 h 10 min``; ``?`` when unknown."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
+def speed(bytes_per_s: float | None) -> str:
+    return "?" if bytes_per_s is None else f"{size(bytes_per_s)}/s"
+
+
+# --- icons ----------------------------------------------------------------------------------------
+
+STATES = ("stopped", "connecting", "idle", "working", "error")
+
+
+class Icons:
+    """Loads each icon once. Raises ``ResourceMissing`` for a broken install."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, QIcon] = {}
+
+    def get(self, name: str) -> QIcon:
+        icon = self._cache.get(name)
+        if icon is None:
+            icon = QIcon(str(resource_path("icons", f"{name}.svg")))
+            self._cache[name] = icon
+        return icon
+
+    def app(self) -> QIcon:
+        return self.get("app")
+
+    def state(self, state: str) -> QIcon:
+        return self.get(state if state in STATES else "error")
+
+    def pixmap(self, name: str, size: int) -> QPixmap:
+        return self.get(name).pixmap(QSize(size, size))
+
+
+# --- tasks ----------------------------------------------------------------------------------------
+
+_RUNNING: set[asyncio.Task[Any]] = set()
+
+
+def spawn(coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+    task = asyncio.ensure_future(coro)
+    _RUNNING.add(task)
+    task.add_done_callback(_done)
+    return task
+
+
+def _done(task: asyncio.Task[Any]) -> None:
+    _RUNNING.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background task failed", exc_info=task.exception())
