@@ -50,14 +50,14 @@ from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.errors import HypothesisDeprecationWarning  # noqa: E402
 
-from tests.queen_server.fuzz.httpfuzz import http_fuzz_harness  # noqa: E402
-from tests.queen_server.fuzz.wsfuzz import (  # noqa: E402
+from tests.queen_server.fuzz.frames import (  # noqa: E402
     MAX_BAD_FRAMES,
     answer_frames,
     handshake_frames,
     session_frames,
-    ws_fuzz_harness,
 )
+from tests.queen_server.fuzz.httpfuzz import http_fuzz_harness  # noqa: E402
+from tests.queen_server.fuzz.wsfuzz import ws_fuzz_harness  # noqa: E402
 
 EXAMPLE_TIMEOUT_S = 60.0
 

@@ -15,14 +15,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.queen_server.fuzz.profiles import fuzz_settings, fuzz_timeout_s, run_in_loop
-from tests.queen_server.fuzz.wsfuzz import (
+from tests.queen_server.fuzz.frames import (
     MAX_BAD_FRAMES,
     answer_frames,
     handshake_frames,
     session_frames,
-    ws_fuzz_harness,
 )
+from tests.queen_server.fuzz.profiles import fuzz_settings, fuzz_timeout_s, run_in_loop
+from tests.queen_server.fuzz.wsfuzz import ws_fuzz_harness
 
 EXAMPLE_TIMEOUT_S = 60.0
 
