@@ -178,12 +178,11 @@ class WorkerSession:
 def answer_problem(message: Chunk | Result | JobError, *, embeddings: bool = False) -> str | None:
     """What is wrong with the OpenAI payload a job frame carries, or None.
 
-    An embeddings job's result must carry its vectors (``data``); a chat job's result may be
-    empty when the answer was streamed in chunks.
-
     ``Chunk.data`` and ``Result.data`` are relayed to the client nearly untouched, so the parts
     the queen reads (choices, deltas, messages, embeddings) must have the types OpenAI gives
-    them. Plain checks, not a pydantic model: this runs for every streamed token.
+    them, and every integer must fit 64 bits. An embeddings job's result must carry its vectors
+    (``data``); a chat job's result may be empty when the answer was streamed in chunks. Plain
+    checks, not a pydantic model: this runs for every streamed token.
     """
     if isinstance(message, JobError):
         return None
