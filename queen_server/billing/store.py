@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from sqlalchemy import func, insert, select, update
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from queen_server.billing.ledger import Posting
@@ -87,21 +86,31 @@ class LedgerStore:
             while not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             try:
-                async with self.engine.begin() as conn:
-                    results = await self._apply(conn, [posting for posting, _ in batch])
-            except (SQLAlchemyError, OSError) as exc:
-                log.exception("the ledger could not commit %d postings", len(batch))
-                error = LedgerWriteError(f"the ledger could not commit: {exc}")
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(error)
-            else:
-                for (_, future), applied in zip(batch, results, strict=True):
-                    if not future.done():
-                        future.set_result(applied)
+                await self._commit(batch)
             finally:
                 for _ in batch:
                     self._queue.task_done()
+
+    async def _commit(self, batch: list[tuple[Posting, asyncio.Future[bool]]]) -> None:
+        """Commit a batch in one transaction. If it fails, commit its postings one at a time,
+        so that one bad posting (an amount the database cannot store) fails only itself. The
+        writer never dies: every future gets a result or a ``LedgerWriteError``."""
+        try:
+            async with self.engine.begin() as conn:
+                results = await self._apply(conn, [posting for posting, _ in batch])
+        except Exception as exc:  # the database, or a value it cannot take
+            if len(batch) > 1:
+                for item in batch:
+                    await self._commit([item])
+                return
+            [(posting, future)] = batch
+            log.exception("the ledger could not commit posting %s", posting.txn)
+            if not future.done():
+                future.set_exception(LedgerWriteError(f"the ledger could not commit: {exc}"))
+            return
+        for (_, future), applied in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(applied)
 
     async def apply_in(self, conn: AsyncConnection, postings: list[Posting]) -> list[bool]:
         """Apply postings inside the caller's transaction (to commit them with other rows)."""
