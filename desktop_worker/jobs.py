@@ -153,7 +153,8 @@ class JobRunner:
             else:
                 collected.append(chunk)
 
-        counts = await self.pool.chat(model, job.openai_req, cancel, on_chunk)
+        counts = await self.pool.chat(model, job.openai_req, cancel, on_chunk,
+                                      continuation=job.continuation)
         usage = Usage(**counts)
         if not cancel.is_set():
             await sink.result(job.id, {} if stream else assemble_answer(collected), usage)

@@ -24,11 +24,12 @@ from desktop_worker.link.client import LinkClient
 from desktop_worker.settings import WorkerSettings
 from desktop_worker.store import LocalModel, ModelStore
 from desktop_worker.store.names import validate_local_name
-from shared_schema import PROTOCOL_VERSION, Hello, Status
+from shared_schema import CAPABILITY_CONTINUE, PROTOCOL_VERSION, Hello, Status
 
 log = logging.getLogger(__name__)
 
-CAPABILITIES = ["chat", "stream", "embeddings"]
+# "continue": this worker can go on from another worker's partial answer (Job.continuation).
+CAPABILITIES = ["chat", "stream", "embeddings", CAPABILITY_CONTINUE]
 
 
 def default_budget_mb() -> int:
