@@ -33,7 +33,9 @@ def authenticated_worker(authorization: str | None, now: float) -> str:
     scheme, _, credentials = (authorization or "").partition(" ")
     pubkey, _, rest = credentials.strip().partition(".")
     stamp, _, signature = rest.partition(".")
-    if scheme != EARNINGS_AUTH_SCHEME or not (pubkey and stamp.isdigit() and signature):
+    # A unix time is at most a dozen ASCII digits (int() of thousands would be an error).
+    good_stamp = stamp.isascii() and stamp.isdigit() and len(stamp) <= 12
+    if scheme != EARNINGS_AUTH_SCHEME or not (pubkey and good_stamp and signature):
         raise Unauthorized(f"Send 'Authorization: {EARNINGS_AUTH_SCHEME} "
                            "<pubkey>.<unix time>.<signature>', signed with the worker's key.",
                            code="missing_worker_signature")

@@ -102,8 +102,6 @@ async def test_a_405_names_every_allowed_method(http):
     assert hot.headers["allow"] == "POST"
 
 
-@pytest.mark.xfail(strict=True, reason="queen_server/earnings.py: int() of a time stamp over "
-                   "4300 digits raises ValueError, a 500 (reported; earnings.py is not ours)")
 async def test_a_worker_signature_with_an_absurd_time_is_a_401(admin_queen):
     worker = await ScriptedWorker(admin_queen.ws_url).start()
     try:
