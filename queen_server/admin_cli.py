@@ -20,12 +20,17 @@ from queen_server.db import Database
 from queen_server.identity import public_id
 from queen_server.models import Payout
 from queen_server.settings import QueenSettings
+from shared_schema.admin_types import MAX_SATS
 
 
 def sats(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of sats") from None
+    if not 0 <= value <= MAX_SATS:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_SATS:,} sats "
+                                         "(every bitcoin there will ever be)")
     return value
 
 

@@ -75,3 +75,12 @@ def test_db_upgrade_adopts_the_first_releases_workers_table(tmp_path):
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT key, jobs_settled FROM workers").fetchall() == [("k", 0)]
         assert conn.execute("SELECT count(*) FROM api_keys").fetchone() == (0,)
+
+
+def test_amounts_past_every_bitcoin_are_refused(tmp_path, db_url):
+    for amount in ("1e300", "nan", "inf", "-1", "lots"):
+        result = queen_cli(tmp_path, db_url, "keys", "create", "--name", "x",
+                           "--credit-sats", amount)
+        assert result.returncode == 2, (amount, result.stdout)
+        assert "--credit-sats" in result.stderr
+    assert queen_cli(tmp_path, db_url, "keys", "list").returncode == 0
