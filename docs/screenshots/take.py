@@ -12,6 +12,7 @@ jobs are moved to earlier days so the chart has a history. Writes the PNGs next 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.resources
 import logging
 import os
@@ -75,10 +76,9 @@ def rtx3060(models_dir: Path) -> HardwareReport:
 
 
 async def settle() -> None:
-    """Let queued signals and repaints through."""
-    for _ in range(5):
-        QApplication.processEvents()
-        await asyncio.sleep(0.05)
+    """Let queued signals and repaints through (the loop runs Qt's events while it sleeps;
+    calling processEvents from a coroutine would re-enter the loop)."""
+    await asyncio.sleep(0.3)
 
 
 async def until(predicate, timeout_s: float = 60.0) -> None:
@@ -140,9 +140,13 @@ async def main() -> None:
             await until(pause.reached.is_set)
             await settle()
             await shoot(app)
-            pause.release.set()
             app.models.cancel()
-            await app.shutdown()
+            pause.release.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(app.shutdown(), 30)
+            # The pictures are saved: do not let the demo servers' teardown hold the script.
+            logging.shutdown()
+            os._exit(0)
 
 
 async def backdate(queen, ids: list[str]) -> None:

@@ -111,10 +111,20 @@ class JobsView(QWidget):
         self.earnings.poke()
 
     def fill_sats(self) -> None:
-        for row, job_id in enumerate(self._rows):
+        """Sats for the settled jobs. Jobs settle in order, so a job older than a settled one
+        that the queen lists no earnings for earned nothing (a new worker's first job)."""
+        later_settled = False
+        for row, job_id in enumerate(self._rows):  # newest first
             item = self.table.item(row, SATS)
-            if item is None or item.text() not in ("…", ""):
-                continue
+            if item is None or item.text() == "":
+                continue  # still running
             earned = self.earnings.earned_for(job_id)
             if earned is not None:
-                self._set(row, SATS, sats_number(earned), right=True)
+                later_settled = True
+                if item.text() == "…":
+                    self._set(row, SATS, sats_number(earned), right=True)
+            elif later_settled and item.text() == "…":
+                self._set(row, SATS, "0", right=True)
+                self.table.item(row, SATS).setToolTip(
+                    "Nothing earned: a new worker's first job is its proof of work, or the "
+                    "job failed")
