@@ -23,7 +23,6 @@ from desktop_worker import __version__
 from desktop_worker.errors import WorkerError
 from desktop_worker.gui.common import Icons, spawn
 from desktop_worker.gui.notify import Notice, NotificationPolicy
-from desktop_worker.gui.qt_compat import protect_singletons
 from desktop_worker.gui.services.advice import CatalogModel
 from desktop_worker.gui.services.earnings import EarningsService
 from desktop_worker.gui.services.models import ModelsService
@@ -58,7 +57,6 @@ class ApiaryApp(QObject):
         autostart: AutostartLike | None = None,
         earnings_interval_s: float = 30.0,
     ) -> None:
-        protect_singletons()
         super().__init__()
         qt_app = QApplication.instance()
         if isinstance(qt_app, QApplication):
@@ -236,8 +234,6 @@ def run_app(settings: WorkerSettings | None = None, argv: list[str] | None = Non
     from desktop_worker.desktop.autostart import autostart_for_platform
     from desktop_worker.desktop.config import config_dir
     from desktop_worker.desktop.single_instance import SingleInstance, default_key
-
-    protect_singletons()
     qt_app = QApplication.instance() or QApplication(argv if argv is not None else sys.argv)
     assert isinstance(qt_app, QApplication)
     qt_app.setApplicationName("Apiary")

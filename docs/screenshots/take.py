@@ -38,7 +38,6 @@ from PySide6.QtWidgets import QApplication, QWidget, QWizard  # noqa: E402
 from sqlalchemy import update  # noqa: E402
 
 from desktop_worker.gui.app import ApiaryApp  # noqa: E402
-from desktop_worker.gui.qt_compat import protect_singletons  # noqa: E402
 from desktop_worker.hardware import (  # noqa: E402
     FixedSystemProbe,
     FixtureNvmlDetector,
@@ -188,7 +187,6 @@ async def shoot(app: ApiaryApp) -> None:
 
 
 if __name__ == "__main__":
-    protect_singletons()
     qt_app = QApplication(sys.argv)
     loop = qasync.QEventLoop(qt_app)
     asyncio.set_event_loop(loop)

