@@ -164,7 +164,7 @@ class ModelPool:
             return
         contexts = [*entry.contexts, *([entry.embedder] if entry.embedder else [])]
         for context in contexts:
-            await self._run(context.close)
+            await self._run(_close_when_idle, context)
         log.info("unloaded %s", name)
 
     # --- serving ------------------------------------------------------------------------------
@@ -253,7 +253,14 @@ class ModelPool:
                 self._freed.notify_all()
 
     async def close(self) -> None:
+        """Unload every model, each context once its generation in flight has ended."""
         for name in list(self._loaded):
             await self.unload(name)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
+
+def _close_when_idle(context: LlamaContext) -> None:
+    """Free a context, but only once no generation is using it: freeing llama.cpp's memory
+    under a running generation crashes the process. A job being stopped ends within a token."""
+    with context.busy:
+        context.close()
