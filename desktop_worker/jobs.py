@@ -63,10 +63,28 @@ def assemble_answer(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def checkpoint_chunk(pieces: list[str]) -> dict[str, Any]:
+    """The text of a plain answer so far, in one chunk the queen keeps (never relays): if this
+    worker is lost, another continues the answer from there. ``usage`` counts its tokens."""
+    tokens = len(pieces)
+    return {
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"content": "".join(pieces)}, "finish_reason": None}],
+        "usage": {"prompt_tokens": 0, "completion_tokens": tokens, "total_tokens": tokens},
+    }
+
+
 class JobRunner:
-    def __init__(self, pool: ModelPool, has_model: Callable[[str], bool]) -> None:
+    """Runs jobs on the engine. A plain (non-streamed) answer is sent whole at its end, with a
+    checkpoint of its text every ``checkpoint_s`` while it is generated, so that a lost worker's
+    answer can be continued elsewhere without one frame per token."""
+
+    def __init__(
+        self, pool: ModelPool, has_model: Callable[[str], bool], *, checkpoint_s: float = 1.0
+    ) -> None:
         self.pool = pool
         self.has_model = has_model
+        self.checkpoint_s = checkpoint_s
         self.on_started: list[Callable[[Job], None]] = []
         self.on_finished: list[Callable[[JobRecord], None]] = []
         self._running: dict[str, tuple[asyncio.Task[None], threading.Event]] = {}
@@ -146,12 +164,22 @@ class JobRunner:
     async def _chat(self, job: Job, model: str, sink: JobSink, cancel: threading.Event) -> Usage:
         stream = bool(job.openai_req.get("stream"))
         collected: list[dict[str, Any]] = []
+        unsaved: list[str] = []  # a plain answer's text since its last checkpoint
+        saved_at = time.monotonic()
 
         async def on_chunk(chunk: dict[str, Any]) -> None:
+            nonlocal saved_at
             if stream:
                 await sink.chunk(job.id, chunk)
-            else:
-                collected.append(chunk)
+                return
+            collected.append(chunk)
+            for choice in chunk.get("choices") or ():
+                if (choice.get("delta") or {}).get("content"):
+                    unsaved.append(choice["delta"]["content"])
+            if unsaved and time.monotonic() - saved_at >= self.checkpoint_s:
+                saved_at = time.monotonic()
+                await sink.chunk(job.id, checkpoint_chunk(unsaved))
+                unsaved.clear()
 
         counts = await self.pool.chat(model, job.openai_req, cancel, on_chunk,
                                       continuation=job.continuation)

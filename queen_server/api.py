@@ -100,12 +100,10 @@ async def chat_completions(request: Request) -> Response:
     dispatcher.require_servable(req.model)
     hold = await billing.hold(principal, completion_id, state.registry.parameter_count(req.model),
                               [_text(m.content) for m in req.messages], openai_req)
-    # Workers stream even a plain answer, so that a lost worker's text can be continued.
-    job_req = openai_req if req.stream else {**openai_req, "stream": True}
     try:
         async with DisconnectGuard(request):
             run = await dispatcher.start(
-                completion_id, req.model, "/v1/chat/completions", job_req, stream=req.stream
+                completion_id, req.model, "/v1/chat/completions", openai_req, stream=req.stream
             )
             if req.stream:  # the stream now owns the hold
                 body = stream_chat(run, ctx, dispatcher, functools.partial(billing.finish, hold))

@@ -84,10 +84,12 @@ class Delivered:
     far becomes the continuation for the next worker, whose chunks then carry only new text.
     """
 
-    __slots__ = ("_text", "continuing", "finish_reason", "parts", "saw_chunk", "single", "tokens")
+    __slots__ = ("_text", "carried", "continuing", "finish_reason", "parts", "saw_chunk", "single",
+                 "tokens")
 
     def __init__(self) -> None:
         self._text: list[str] = []
+        self.carried = ""  # the text handed to the worker serving now, as its continuation
         self.tokens = 0  # content chunks of the current worker's part
         self.parts: list[Part] = []  # closed parts of workers that were lost
         self.continuing = False
@@ -114,7 +116,7 @@ class Delivered:
             content = delta.get("content")
             if content:
                 self._text.append(content)
-                self.tokens += 1
+                self.tokens += _tokens_in(data)
                 keep = True
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
@@ -128,6 +130,7 @@ class Delivered:
         self.parts.append(Part(worker_key, 0, self.tokens, completed=False))
         self.tokens = 0
         self.continuing = True
+        self.carried = self.text
 
     def done(self, worker_key: str | None, usage: Usage) -> tuple[list[Part], Usage]:
         """The answer ended on ``worker_key``: every worker's part, and the answer's usage.
@@ -155,6 +158,14 @@ class Delivered:
         """The parts of an answer that ended early (client gone, no twin, timeout)."""
         parts = [*self.parts, Part(worker_key, 0, self.tokens, completed=False)]
         return [part for part in parts if part.completion_tokens or part.prompt_tokens]
+
+
+def _tokens_in(data: dict[str, Any]) -> int:
+    """Tokens in one chunk's content: one, or what a plain answer's checkpoint counts."""
+    usage = data.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+        return max(1, usage["completion_tokens"])
+    return 1
 
 
 async def stream_chat(
@@ -251,14 +262,18 @@ def assemble_chat(ctx: CompletionContext, collected: Collected) -> dict[str, Any
         answer = ctx.stamp(dict(result.data), "chat.completion")
     else:
         text = collected.answer.text
-        for choice in result.data.get("choices") or ():  # a whole answer after a failover
-            text += (choice.get("message") or {}).get("content") or ""
+        finish_reason = collected.answer.finish_reason
+        if result.data.get("choices"):  # the last worker's whole part, after a failover
+            text = collected.answer.carried
+            for choice in result.data["choices"]:
+                text += (choice.get("message") or {}).get("content") or ""
+                finish_reason = choice.get("finish_reason") or finish_reason
         answer = ctx.stamp({}, "chat.completion")
         answer["choices"] = [
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
-                "finish_reason": collected.answer.finish_reason or "stop",
+                "finish_reason": finish_reason or "stop",
             }
         ]
     answer["usage"] = collected.usage.model_dump()

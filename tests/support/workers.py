@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from desktop_worker.jobs import checkpoint_chunk
 from shared_schema import (
     CAPABILITY_CONTINUE,
     PROTOCOL_VERSION,
@@ -103,7 +104,7 @@ class ScriptedWorker:
     (never answer; record the cancel), ``error`` (a retryable error), ``fatal`` (a non-retryable
     error), ``gated`` (stream the first chunk, or for a plain answer nothing, then wait for
     ``release`` before the rest), ``die_mid`` (stream ``die_after`` chunks, wait for
-    ``release``, then drop the connection).
+    ``release``, then drop the connection; a plain answer sends them as one checkpoint).
 
     ``continues=True`` makes it a twin for failover: it holds the model file ``sha256``
     (default ``ECHO_SHA256``), has the ``continue`` capability, and answers a job with a
@@ -249,6 +250,13 @@ class ScriptedWorker:
         if not job.openai_req.get("stream"):
             if behaviour == "gated":
                 await self.release.wait()
+            if behaviour == "die_mid":  # a checkpoint of the text so far, as a real worker's
+                await self._send(Chunk(id=job.id, seq=0, data=checkpoint_chunk(
+                    words[:self.die_after])))
+                await self.release.wait()
+                assert self._ws is not None
+                self._ws.transport.abort()
+                return
             data = {"choices": [{"index": 0, "finish_reason": "stop",
                                  "message": {"role": "assistant", "content": "".join(words)}}]}
             await self._send(Result(id=job.id, data=data, usage=usage))

@@ -1,0 +1,78 @@
+"""The job runner: a plain answer is sent whole, with checkpoints of its text while it grows."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from desktop_worker.jobs import JobRunner
+from shared_schema import Job, Usage
+from tests.support.stub_worker import StubPool
+from tests.support.workers import ECHO_MODEL, echo_words
+
+WORDS = " ".join(f"w{i}" for i in range(30))
+REQUEST = {"model": ECHO_MODEL, "messages": [{"role": "user", "content": WORDS}]}
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.chunks: list[dict[str, Any]] = []
+        self.results: list[tuple[dict[str, Any], Usage]] = []
+        self.done = asyncio.Event()
+
+    async def chunk(self, job_id: str, data: dict[str, Any]) -> None:
+        self.chunks.append(data)
+
+    async def result(self, job_id: str, data: dict[str, Any], usage: Usage) -> None:
+        self.results.append((data, usage))
+        self.done.set()
+
+    async def error(self, job_id: str, code: str, message: str, retryable: bool) -> None:
+        raise AssertionError(f"{code}: {message}")
+
+
+async def run(runner: JobRunner, request: dict[str, Any], continuation: str | None = None) -> Sink:
+    sink = Sink()
+    runner.start(Job(id="j1", openai_url="/v1/chat/completions", openai_req=request,
+                     continuation=continuation), sink)
+    async with asyncio.timeout(10):
+        await sink.done.wait()
+    return sink
+
+
+async def test_a_plain_answer_sends_checkpoints_then_the_whole_answer():
+    runner = JobRunner(StubPool(token_delay_s=0.005), has_model=lambda _: True,  # type: ignore[arg-type]
+                       checkpoint_s=0.03)
+    sink = await run(runner, REQUEST)
+    words = echo_words(REQUEST)
+    [(data, usage)] = sink.results
+    assert data["choices"][0]["message"]["content"] == "".join(words)
+    assert usage.completion_tokens == len(words)
+    assert len(sink.chunks) >= 2  # 31 tokens at 5 ms, a checkpoint every 30 ms
+    saved = "".join(c["choices"][0]["delta"]["content"] for c in sink.chunks)
+    assert "".join(words).startswith(saved)  # in order, nothing twice
+    counted = sum(c["usage"]["completion_tokens"] for c in sink.chunks)
+    assert counted == len(saved.split())
+
+
+async def test_a_streamed_answer_sends_every_chunk_and_no_checkpoint():
+    runner = JobRunner(StubPool(token_delay_s=0.0), has_model=lambda _: True,  # type: ignore[arg-type]
+                       checkpoint_s=0.0)
+    sink = await run(runner, {**REQUEST, "stream": True})
+    assert len(sink.chunks) == len(echo_words(REQUEST)) + 1  # every word, then the finish
+    assert not any("usage" in chunk for chunk in sink.chunks)
+
+
+async def test_a_fast_plain_answer_is_one_frame():
+    runner = JobRunner(StubPool(token_delay_s=0.0), has_model=lambda _: True)  # type: ignore[arg-type]
+    sink = await run(runner, REQUEST)
+    assert sink.chunks == []
+    assert len(sink.results) == 1
+
+
+async def test_a_continuation_reaches_the_engine():
+    runner = JobRunner(StubPool(token_delay_s=0.0), has_model=lambda _: True)  # type: ignore[arg-type]
+    sink = await run(runner, REQUEST, continuation="echo: w0 w1")
+    [(data, usage)] = sink.results
+    assert data["choices"][0]["message"]["content"] == "".join(echo_words(REQUEST)[3:])
+    assert usage.prompt_tokens == 7 + 3
