@@ -1,17 +1,3 @@
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-import pytest
-
-
-@pytest.fixture(autouse=True)
-def config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh config dir per test, and no ``APIARY_*`` setting leaking in from the shell."""
-    for name in list(os.environ):
-        if name.startswith("APIARY_"):
-            monkeypatch.delenv(name)
-    home = tmp_path / "config"
-    monkeypatch.setenv("APIARY_CONFIG_DIR", str(home))
-    return home
+from tests.support.config_home import config_home  # noqa: F401 (autouse)

