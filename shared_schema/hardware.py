@@ -12,6 +12,13 @@ from pydantic import Field
 
 from shared_schema.base import WireModel
 
+# Bounds far past any real machine: a worker claiming more is lying, and would skew the swarm's
+# totals on /stats (the fuzzer's 18 EB of VRAM).
+MAX_CPUS = 65_536
+MAX_GPUS = 1_024
+MAX_VRAM_MB = 1 << 24  # 16 TiB, across every GPU of one worker
+MAX_DISK_GB = 10_000_000  # 10 PB
+
 
 def empty_to_none(value: str | None) -> str | None:
     """An empty payout address means none ("don't pay me"), signed and stored the same way."""
@@ -22,8 +29,8 @@ class NvGpu(WireModel):
     """One NVIDIA GPU as read through NVML."""
 
     name: str
-    memory: int = Field(ge=0, description="Total GPU memory in MB.")
-    memory_free_mb: int | None = Field(default=None, ge=0)
+    memory: int = Field(ge=0, le=MAX_VRAM_MB, description="Total GPU memory in MB.")
+    memory_free_mb: int | None = Field(default=None, ge=0, le=MAX_VRAM_MB)
     compute_capability: str | None = None
     utilization_pct: int | None = Field(default=None, ge=0, le=100)
     uuid: str | None = None

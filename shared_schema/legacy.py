@@ -11,16 +11,24 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from shared_schema.base import WireModel
-from shared_schema.hardware import ClGpu, NvGpu, empty_to_none
+from shared_schema.hardware import (
+    MAX_CPUS,
+    MAX_DISK_GB,
+    MAX_GPUS,
+    MAX_VRAM_MB,
+    ClGpu,
+    NvGpu,
+    empty_to_none,
+)
 
 
 class LegacyRegistration(WireModel):
     ln_url: str | None = Field(default=None, max_length=2048)
     _no_empty_ln_url = field_validator("ln_url")(empty_to_none)
-    cpu_count: int = Field(default=0, ge=0)
-    disk_space: int = Field(default=0, ge=0)
-    vram: int = Field(default=0, ge=0)
-    nv_gpu_count: int = Field(default=0, ge=0)
+    cpu_count: int = Field(default=0, ge=0, le=MAX_CPUS)
+    disk_space: int = Field(default=0, ge=0, le=MAX_DISK_GB)
+    vram: int = Field(default=0, ge=0, le=MAX_VRAM_MB)
+    nv_gpu_count: int = Field(default=0, ge=0, le=MAX_GPUS)
     nv_driver_version: str | None = None
     nv_gpus: list[NvGpu] = Field(default_factory=list)
     cl_driver_version: str | None = None

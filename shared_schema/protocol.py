@@ -15,6 +15,10 @@ from pydantic import Field, TypeAdapter, ValidationError, field_validator
 from shared_schema.base import WireModel
 from shared_schema.errors import ProtocolError
 from shared_schema.hardware import (
+    MAX_CPUS,
+    MAX_DISK_GB,
+    MAX_GPUS,
+    MAX_VRAM_MB,
     ClGpu,
     DownloadProgress,
     ModelDescriptor,
@@ -86,10 +90,10 @@ class Hello(WireModel):
     # The original registration fields.
     ln_url: str | None = Field(default=None, max_length=2048)
     _no_empty_ln_url = field_validator("ln_url")(empty_to_none)
-    cpu_count: int = Field(ge=0)
-    disk_space: int = Field(ge=0, description="Free disk for models, GB.")
-    vram: int = Field(ge=0, description="Total GPU memory, MB.")
-    nv_gpu_count: int = Field(default=0, ge=0)
+    cpu_count: int = Field(ge=0, le=MAX_CPUS)
+    disk_space: int = Field(ge=0, le=MAX_DISK_GB, description="Free disk for models, GB.")
+    vram: int = Field(ge=0, le=MAX_VRAM_MB, description="Total GPU memory, MB.")
+    nv_gpu_count: int = Field(default=0, ge=0, le=MAX_GPUS)
     nv_driver_version: str | None = None
     nv_gpus: list[NvGpu] = Field(default_factory=list)
     cl_driver_version: str | None = None
@@ -175,7 +179,7 @@ class Status(WireModel):
     max_jobs: int | None = Field(default=None, ge=1, le=256)
     models: list[ModelDescriptor] | None = None
     downloads: list[DownloadProgress] = Field(default_factory=list)
-    vram_free_mb: int | None = Field(default=None, ge=0)
+    vram_free_mb: int | None = Field(default=None, ge=0, le=MAX_VRAM_MB)
     disk_space: int | None = Field(default=None, ge=0, description="Free disk for models, GB.")
 
 

@@ -18,6 +18,7 @@ from shared_schema import (
     Hello,
     Job,
     JobError,
+    LegacyRegistration,
     ModelDescriptor,
     NvGpu,
     Ping,
@@ -221,6 +222,15 @@ def test_constructing_a_hello_with_a_bad_key_or_too_many_jobs_raises():
         _hello(max_jobs=0)
     with pytest.raises(ValidationError):
         _hello(max_jobs=257)
+
+
+@pytest.mark.parametrize("field", ["vram", "cpu_count", "disk_space", "nv_gpu_count"])
+def test_hardware_past_any_real_machine_is_refused(field):
+    with pytest.raises(ValidationError, match=field):
+        _hello(**{field: 18 * 2**60})
+    with pytest.raises(ValidationError, match=field):
+        LegacyRegistration.model_validate({field: 18 * 2**60})
+    _hello(vram=80 * 1024 * 16, cpu_count=256, disk_space=100_000, nv_gpu_count=16)  # a big rig
 
 
 @pytest.mark.parametrize("frame", ["garbage", "", "{", '{"type": "ping",}', b"\xff\xfe"])
