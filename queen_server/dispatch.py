@@ -62,14 +62,6 @@ class JobRun:
     def worker(self) -> WorkerSession:
         return self.handle.session
 
-    @property
-    def deadline(self) -> float:
-        return self.request.deadline
-
-    @property
-    def attempts(self) -> int:
-        return self.request.attempts
-
     async def next(self) -> JobEvent:
         """The next event of the job; ``GatewayTimeout`` past the total deadline."""
         try:

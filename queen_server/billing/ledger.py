@@ -92,23 +92,18 @@ def settle(
     reserved_msat: int,
     charge_msat: int,
     job_id: str,
-    worker_account: str | None = None,
-    worker_share_msat: int = 0,
-    *,
     shares: Iterable[tuple[str, int]] = (),
+    *,
     count_job_for: str | None = None,
     memo: str = "",
 ) -> Posting:
     """End a job: charge its cost out of the reservation, release the rest, and split the charge
-    between the workers' accounts (pending or available) and the queen's fee. A job that failed
-    over mid-answer has one share per worker that served part of it (``shares``); a job served
-    by one worker may give ``worker_account`` and ``worker_share_msat`` instead.
+    between the workers' accounts (pending or available) and the queen's fee. ``shares`` has one
+    ``(account, msat)`` per worker paid for the job: several when it failed over mid-answer.
     ``count_job_for`` is the worker whose settled-job count this job raises."""
     if not 0 <= charge_msat <= reserved_msat:
         raise UnbalancedPosting(f"charge {charge_msat} is outside the reservation {reserved_msat}")
-    paid = [(account, share) for account, share in shares]
-    if worker_account:
-        paid.append((worker_account, worker_share_msat))
+    paid = list(shares)
     if any(share < 0 for _, share in paid) or sum(share for _, share in paid) > charge_msat:
         raise UnbalancedPosting(f"worker shares {paid} are outside the charge {charge_msat}")
     entries = [

@@ -340,7 +340,7 @@ class Billing:
         shares: list[tuple[str, int]] = []
         memos: list[str] = []
         counted: str | None = None
-        escrow_over: list[str] = []
+        escrow_over: list[tuple[str, _WorkerState]] = []
         for part, cost in zip(parts, costs, strict=True):
             if part.worker_key is None:
                 continue
@@ -357,15 +357,14 @@ class Billing:
                 shares.append((ledger.worker_pending(part.worker_key), share))
                 worker.pending += share
                 if part.completed and stage == self.settings.escrow_jobs:
-                    escrow_over.append(part.worker_key)
+                    escrow_over.append((part.worker_key, worker))
             else:
                 shares.append((ledger.worker_available(part.worker_key), share))
         await self.ledger.post(ledger.settle(
-            hold.key_id, hold.reserved_msat, charge, hold.job_id, shares=shares,
+            hold.key_id, hold.reserved_msat, charge, hold.job_id, shares,
             count_job_for=counted, memo="; ".join(memos),
         ))
-        for key in escrow_over:
-            worker = await self._worker(key)
+        for key, worker in escrow_over:
             if worker.pending > 0:
                 pending, worker.pending = worker.pending, 0
                 await self.ledger.post(ledger.release_escrow(key, pending))

@@ -26,7 +26,7 @@ from desktop_worker.identity import WorkerIdentity
 from desktop_worker.jobs import JobRunner
 from desktop_worker.link.client import LinkClient
 from shared_schema import CAPABILITY_CONTINUE, PROTOCOL_VERSION, Hello, ModelDescriptor
-from tests.support.workers import ECHO_MODEL, ECHO_SHA256, echo_words
+from tests.support.workers import ECHO_MODEL, ECHO_SHA256, echo_words, words_done
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +46,9 @@ class StubPool:
         continuation: str | None = None,
     ) -> dict[str, int]:
         words = echo_words(request)
-        done = 0
-        if continuation:
-            done = next((k for k in range(len(words) + 1)
-                         if "".join(words[:k]) == continuation), -1)
-            if done < 0:
-                raise UnsupportedRequest(f"{continuation!r} is not the start of my answer")
+        done = words_done(words, continuation)
+        if done is None:
+            raise UnsupportedRequest(f"{continuation!r} is not the start of my answer")
         sent = 0
         for word in words[done:]:
             if cancel.is_set():

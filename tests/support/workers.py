@@ -93,6 +93,14 @@ def echo_words(request: dict[str, Any]) -> list[str]:
     return [word if i == 0 else " " + word for i, word in enumerate(words)]
 
 
+def words_done(words: list[str], continuation: str | None) -> int | None:
+    """How many of the scripted answer's ``words`` a continuation already holds (0 for none),
+    or None when the continuation is not a start of the answer."""
+    if not continuation:
+        return 0
+    return next((k for k in range(len(words) + 1) if "".join(words[:k]) == continuation), None)
+
+
 def fake_embedding(text: str) -> list[float]:
     return [float(len(text)), 1.0, 0.5, -0.25]
 
@@ -238,8 +246,7 @@ class ScriptedWorker:
             words = [" tok"] * self.tokens_per_answer
         prompt = 7
         if job.continuation is not None:
-            done = next((k for k in range(len(words) + 1)
-                         if "".join(words[:k]) == job.continuation), None)
+            done = words_done(words, job.continuation)
             if done is None:
                 await self._send(JobError(id=job.id, code="bad_continuation", retryable=False,
                                           message=f"{job.continuation!r} is not my answer's start"))

@@ -46,8 +46,7 @@ def test_price_file(tmp_path):
 def test_postings_always_balance():
     pending = ledger.worker_pending("ab" * 32)
     posting = ledger.settle(1, reserved_msat=500, charge_msat=120, job_id="j",
-                            worker_account=pending, worker_share_msat=96,
-                            count_job_for="ab" * 32)
+                            shares=[(pending, 96)], count_job_for="ab" * 32)
     assert sum(amount for _, amount in posting.entries) == 0
     assert dict(posting.entries) == {"key:1:reserved": -500, "key:1:available": 380,
                                      "queen:fees": 24, pending: 96}
@@ -58,7 +57,7 @@ def test_postings_always_balance():
     with pytest.raises(ledger.UnbalancedPosting):
         ledger.Posting("t", "x", (("a", 1), ("b", -2)))
     with pytest.raises(ledger.UnbalancedPosting):
-        ledger.settle(1, 100, 200, "j", None, 0)
+        ledger.settle(1, 100, 200, "j")
 
 
 def test_prompt_estimate_is_an_upper_bound_in_characters():
