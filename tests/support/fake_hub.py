@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from tests.support.http_server import ServedFake, TrackedHTTPServer
+from tests.support.http_server import RequestLog, ServedFake, TrackedHTTPServer
 
 __all__ = [
     "FakeHub",
@@ -200,7 +200,7 @@ class FakeHub(ServedFake):
         super().__init__()
         self._repos: dict[str, tuple[FakeRepo, dict[str, _Blob]]] = {}
         self._lock = threading.Lock()
-        self._requests: list[RecordedRequest] = []
+        self._log: RequestLog[RecordedRequest] = RequestLog()
         self._cuts: dict[str, int] = {}
         self._pauses: list[PausePoint] = []
         self._failures: list[_Failure] = []
@@ -279,16 +279,11 @@ class FakeHub(ServedFake):
 
     @property
     def requests(self) -> list[RecordedRequest]:
-        with self._lock:
-            return list(self._requests)
+        return self._log.items
 
     def count(self, method: str | None = None, contains: str = "") -> int:
         """How many requests (of ``method``, with ``contains`` in the path) arrived."""
-        return sum(
-            1
-            for r in self.requests
-            if (method is None or r.method == method) and contains in r.path
-        )
+        return self._log.count(method, contains)
 
     def file_sha256(self, repo_id: str, path_in_repo: str) -> str:
         with self._lock:
@@ -297,8 +292,7 @@ class FakeHub(ServedFake):
     # --- used by the handler -----------------------------------------------------------------
 
     def _record(self, request: RecordedRequest) -> None:
-        with self._lock:
-            self._requests.append(request)
+        self._log.record(request)
 
     def _repo(self, repo_id: str) -> tuple[FakeRepo, dict[str, _Blob]] | None:
         with self._lock:

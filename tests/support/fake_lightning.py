@@ -42,7 +42,7 @@ from bolt11 import Bolt11, MilliSatoshi, Tags
 from coincurve import PrivateKey
 from lnurl import url_encode
 
-from tests.support.http_server import ServedFake, TrackedHTTPServer
+from tests.support.http_server import RequestLog, ServedFake, TrackedHTTPServer
 
 __all__ = [
     "TEST_NODE_KEY",
@@ -119,7 +119,7 @@ class _FakeServer(ServedFake):
     def __init__(self) -> None:
         super().__init__()
         self._lock = threading.RLock()
-        self._requests: list[RecordedRequest] = []
+        self._log: RequestLog[RecordedRequest] = RequestLog()
 
     def _make_server(self) -> _Server:
         return _Server(self)
@@ -138,19 +138,13 @@ class _FakeServer(ServedFake):
 
     @property
     def requests(self) -> list[RecordedRequest]:
-        with self._lock:
-            return list(self._requests)
+        return self._log.items
 
     def count(self, method: str | None = None, contains: str = "") -> int:
-        return sum(
-            1
-            for r in self.requests
-            if (method is None or r.method == method) and contains in r.path
-        )
+        return self._log.count(method, contains)
 
     def _handle(self, request: RecordedRequest) -> _Reply:
-        with self._lock:
-            self._requests.append(request)
+        self._log.record(request)
         return self._route(request)
 
     def _route(self, request: RecordedRequest) -> _Reply:

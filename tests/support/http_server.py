@@ -8,7 +8,7 @@ import logging
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Self
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -98,3 +98,34 @@ class ServedFake:
 
     async def __aexit__(self, *exc: object) -> None:
         self.stop()
+
+
+class _Request(Protocol):
+    method: str
+    path: str
+
+
+R = TypeVar("R", bound=_Request)
+
+
+class RequestLog(Generic[R]):
+    """What a fake received, in order, safe to read from the test while the fake serves."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: list[R] = []
+
+    def record(self, request: R) -> None:
+        with self._lock:
+            self._items.append(request)
+
+    @property
+    def items(self) -> list[R]:
+        with self._lock:
+            return list(self._items)
+
+    def count(self, method: str | None = None, contains: str = "") -> int:
+        """How many requests (of ``method``, with ``contains`` in the path) arrived."""
+        return sum(1 for r in self.items
+                   if (method is None or r.method == method) and contains in r.path)
+
