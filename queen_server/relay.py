@@ -168,6 +168,14 @@ def _tokens_in(data: dict[str, Any]) -> int:
     return 1
 
 
+async def hand_over(run: JobRun, answer: Delivered, dispatcher: Dispatcher) -> JobRun:
+    """The worker of ``run`` failed mid-answer: close its part, end its lease, and go on with
+    the answer on a twin (``Dispatcher.fail_over``, which raises when there is none)."""
+    answer.lost(run.worker.earnings_key)
+    await run.finish("continuing on another worker")
+    return await dispatcher.fail_over(run, answer.text, answer.delivered_tokens)
+
+
 async def stream_chat(
     run: JobRun,
     ctx: CompletionContext,
@@ -213,12 +221,9 @@ async def stream_chat(
                     if out:
                         yield b"".join(out)
                         out = []
-                    answer.lost(run.worker.earnings_key)
                     current = None
-                    await run.finish("continuing on another worker")
                     try:
-                        run = await dispatcher.fail_over(run, answer.text,
-                                                         answer.delivered_tokens)
+                        run = await hand_over(run, answer, dispatcher)
                     except ApiError as exc:
                         yield error_event(exc)
                         return
@@ -299,10 +304,8 @@ async def collect(run: JobRun, dispatcher: Dispatcher) -> Collected:
                 run.record_failure(error.code or "worker_error")
                 if not (can_fail_over(event) and answer.single):
                     raise error
-                answer.lost(run.worker.earnings_key)
                 current = None
-                await run.finish("continuing on another worker")
-                run = await dispatcher.fail_over(run, answer.text, answer.delivered_tokens)
+                run = await hand_over(run, answer, dispatcher)
                 current = run
                 event = run.first
                 continue
