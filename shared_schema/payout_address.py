@@ -1,7 +1,7 @@
 """The payout address a worker gives: a Lightning address or an LNURL, or nothing.
 
 Pure parsing, shared by both sides: the queen checks the ``ln_url`` of every hello with it
-(``queen_server/lightning/addresses.py`` translates the error into its own), and the desktop
+(``queen_server/payouts/lightning/addresses.py`` translates the error into its own), and the desktop
 app checks its settings field live with ``check_payout_address``, by the same rules.
 
 * A Lightning address (LUD-16), ``name@domain.tld``: paid through

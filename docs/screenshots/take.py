@@ -46,9 +46,9 @@ from desktop_worker.hardware import (  # noqa: E402
     detect_hardware,
 )
 from desktop_worker.settings import WorkerSettings  # noqa: E402
-from queen_server.lightning import NoneBackend  # noqa: E402
-from queen_server.models import LedgerTxn  # noqa: E402
-from queen_server.payouts import PayoutRunner  # noqa: E402
+from queen_server.payouts.lightning import NoneBackend  # noqa: E402
+from queen_server.payouts.runner import PayoutRunner  # noqa: E402
+from queen_server.storage.tables import LedgerTxn  # noqa: E402
 from tests.queen_server.billing.test_billing_api import funded_key  # noqa: E402
 from tests.support.fake_hub import FakeHub, FakeRepo  # noqa: E402
 from tests.support.queen import running_queen  # noqa: E402

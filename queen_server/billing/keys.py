@@ -12,7 +12,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from queen_server.errors import KeyNotFound
-from queen_server.models import ApiKey
+from queen_server.storage.tables import ApiKey
 
 KEY_PREFIX = "sk-apiary-"
 

@@ -27,10 +27,11 @@ from queen_server.billing.keys import KeyRecord, KeyStore, hash_secret
 from queen_server.billing.pricing import Price, PriceTable
 from queen_server.billing.store import LedgerStore
 from queen_server.errors import PaymentRequired, RateLimited, Unauthorized
+from queen_server.swarm.jobs import Part
 
 if TYPE_CHECKING:
-    from queen_server.db import Database
     from queen_server.settings import QueenSettings
+    from queen_server.storage.engine import Database
 
 log = logging.getLogger(__name__)
 
@@ -49,17 +50,6 @@ class Principal:
 
 OPEN = Principal("open access")
 DEV = Principal("development key")
-
-
-@dataclass(frozen=True, slots=True)
-class Part:
-    """What one worker did for one request. A request that failed over mid-answer has one part
-    per worker; the developer pays for their sum once, and each worker is credited its own."""
-
-    worker_key: str | None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    completed: bool = True  # the worker ended the answer (counts as a job for its record)
 
 
 @dataclass(slots=True)

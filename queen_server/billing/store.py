@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from queen_server.billing.ledger import Posting
 from queen_server.errors import QueenError
-from queen_server.models import Account, LedgerEntry, LedgerTxn, WorkerRecord
+from queen_server.storage.tables import Account, LedgerEntry, LedgerTxn, WorkerRecord
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from queen_server.models import WorkerRecord, WorkerSpeed
 from queen_server.stats.ema import Speed
 from queen_server.stats.swarm import SwarmStats
+from queen_server.storage.tables import WorkerRecord, WorkerSpeed
 
 log = logging.getLogger(__name__)
 

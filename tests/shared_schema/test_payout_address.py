@@ -175,8 +175,8 @@ def test_generated_lightning_addresses_are_accepted(text: str) -> None:
 @pytest.mark.parametrize("text", [t for t, _ in GOOD] + [t for t, _ in BAD])
 def test_the_queen_uses_the_same_rules(text: str) -> None:
     """The queen's boundary gives the same answer, as its own error chained to the shared one."""
-    from queen_server.lightning import InvalidPayoutAddress as QueenInvalid
-    from queen_server.lightning import parse_payout_address as queen_parse
+    from queen_server.payouts.lightning import InvalidPayoutAddress as QueenInvalid
+    from queen_server.payouts.lightning import parse_payout_address as queen_parse
 
     reason = check_payout_address(text)
     if reason is None:

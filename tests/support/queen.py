@@ -13,7 +13,8 @@ from typing import Any
 import uvicorn
 from openai import AsyncOpenAI
 
-from queen_server.app import QueenState, create_app
+from queen_server.app import create_app
+from queen_server.runtime import QueenState
 from queen_server.settings import QueenSettings
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from queen_server.db import MIGRATIONS
+from queen_server.storage.engine import MIGRATIONS
 from tests.support.processes import base_env
 
 

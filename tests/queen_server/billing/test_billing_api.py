@@ -11,7 +11,7 @@ import pytest
 from queen_server.billing import ledger
 from queen_server.billing.pricing import PriceTable
 from queen_server.billing.store import LedgerStore
-from queen_server.db import Database
+from queen_server.storage.engine import Database
 from tests.support.queen import running_queen
 from tests.support.workers import ECHO_MODEL, ScriptedWorker
 

@@ -13,9 +13,9 @@ from desktop_worker.earnings import earnings_authorization, fetch_earnings, quee
 from desktop_worker.errors import LinkError
 from desktop_worker.identity import WorkerIdentity
 from queen_server.billing.pricing import PriceTable
-from queen_server.lightning import NoneBackend
-from queen_server.models import LedgerTxn
-from queen_server.payouts import PayoutRunner
+from queen_server.payouts.lightning import NoneBackend
+from queen_server.payouts.runner import PayoutRunner
+from queen_server.storage.tables import LedgerTxn
 from tests.queen_server.billing.test_billing_api import USER, funded_key
 from tests.support.processes import free_port
 from tests.support.queen import running_queen

@@ -8,7 +8,7 @@ import pytest
 
 from queen_server.billing import ledger
 from queen_server.billing.store import LedgerStore, LedgerWriteError
-from queen_server.db import Database
+from queen_server.storage.engine import Database
 
 
 async def test_a_posting_the_database_cannot_store_fails_alone(db_url):

@@ -11,11 +11,11 @@ from sqlalchemy import insert, select
 
 from queen_server.billing import ledger
 from queen_server.billing.store import LedgerStore
-from queen_server.db import Database
-from queen_server.lightning import LnbitsBackend, NoneBackend
-from queen_server.models import Payout, WorkerRecord
-from queen_server.payouts import PayoutRunner
+from queen_server.payouts.lightning import LnbitsBackend, NoneBackend
+from queen_server.payouts.runner import PayoutRunner
 from queen_server.settings import QueenSettings
+from queen_server.storage.engine import Database
+from queen_server.storage.tables import Payout, WorkerRecord
 from tests.support.fake_lightning import FakeLnbits, FakeLnurlServer
 
 WORKER = "ab" * 32

@@ -16,8 +16,8 @@ import httpx
 from playwright.async_api import Browser, Page, expect
 
 from queen_server.identity import public_id
-from queen_server.lightning import NoneBackend
-from queen_server.payouts import PayoutRunner
+from queen_server.payouts.lightning import NoneBackend
+from queen_server.payouts.runner import PayoutRunner
 from queen_server.web import SESSION_COOKIE
 from tests.queen_server.billing.test_billing_api import funded_key
 from tests.queen_server.web.support import (

@@ -1,0 +1,206 @@
+"""The OpenAI-compatible HTTP API: chat completions, embeddings, models, and health.
+
+Routes take the raw ``Request`` and validate bodies themselves (one pydantic pass, no FastAPI
+body machinery on the hot path); the request schemas are still published in the OpenAPI spec.
+"""
+
+from __future__ import annotations
+
+import functools
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from queen_server import __version__
+from queen_server.http.deps import json_response, queen
+from queen_server.http.fastpath import HotRoutes
+from queen_server.http.io import ClientGone, DisconnectGuard, parse, read_body
+from queen_server.swarm.relay import (
+    CompletionContext,
+    assemble_chat,
+    collect,
+    embeddings_answer,
+    stream_chat,
+)
+from queen_server.swarm.sessions import EMBEDDINGS_JOB
+from shared_schema import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    ErrorResponse,
+    ModelAvailability,
+    ModelCard,
+    ModelList,
+    ModelPrice,
+)
+
+if TYPE_CHECKING:
+    pass
+
+router = APIRouter()
+hot = HotRoutes()  # the billed routes, served by the fast path
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": text}
+    for status, text in {
+        400: "Invalid request",
+        401: "Missing or wrong API key",
+        404: "No connected worker serves the model",
+        413: "Request body too large",
+        502: "The worker failed",
+        503: "No capacity; retry after the Retry-After header",
+        504: "The worker timed out",
+    }.items()
+}
+
+
+def body_schema(name: str) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}},
+        }
+    }
+
+
+@hot.post(
+    "/v1/chat/completions",
+    summary="Create a chat completion (plain, or streamed as server-sent events)",
+    openapi_extra=body_schema("ChatCompletionRequest"),
+    responses={
+        200: {
+            "model": ChatCompletion,
+            "content": {"text/event-stream": {"schema": {"$ref": "#/components/schemas/"
+                                                                "ChatCompletionChunk"}}},
+        },
+        **ERRORS,
+    },
+)
+async def chat_completions(request: Request) -> Response:
+    state = queen(request)
+    principal = await state.billing.authenticate(request.headers.get("authorization"))
+    req = parse(ChatCompletionRequest, await read_body(request, state.settings.max_body_bytes))
+    openai_req = req.model_dump(mode="json", exclude_unset=True)
+    completion_id = "chatcmpl-" + secrets.token_hex(12)
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    ctx = CompletionContext(completion_id, req.model, int(time.time()), include_usage)
+    dispatcher, billing = state.dispatcher, state.billing
+    dispatcher.require_servable(req.model)
+    hold = await billing.hold(principal, completion_id, state.registry.parameter_count(req.model),
+                              [_text(m.content) for m in req.messages], openai_req)
+    try:
+        async with DisconnectGuard(request):
+            run = await dispatcher.start(
+                completion_id, req.model, "/v1/chat/completions", openai_req, stream=req.stream
+            )
+            if req.stream:  # the stream now owns the hold
+                body = stream_chat(run, ctx, dispatcher, functools.partial(billing.finish, hold))
+                hold = None
+                return StreamingResponse(body, media_type="text/event-stream",
+                                         headers=SSE_HEADERS)
+            collected = await collect(run, dispatcher)
+    except ClientGone:
+        await billing.finish(hold)
+        return Response(status_code=499)
+    except BaseException:
+        await billing.finish(hold)  # a failed job is charged nothing
+        raise
+    await billing.finish(hold, parts=collected.parts)
+    return json_response(assemble_chat(ctx, collected))
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""
+
+
+@hot.post(
+    "/v1/embeddings",
+    summary="Create embeddings: one mean-pooled vector per input",
+    openapi_extra=body_schema("EmbeddingRequest"),
+    responses={200: {"model": EmbeddingResponse}, **ERRORS},
+)
+async def embeddings(request: Request) -> Response:
+    state = queen(request)
+    principal = await state.billing.authenticate(request.headers.get("authorization"))
+    req = parse(EmbeddingRequest, await read_body(request, state.settings.max_body_bytes))
+    openai_req = req.model_dump(mode="json", exclude_unset=True)
+    openai_req["encoding_format"] = "float"  # workers send floats; the queen encodes base64
+    job_id = EMBEDDINGS_JOB + secrets.token_hex(12)
+    billing = state.billing
+    state.dispatcher.require_servable(req.model)
+    inputs = [req.input] if isinstance(req.input, str) else req.input
+    hold = await billing.hold(principal, job_id, state.registry.parameter_count(req.model),
+                              [item if isinstance(item, str) else " " * len(str(item))
+                               for item in inputs], openai_req, completion_limit=None)
+    try:
+        async with DisconnectGuard(request):
+            run = await state.dispatcher.start(
+                job_id, req.model, "/v1/embeddings", openai_req, stream=False
+            )
+            collected = await collect(run, state.dispatcher)
+    except ClientGone:
+        await billing.finish(hold)
+        return Response(status_code=499)
+    except BaseException:
+        await billing.finish(hold)
+        raise
+    await billing.finish(hold, parts=collected.parts)
+    return json_response(embeddings_answer(collected.result, req.model, req.encoding_format))
+
+
+@router.get("/v1/models", response_model=ModelList, summary="Models the connected workers hold")
+async def list_models(request: Request) -> Response:
+    state = queen(request)
+    await state.billing.authenticate(request.headers.get("authorization"))
+    registry = state.registry
+    cards = []
+    for name in registry.model_names():
+        holders = registry.holders(name)
+        descriptor = next(iter(holders)).models[name]
+        price = state.billing.prices.for_parameters(registry.parameter_count(name))
+        cards.append(
+            ModelCard(
+                id=name,
+                created=int(min(session.connected_at for session in holders)),
+                apiary=ModelAvailability(
+                    workers=len(holders),
+                    loaded_on=sum(1 for session in holders if name in session.loaded),
+                    parameter_count=descriptor.parameter_count,
+                    size_bytes=descriptor.size_bytes or None,
+                    price=ModelPrice(
+                        size_class=price.size_class,
+                        prompt_msat_per_1k=price.prompt_msat_per_1k,
+                        completion_msat_per_1k=price.completion_msat_per_1k,
+                    ),
+                ),
+            )
+        )
+    return json_response(ModelList(data=cards).model_dump(mode="json"))
+
+
+@router.get("/health", summary="Liveness and a one-line view of the swarm")
+async def health(request: Request) -> dict[str, Any]:
+    state = queen(request)
+    registry = state.registry
+    return {
+        "status": "ok",
+        "version": __version__,
+        "workers": len(registry),
+        "job_slots": sum(session.max_jobs for session in registry),
+        "jobs_running": sum(len(session.jobs) for session in registry),
+        "jobs_queued": registry.waiting,
+        "models": registry.model_names(),
+    }
+
+
+SCHEMAS = (ChatCompletionRequest, ChatCompletionChunk, EmbeddingRequest)

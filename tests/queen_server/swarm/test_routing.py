@@ -1,0 +1,151 @@
+"""Routing: tiers, free slots, speed records, exclusions and the random tie-break."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass
+
+from queen_server.swarm.routing import TIER_CACHED, TIER_FETCH, TIER_LOADED, rank, tier
+
+MODEL = "org/repo:Q4_K_M"
+OTHER = "org/other:Q8_0"
+
+
+@dataclass(frozen=True)
+class View:
+    key: str
+    loaded: frozenset[str] = frozenset()
+    cached: frozenset[str] = frozenset()
+    can_fetch: bool = False
+    free_slots: int = 1
+
+
+def loaded(key: str, free_slots: int = 1) -> View:
+    return View(key, frozenset({MODEL}), frozenset({MODEL}), free_slots=free_slots)
+
+
+def cached(key: str, free_slots: int = 1) -> View:
+    return View(key, frozenset(), frozenset({MODEL}), free_slots=free_slots)
+
+
+def fetcher(key: str, free_slots: int = 1) -> View:
+    return View(key, can_fetch=True, free_slots=free_slots)
+
+
+def keys(workers: list[View]) -> list[str]:
+    return [worker.key for worker in workers]
+
+
+# --- tier --------------------------------------------------------------------------------------
+
+
+def test_tier():
+    assert tier(loaded("a"), MODEL) == TIER_LOADED
+    assert tier(cached("a"), MODEL) == TIER_CACHED
+    assert tier(fetcher("a"), MODEL) == TIER_FETCH
+    assert tier(View("a"), MODEL) is None
+    assert tier(loaded("a"), OTHER) is None
+    # A fetcher that already holds the model ranks by what it holds.
+    both = View("a", frozenset({MODEL}), frozenset({MODEL}), can_fetch=True)
+    assert tier(both, MODEL) == TIER_LOADED
+    assert tier(both, OTHER) == TIER_FETCH
+    assert TIER_LOADED < TIER_CACHED < TIER_FETCH
+
+
+# --- rank --------------------------------------------------------------------------------------
+
+
+def test_loaded_before_cached_before_fetch():
+    workers = [fetcher("f"), cached("c"), loaded("l")]
+    # Even when the lower tiers are much faster.
+    speeds = {"f": 0.001, "c": 0.01, "l": 1.0}
+    assert keys(rank(MODEL, workers, speeds, random.Random(1))) == ["l", "c", "f"]
+
+
+def test_free_slots_before_busy_within_a_tier():
+    workers = [loaded("busy-fast", free_slots=0), loaded("free-slow", free_slots=2)]
+    speeds = {"busy-fast": 0.01, "free-slow": 1.0}
+    assert keys(rank(MODEL, workers, speeds, random.Random(1))) == ["free-slow", "busy-fast"]
+
+
+def test_tier_outranks_free_slots():
+    workers = [cached("cached-free", free_slots=3), loaded("loaded-busy", free_slots=0)]
+    assert keys(rank(MODEL, workers, {}, random.Random(1))) == ["loaded-busy", "cached-free"]
+
+
+def test_faster_ema_first():
+    workers = [loaded("slow"), loaded("fast"), loaded("mid")]
+    speeds = {"slow": 0.5, "fast": 0.02, "mid": 0.1}
+    for seed in range(20):
+        ranked = keys(rank(MODEL, workers, speeds, random.Random(seed)))
+        assert ranked == ["fast", "mid", "slow"]
+
+
+def test_excluded_keys_are_skipped():
+    workers = [loaded("a"), loaded("b"), fetcher("c")]
+    ranked = keys(rank(MODEL, workers, {}, random.Random(1), exclude={"a", "c"}))
+    assert ranked == ["b"]
+    assert rank(MODEL, workers, {}, random.Random(1), exclude=["a", "b", "c"]) == []
+
+
+def test_workers_that_cannot_serve_are_left_out():
+    workers = [View("nothing"), View("other", frozenset({OTHER}), frozenset({OTHER})), loaded("l")]
+    assert keys(rank(MODEL, workers, {}, random.Random(1))) == ["l"]
+    assert rank("no/such:model", [loaded("l"), cached("c")], {}, random.Random(1)) == []
+
+
+def test_unknown_speed_is_scored_at_the_median():
+    workers = [loaded("slow"), loaded("new"), loaded("fast"), loaded("mid")]
+    speeds = {"slow": 0.9, "mid": 0.3, "fast": 0.01}  # median 0.3: the newcomer ties with mid
+    seen = Counter()
+    for seed in range(200):
+        ranked = keys(rank(MODEL, workers, speeds, random.Random(seed), jitter=0.1))
+        assert ranked[0] == "fast"
+        assert ranked[-1] == "slow"
+        seen[ranked[1]] += 1
+    # Scored exactly like the median worker, the newcomer wins that tie about half the time.
+    assert set(seen) == {"new", "mid"}
+    assert 60 <= seen["new"] <= 140
+
+
+def test_unknown_speed_without_jitter_lands_between_faster_and_slower():
+    workers = [loaded("slow"), loaded("new"), loaded("fast")]
+    speeds = {"slow": 1.0, "fast": 0.1, "other-worker": 0.2}  # median 0.2
+    ranked = keys(rank(MODEL, workers, speeds, random.Random(1), jitter=0.0))
+    assert ranked == ["fast", "new", "slow"]
+
+
+def test_random_tie_break_spreads_load_among_equals():
+    workers = [loaded("a"), loaded("b"), loaded("c")]
+    speeds = {"a": 0.1, "b": 0.1, "c": 0.1}
+    rng = random.Random(12345)
+    trials = 3000
+    firsts = Counter(keys(rank(MODEL, workers, speeds, rng))[0] for _ in range(trials))
+    assert set(firsts) == {"a", "b", "c"}
+    for key in "abc":
+        assert trials / 3 * 0.8 <= firsts[key] <= trials / 3 * 1.2, firsts
+
+
+def test_random_tie_break_spreads_load_among_newcomers():
+    workers = [loaded("a"), loaded("b"), loaded("c")]
+    rng = random.Random(99)
+    firsts = Counter(keys(rank(MODEL, workers, {}, rng))[0] for _ in range(1500))
+    for key in "abc":
+        assert 400 <= firsts[key] <= 600, firsts
+
+
+def test_random_tie_break_never_puts_a_much_faster_worker_behind():
+    workers = [loaded("slow-1"), loaded("fast"), loaded("slow-2")]
+    speeds = {"slow-1": 1.0, "fast": 0.1, "slow-2": 1.0}
+    rng = random.Random(7)
+    for _ in range(2000):
+        assert keys(rank(MODEL, workers, speeds, rng))[0] == "fast"
+
+
+def test_rank_is_deterministic_for_a_seed():
+    workers = [loaded(str(i)) for i in range(10)]
+    first = keys(rank(MODEL, workers, {}, random.Random(42)))
+    again = keys(rank(MODEL, workers, {}, random.Random(42)))
+    assert first == again
+    assert sorted(first) == sorted(keys(workers))
