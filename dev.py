@@ -3,12 +3,14 @@
 
     python3 dev.py run     set up .venv and start a local swarm: a queen on SQLite and a
                            worker serving the bundled SmolLM2-135M model
-    python3 dev.py test    set up .venv and run the linters and the whole test suite
+    python3 dev.py test    set up .venv, run ruff, check the import contracts (lint-imports)
+                           and run the whole test suite
 
 Setting up means: create ``.venv`` with this interpreter (Python 3.11+), then
-``pip install -e .[dev]`` whenever ``pyproject.toml`` changed since the last install (the first
-time compiles llama-cpp-python, about 8 minutes on 2 cores). Extra arguments after ``test`` go to
-pytest. ``run --port N`` picks the queen's port (default 8000).
+``pip install -e .[dev]`` (everything: the queen, the worker and its app, and the test tools)
+whenever ``pyproject.toml`` changed since the last install (the first time compiles
+llama-cpp-python, about 8 minutes on 2 cores). Extra arguments after ``test`` go to pytest.
+``run --port N`` picks the queen's port (default 8000).
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ def venv_python() -> Path:
     return VENV / "bin" / "python"
 
 
+def venv_script(name: str) -> Path:
+    """A console script installed in ``.venv`` (``lint-imports``)."""
+    if os.name == "nt":
+        return VENV / "Scripts" / f"{name}.exe"
+    return VENV / "bin" / name
+
+
 def setup() -> Path:
     py = venv_python()
     if not py.exists():
@@ -56,11 +65,22 @@ def main(argv: list[str]) -> int:
     if command == "setup":
         return 0
     if command == "test":
-        lint = subprocess.run([str(py), "-m", "ruff", "check", "."], cwd=ROOT)
-        if lint.returncode:
-            return lint.returncode
-        return subprocess.run([str(py), "-m", "pytest", *rest], cwd=ROOT).returncode
+        return run_tests(py, rest)
     return run_swarm(py, rest)
+
+
+def run_tests(py: Path, pytest_args: list[str]) -> int:
+    """ruff, then the import contracts in pyproject.toml, then pytest; the first failure stops."""
+    checks = [
+        [str(py), "-m", "ruff", "check", "."],
+        # --no-cache: a fresh import graph every run (it takes about a second).
+        [str(venv_script("lint-imports")), "--no-cache"],
+    ]
+    for check in checks:
+        code = subprocess.run(check, cwd=ROOT).returncode
+        if code:
+            return code
+    return subprocess.run([str(py), "-m", "pytest", *pytest_args], cwd=ROOT).returncode
 
 
 BUNDLED = "SmolLM2-135M-Instruct.Q4_1"

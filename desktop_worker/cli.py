@@ -116,8 +116,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def open_app(settings: WorkerSettings) -> int:
-    from desktop_worker.gui.app import run_app
-
+    try:
+        from desktop_worker.gui.app import run_app
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        if missing not in {"PySide6", "shiboken6", "qasync"}:
+            raise
+        # pip install 'apiary[worker]' is the headless worker alone.
+        raise WorkerError(f"the desktop app needs {missing}: install 'apiary[desktop]', or "
+                          "run the worker with --headless") from exc
     return run_app(settings)
 
 

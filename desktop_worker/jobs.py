@@ -2,6 +2,7 @@
 
 ``JobRunner`` is widget-free and socket-free: it reports through a ``JobSink`` (the link) and
 through ``on_started`` / ``on_finished`` callbacks (the CLI's log line, the app's jobs table).
+The answers it sends are shaped by ``shared_schema.answers``, as the queen reads them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 from desktop_worker.engine.pool import ModelPool
 from desktop_worker.errors import EngineError, ModelStoreError, UnsupportedRequest, WorkerError
 from shared_schema import Job, Usage
+from shared_schema.answers import answer_from_chunks, checkpoint_chunk, embedding_list
 
 log = logging.getLogger(__name__)
 
@@ -43,35 +45,6 @@ class JobRecord:
     @property
     def tokens_per_s(self) -> float:
         return self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
-
-
-def assemble_answer(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    """A whole chat answer from its chunks (for clients that did not ask for a stream)."""
-    text: list[str] = []
-    finish_reason = "stop"
-    for chunk in chunks:
-        for choice in chunk.get("choices") or []:
-            content = (choice.get("delta") or {}).get("content")
-            if content:
-                text.append(content)
-            if choice.get("finish_reason"):
-                finish_reason = choice["finish_reason"]
-    return {
-        "object": "chat.completion",
-        "choices": [{"index": 0, "finish_reason": finish_reason,
-                     "message": {"role": "assistant", "content": "".join(text)}}],
-    }
-
-
-def checkpoint_chunk(pieces: list[str]) -> dict[str, Any]:
-    """The text of a plain answer so far, in one chunk the queen keeps (never relays): if this
-    worker is lost, another continues the answer from there. ``usage`` counts its tokens."""
-    tokens = len(pieces)
-    return {
-        "object": "chat.completion.chunk",
-        "choices": [{"index": 0, "delta": {"content": "".join(pieces)}, "finish_reason": None}],
-        "usage": {"prompt_tokens": 0, "completion_tokens": tokens, "total_tokens": tokens},
-    }
 
 
 class JobRunner:
@@ -185,7 +158,7 @@ class JobRunner:
                                       continuation=job.continuation)
         usage = Usage(**counts)
         if not cancel.is_set():
-            await sink.result(job.id, {} if stream else assemble_answer(collected), usage)
+            await sink.result(job.id, {} if stream else answer_from_chunks(collected), usage)
         return usage
 
     async def _embeddings(self, job: Job, model: str, sink: JobSink) -> Usage:
@@ -194,11 +167,8 @@ class JobRunner:
         if not isinstance(inputs, list) or not all(isinstance(item, str) for item in inputs):
             raise UnsupportedRequest("this worker embeds text inputs (a string or a list of them)")
         vectors, tokens = await self.pool.embed(model, inputs)
-        data = {"object": "list", "model": model, "data": [
-            {"object": "embedding", "index": i, "embedding": vector}
-            for i, vector in enumerate(vectors)]}
         usage = Usage(prompt_tokens=tokens, total_tokens=tokens)
-        await sink.result(job.id, data, usage)
+        await sink.result(job.id, embedding_list(model, vectors), usage)
         return usage
 
 

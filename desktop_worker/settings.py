@@ -1,13 +1,27 @@
-"""The worker's settings: CLI flags over ``APIARY_*`` environment variables over the saved
-``settings.json`` (``desktop_worker/desktop/config.py``) over defaults."""
+"""The worker's settings, and where they come from: CLI flags over ``APIARY_*`` environment
+variables over the saved ``settings.json`` over defaults, for the app and ``--headless`` alike.
+
+``settings.json`` lives in ``platformdirs.user_config_dir("apiary")`` (``~/.config/apiary`` on
+Linux, ``%LOCALAPPDATA%\\apiary`` on Windows, ``~/Library/Application Support/apiary`` on macOS),
+or in ``$APIARY_CONFIG_DIR`` when that is set. Reading it is here, beside the settings, because
+the headless worker reads it too; the desktop app saves it (``desktop_worker/desktop/config.py``).
+
+A file that is not a JSON object is moved aside to ``settings.json.bad`` with a warning and read
+as empty; a value in it that is not valid for its setting is skipped with a warning. A bad file
+never stops the worker from starting.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import platformdirs
-from pydantic import Field, field_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -15,7 +29,56 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from desktop_worker.desktop.config import SavedSettingsSource, config_dir
+log = logging.getLogger(__name__)
+
+CONFIG_DIR_ENV = "APIARY_CONFIG_DIR"
+SETTINGS_FILE = "settings.json"
+
+
+def config_dir() -> Path:
+    """Where the worker keeps its settings (and, by default, its key file)."""
+    override = os.environ.get(CONFIG_DIR_ENV, "").strip()
+    if override:
+        return Path(override).expanduser()
+    return Path(platformdirs.user_config_dir("apiary", appauthor=False))
+
+
+def config_path() -> Path:
+    return config_dir() / SETTINGS_FILE
+
+
+def load_saved() -> dict[str, Any]:
+    """What ``settings.json`` holds, as a dict; ``{}`` when it is missing, unreadable or corrupt.
+
+    A corrupt file (not JSON, or not a JSON object) is moved aside to ``settings.json.bad``
+    (replacing an older one), so the next save starts clean and the owner can still look at it.
+    """
+    path = config_path()
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        log.warning("cannot read the settings file %s (%s); using the defaults", path, exc)
+        return {}
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        problem = f"it is not valid JSON ({exc})"
+    else:
+        if isinstance(data, dict):
+            return data
+        problem = f"it holds a JSON {type(data).__name__}, not an object"
+    bad = path.with_name(path.name + ".bad")
+    try:
+        os.replace(path, bad)
+    except OSError as exc:
+        log.warning("the settings file %s is corrupt: %s; ignoring it (could not move it "
+                    "aside: %s)", path, problem, exc)
+    else:
+        log.warning("the settings file %s is corrupt: %s; moved it to %s and using the "
+                    "defaults", path, problem, bad)
+    return {}
 
 
 def default_models_dir() -> Path:
@@ -75,3 +138,49 @@ class WorkerSettings(BaseSettings):
         if isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
         return value
+
+
+class SavedSettingsSource(PydanticBaseSettingsSource):
+    """``settings.json`` as a pydantic-settings source, below the environment.
+
+    Each value is checked against its field on its own: an invalid one is dropped with a warning
+    (the field falls back to the env or the default) instead of making the settings fail.
+    Names that are not settings are ignored.
+    """
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls)
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        # Unused: __call__ reads the whole file at once.
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        saved = load_saved()
+        if not saved:
+            return {}
+        fields = self.settings_cls.model_fields
+        values: dict[str, Any] = {}
+        for name, value in saved.items():
+            field = fields.get(name)
+            if field is None:
+                log.debug("ignoring %r in %s: not a setting", name, config_path())
+                continue
+            problem = _check_value(field, value)
+            if problem is not None:
+                log.warning("ignoring %s=%r in %s: %s", name, value, config_path(), problem)
+                continue
+            values[name] = value
+        return values
+
+
+def _check_value(field: FieldInfo, value: Any) -> str | None:
+    """None when ``value`` is valid for ``field`` (type and constraints), else the reason."""
+    annotation = field.annotation
+    if field.metadata:
+        annotation = Annotated[(annotation, *field.metadata)]  # type: ignore[assignment]
+    try:
+        TypeAdapter(annotation).validate_python(value)
+    except ValidationError as exc:
+        return exc.errors(include_url=False)[0]["msg"]
+    return None

@@ -22,7 +22,7 @@ from queen_server.http.error_handlers import error_response, install_error_handl
 from queen_server.http.fastpath import FastPath
 from queen_server.http.spec import publish_request_schemas
 from queen_server.payouts.runner import PayoutRunner, make_backend
-from queen_server.runtime import QueenState
+from queen_server.runtime import DispatchStats, QueenState
 from queen_server.settings import QueenSettings
 from queen_server.stats.metrics import Metrics
 from queen_server.stats.store import StatsStore
@@ -49,7 +49,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     state = QueenState(
         settings=settings,
         registry=registry,
-        dispatcher=Dispatcher(registry, settings, stats, size_class_of, metrics),
+        dispatcher=Dispatcher(registry, settings, DispatchStats(stats, metrics), size_class_of),
         billing=billing,
         db=db,
         stats=stats,

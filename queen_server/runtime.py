@@ -1,4 +1,5 @@
-"""The state the queen's edges share, built once by ``create_app`` and kept on ``app.state``."""
+"""The state the queen's edges share, built once by ``create_app`` and kept on ``app.state``,
+and ``DispatchStats``: the swarm's ``JobStats`` port, wired to the swarm stats and the metrics."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from queen_server.stats.metrics import Metrics
 from queen_server.stats.swarm import SwarmStats
 from queen_server.storage.engine import Database
 from queen_server.swarm.dispatch import Dispatcher
+from queen_server.swarm.jobs import JobHandle
 from queen_server.swarm.registry import Registry
 
 
@@ -22,3 +24,37 @@ class QueenState:
     db: Database | None
     stats: SwarmStats
     metrics: Metrics
+
+
+class DispatchStats:
+    """What the dispatcher reads and reports (``swarm.dispatch.JobStats``), kept by the swarm
+    stats (speeds, each worker's record, the recent jobs) and counted in the Prometheus
+    metrics (tokens, time to first token, retries, failovers) when there are any."""
+
+    def __init__(self, stats: SwarmStats, metrics: Metrics | None = None) -> None:
+        self.stats = stats
+        self.metrics = metrics
+        self.speeds_for = stats.speeds_for  # read on every request: no extra call
+
+    def job_done(self, handle: JobHandle, size_class: str, prompt_tokens: int,
+                 completion_tokens: int, total_s: float, ttft_s: float | None) -> None:
+        self.stats.job_done(handle.id, handle.worker_key, handle.worker_id, handle.model,
+                            size_class, prompt_tokens, completion_tokens, total_s, ttft_s)
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.tokens.labels("in").inc(prompt_tokens)
+            metrics.tokens.labels("out").inc(completion_tokens)
+            if ttft_s is not None:
+                metrics.ttft.observe(ttft_s)
+
+    def job_failed(self, handle: JobHandle, outcome: str, elapsed_s: float) -> None:
+        self.stats.job_failed(handle.id, handle.worker_key, handle.worker_id, handle.model,
+                              outcome, elapsed_s)
+
+    def retried(self) -> None:
+        if self.metrics is not None:
+            self.metrics.retries.inc()
+
+    def failed_over(self) -> None:
+        if self.metrics is not None:
+            self.metrics.failovers.inc()

@@ -1,15 +1,211 @@
 """OpenAI answer and chunk shapes as they cross the wire, in one place for both sides.
 
-``answer_problem`` is the queen's check of what a worker's job frame carries, before it is
-relayed to a client.
+The worker builds its answers here (a whole chat answer from its chunks, the checkpoint of a plain
+answer, an embeddings list), and the queen builds what it relays here (the chunks of a whole
+answer, the finish and usage chunks, its own id/model/created stamp, the embeddings answer in the
+client's encoding). ``answer_problem`` is the queen's check of what a worker's job frame carries,
+before it is relayed to a client; it reads the same fields these builders write.
+
+Every shape is a plain ``dict``, not a pydantic model: the queen relays chunks per streamed token,
+and a dict costs nothing to pass on. Each builder's output validates against its model in
+``shared_schema.openai_types`` (``ChatCompletion``, ``ChatCompletionChunk``,
+``EmbeddingResponse``); tests/shared_schema/test_answers.py holds them to it. Key order is part of
+the shape: clients see these dicts serialized as they are built, so builders keep the order the
+bytes on the wire have always had.
 """
 
 from __future__ import annotations
+
+import base64
+import sys
+from array import array
+from collections.abc import Iterable
+from typing import Any
 
 from shared_schema.protocol import Chunk, JobError, Result
 
 # More tokens than any one job can have: a usage past it is a lie (and past 64 bits, a crash).
 MAX_TOKENS = 2**31 - 1
+
+# The ``object`` of each shape, as OpenAI names it.
+CHAT_ANSWER = "chat.completion"
+CHAT_CHUNK = "chat.completion.chunk"
+EMBEDDING_LIST = "list"
+EMBEDDING = "embedding"
+
+ASSISTANT = "assistant"
+STOP = "stop"  # the finish reason when a worker gave none
+
+
+class AnswerStamp:
+    """What every chunk and answer of one completion carries: the queen's completion id, its
+    creation time and the model name the client asked for (workers' own values are replaced, so
+    a client sees one id across every worker that served its answer)."""
+
+    __slots__ = ("created", "id", "model")
+
+    def __init__(self, completion_id: str, model: str, created: int) -> None:
+        self.id = completion_id
+        self.model = model
+        self.created = created
+
+    def stamp(self, data: dict[str, Any], kind: str) -> dict[str, Any]:
+        """Set ``id``, ``object`` (``kind``), ``created`` and ``model`` on ``data``, in place
+        (keys already there keep their place); runs for every relayed chunk."""
+        data["id"] = self.id
+        data["object"] = kind
+        data["created"] = self.created
+        data["model"] = self.model
+        return data
+
+    def answer(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        """A stamped whole chat answer (``chat.completion``) of ``choices``, without usage."""
+        data = self.stamp({}, CHAT_ANSWER)
+        data["choices"] = choices
+        return data
+
+
+# --- chat chunks ------------------------------------------------------------------------------
+
+
+def delta_choice(
+    delta: dict[str, Any], finish_reason: str | None = None, index: int = 0
+) -> dict[str, Any]:
+    """One choice of a chunk: a piece of the message (``delta``), or its end (``finish_reason``)."""
+    return {"index": index, "delta": delta, "finish_reason": finish_reason}
+
+
+def chat_chunk(
+    choices: list[dict[str, Any]], usage: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A ``chat.completion.chunk`` of ``choices`` (and ``usage``), not yet stamped."""
+    data: dict[str, Any] = {"choices": choices}
+    if usage is not None:
+        data["usage"] = usage
+    return data
+
+
+def opening_chunk(
+    content: str | None = "", role: str = ASSISTANT, index: int = 0
+) -> dict[str, Any]:
+    """The first chunk of a choice: its role, with the first content."""
+    return chat_chunk([delta_choice({"role": role, "content": content}, None, index)])
+
+
+def content_chunk(content: str, index: int = 0) -> dict[str, Any]:
+    """A chunk of content only."""
+    return chat_chunk([delta_choice({"content": content}, None, index)])
+
+
+def finish_chunk(finish_reason: str = STOP, index: int = 0) -> dict[str, Any]:
+    """The last chunk of a choice: an empty delta and why the answer ended."""
+    return chat_chunk([delta_choice({}, finish_reason, index)])
+
+
+def usage_chunk(usage: dict[str, Any]) -> dict[str, Any]:
+    """The chunk after the last one when the client asked for usage: no choices, the usage."""
+    return chat_chunk([], usage)
+
+
+def usage_counts(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """A chat usage object."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def checkpoint_chunk(pieces: list[str]) -> dict[str, Any]:
+    """The text of a worker's plain answer so far, in one chunk the queen keeps (never relays):
+    if this worker is lost, another continues the answer from there. ``usage`` counts its
+    tokens (one per piece), which the queen credits to this worker."""
+    data = {"object": CHAT_CHUNK, **content_chunk("".join(pieces))}
+    data["usage"] = usage_counts(0, len(pieces))
+    return data
+
+
+# --- whole chat answers -----------------------------------------------------------------------
+
+
+def message_choice(
+    content: str, finish_reason: str = STOP, index: int = 0, role: str = ASSISTANT
+) -> dict[str, Any]:
+    """One choice of a whole answer: the message and why it ended."""
+    return {"index": index, "message": {"role": role, "content": content},
+            "finish_reason": finish_reason}
+
+
+def answer_from_chunks(chunks: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """A whole chat answer from its chunks (a worker's answer to a client that did not ask for
+    a stream): choice 0's text, and the last finish reason given ("stop" if none)."""
+    text: list[str] = []
+    finish_reason = STOP
+    for chunk in chunks:
+        for choice in chunk.get("choices") or []:
+            content = (choice.get("delta") or {}).get("content")
+            if content:
+                text.append(content)
+            if choice.get("finish_reason"):
+                finish_reason = choice["finish_reason"]
+    # Workers have always sent this key order, and the queen relays the answer as it comes.
+    return {
+        "object": CHAT_ANSWER,
+        "choices": [{"index": 0, "finish_reason": finish_reason,
+                     "message": {"role": ASSISTANT, "content": "".join(text)}}],
+    }
+
+
+def chunks_from_answer(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    """A whole chat answer, as the chunks a streaming worker would have sent (not yet stamped):
+    per choice, its role and whole content, then its finish."""
+    out = []
+    for choice in answer.get("choices") or []:
+        index = choice.get("index", 0)
+        message = choice.get("message") or {}
+        out.append(opening_chunk(message.get("content", ""), message.get("role", ASSISTANT),
+                                 index))
+        out.append(finish_chunk(choice.get("finish_reason") or STOP, index))
+    return out
+
+
+# --- embeddings -------------------------------------------------------------------------------
+
+
+def embedding_list(model: str, vectors: list[list[float]]) -> dict[str, Any]:
+    """A worker's embeddings answer: one float vector per input, in order (no usage: the
+    ``Result`` frame carries it)."""
+    return {"object": EMBEDDING_LIST, "model": model, "data": [
+        {"object": EMBEDDING, "index": i, "embedding": vector}
+        for i, vector in enumerate(vectors)]}
+
+
+def embeddings_answer(result: Result, model: str, encoding_format: str) -> dict[str, Any]:
+    """The answer to an embeddings request from a worker's result: the worker's float vectors in
+    the encoding the client asked for ("float" or "base64"), the client's model name, and the
+    usage (prompt tokens only)."""
+    data = dict(result.data)
+    data["object"] = EMBEDDING_LIST
+    data["model"] = model
+    if encoding_format == "base64":
+        data["data"] = [
+            {**item, "embedding": floats_to_base64(item.get("embedding") or [])}
+            for item in data.get("data") or []
+        ]
+    usage = result.usage
+    data["usage"] = {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.total_tokens}
+    return data
+
+
+def floats_to_base64(values: list[float]) -> str:
+    """OpenAI's base64 embedding encoding: little-endian float32."""
+    packed = array("f", values)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return base64.b64encode(packed.tobytes()).decode("ascii")
+
+
+# --- the queen's check of a worker's frame ----------------------------------------------------
 
 
 def answer_problem(message: Chunk | Result | JobError, *, embeddings: bool = False) -> str | None:
@@ -18,8 +214,12 @@ def answer_problem(message: Chunk | Result | JobError, *, embeddings: bool = Fal
     ``Chunk.data`` and ``Result.data`` are relayed to the client nearly untouched, so the parts
     the queen reads (choices, deltas, messages, embeddings) must have the types OpenAI gives
     them, and every integer must fit 64 bits. An embeddings job's result must carry its vectors
-    (``data``); a chat job's result may be empty when the answer was streamed in chunks. Plain
-    checks, not a pydantic model: this runs for every streamed token.
+    (``data``); a chat job's result may be empty when the answer was streamed in chunks.
+
+    The fields checked are the ones the builders above write (a chunk's choice has a ``delta``,
+    see ``delta_choice``; an answer's a ``message``, see ``message_choice``; an embedding its
+    ``index`` and vector, see ``embedding_list``), with the types ``openai_types`` gives them.
+    Plain checks with literal keys, not a pydantic model: this runs for every streamed token.
     """
     if isinstance(message, JobError):
         return None

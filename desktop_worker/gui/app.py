@@ -40,7 +40,7 @@ from desktop_worker.gui.wizard import FirstRunWizard
 from desktop_worker.hardware import HardwareReport
 from desktop_worker.identity import WorkerIdentity
 from desktop_worker.service import Detector
-from desktop_worker.settings import WorkerSettings
+from desktop_worker.settings import WorkerSettings, config_dir
 from shared_schema import WorkerEarnings
 
 log = logging.getLogger(__name__)
@@ -232,7 +232,6 @@ def run_app(settings: WorkerSettings | None = None, argv: list[str] | None = Non
     import qasync
 
     from desktop_worker.desktop.autostart import autostart_for_platform
-    from desktop_worker.desktop.config import config_dir
     from desktop_worker.desktop.single_instance import SingleInstance, default_key
     qt_app = QApplication.instance() or QApplication(argv if argv is not None else sys.argv)
     assert isinstance(qt_app, QApplication)

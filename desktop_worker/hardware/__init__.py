@@ -2,7 +2,8 @@
 
 ``detect_hardware(models_dir)`` returns a ``HardwareReport`` whose ``registration_fields()``
 fill a ``Hello``. Each kind of detector sits behind ``GpuDetector`` (or ``SystemProbe``) with a
-real, a null and a fixture-fed implementation; see ``fixtures.py`` for the recorded format.
+real and a null implementation here; the fixture-fed ones that replay recorded machines are test
+doubles, and live with the tests (``tests/support/hardware_fixtures.py``).
 """
 
 from __future__ import annotations
@@ -13,12 +14,6 @@ from desktop_worker.hardware.base import (
     GpuDetector,
     NullGpuDetector,
 )
-from desktop_worker.hardware.fixtures import (
-    FakeNvml,
-    FakeOpenCl,
-    FixtureNvmlDetector,
-    FixtureOpenClDetector,
-)
 from desktop_worker.hardware.nvidia import NvmlDetector
 from desktop_worker.hardware.opencl import OpenClDetector
 from desktop_worker.hardware.report import (
@@ -28,7 +23,6 @@ from desktop_worker.hardware.report import (
     status_changes,
 )
 from desktop_worker.hardware.system import (
-    FixedSystemProbe,
     PsutilSystemProbe,
     SystemInfo,
     SystemProbe,
@@ -37,11 +31,6 @@ from desktop_worker.hardware.system import (
 __all__ = [
     "ComputeDevice",
     "DetectorResult",
-    "FakeNvml",
-    "FakeOpenCl",
-    "FixedSystemProbe",
-    "FixtureNvmlDetector",
-    "FixtureOpenClDetector",
     "GpuDetector",
     "HardwareReport",
     "NullGpuDetector",

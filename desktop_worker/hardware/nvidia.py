@@ -1,8 +1,8 @@
 """NVIDIA GPUs through NVML (``nvidia-ml-py``, imported as ``pynvml``).
 
 ``NvmlDetector`` takes the NVML module as an argument: the real ``pynvml`` by default, or any
-object with the same functions (``FakeNvml`` in ``fixtures.py``), so recorded readings go
-through exactly this parsing code.
+object with the same functions (the tests' ``FakeNvml``, in ``tests/support/hardware_fixtures.py``),
+so recorded readings go through exactly this parsing code.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """OpenCL devices through ``pyopencl``: GPUs for the wire, CPU devices for the full report.
 
 ``OpenClDetector`` takes the OpenCL module as an argument: the real ``pyopencl`` by default, or
-any object with ``get_platforms``, ``Error`` and ``device_type`` (``FakeOpenCl`` in
-``fixtures.py``), so recorded readings go through exactly this parsing code.
+any object with ``get_platforms``, ``Error`` and ``device_type`` (the tests' ``FakeOpenCl``, in
+``tests/support/hardware_fixtures.py``), so recorded readings go through exactly this parsing
+code.
 """
 
 from __future__ import annotations

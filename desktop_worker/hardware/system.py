@@ -1,16 +1,15 @@
 """CPU count, RAM and free disk where the models live.
 
-``SystemProbe`` is the interface; ``PsutilSystemProbe`` reads this machine and
-``FixedSystemProbe`` returns given (or recorded, JSON) values for tests.
+``SystemProbe`` is the interface; ``PsutilSystemProbe`` reads this machine. The tests'
+``FixedSystemProbe`` (``tests/support/hardware_fixtures.py``) returns given or recorded values.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -66,21 +65,3 @@ class PsutilSystemProbe:
             disk_free_gb=disk_free_bytes(models_dir) // GIB,
         )
 
-
-class FixedSystemProbe:
-    """Always returns the same readings, whatever the directory."""
-
-    def __init__(self, info: SystemInfo) -> None:
-        self.info = info
-
-    @classmethod
-    def from_json(cls, path: Path) -> FixedSystemProbe:
-        """Readings recorded as the fields of ``SystemInfo``: a fixture's ``"system"`` section,
-        or the whole file."""
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        data = data.get("system", data)
-        return cls(SystemInfo(**{f.name: int(data[f.name]) for f in fields(SystemInfo)}))
-
-    def probe(self, models_dir: Path) -> SystemInfo:
-        """Return the fixed readings."""
-        return self.info

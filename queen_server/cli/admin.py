@@ -10,8 +10,6 @@ import argparse
 import asyncio
 from typing import TextIO
 
-from sqlalchemy import select
-
 from queen_server.billing import ledger
 from queen_server.billing.admin import create_key, credit_key, list_keys, sats_to_msat
 from queen_server.billing.keys import KeyStore
@@ -19,8 +17,10 @@ from queen_server.billing.store import LedgerStore
 from queen_server.identity import public_id
 from queen_server.settings import QueenSettings
 from queen_server.storage.engine import Database
-from queen_server.storage.tables import Payout
+from queen_server.storage.queries import recent_payouts
 from shared_schema.admin_types import MAX_SATS
+
+CLI_PAYOUTS = 50  # payouts `payouts list` shows
 
 
 def sats(text: str) -> float:
@@ -115,8 +115,7 @@ async def _run(settings: QueenSettings, args: argparse.Namespace, out: TextIO) -
 
 
 async def _list_payouts(db: Database, out: TextIO) -> int:
-    async with db.engine.connect() as conn:
-        rows = (await conn.execute(select(Payout).order_by(Payout.id.desc()).limit(50))).all()
+    rows = await recent_payouts(db.engine, CLI_PAYOUTS)
     out.write(f"{'id':>5}  {'worker':<12} {'sats':>12}  {'state':<9} {'when':<16} detail\n")
     for row in rows:
         out.write(f"{row.id:>5}  {public_id(row.worker_key):<12} {row.amount_msat / 1000:>12,.3f}"

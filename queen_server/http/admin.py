@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from queen_server.billing.admin import create_key, credit_key, list_keys, sats_to_msat, view
-from queen_server.errors import NotFound
-from queen_server.http.deps import require_admin
+from queen_server import reports
+from queen_server.billing.admin import create_key, credit_key, sats_to_msat, view
+from queen_server.http.deps import json_response, require_admin
 from queen_server.http.io import parse, read_body, request_schema
 from shared_schema.admin_types import KeyCreate, KeyCreated, KeyCredit, KeyCredited, KeyView
 
@@ -27,10 +27,7 @@ router = APIRouter(prefix="/admin", tags=["admin"])
 
 def _admin(request: Request) -> tuple[QueenState, KeyStore, LedgerStore]:
     state = require_admin(request)  # the admin session cookie, or the bearer admin token
-    billing = state.billing
-    if billing.keys is None or billing.ledger is None:
-        raise NotFound("This queen keeps no database.", code="no_ledger")
-    return state, billing.keys, billing.ledger
+    return state, *reports.key_stores(state)
 
 
 def _json(model: KeyView | KeyCredited, status_code: int = 200) -> Response:
@@ -40,10 +37,7 @@ def _json(model: KeyView | KeyCredited, status_code: int = 200) -> Response:
 
 @router.get("/keys", response_model=list[KeyView], summary="Every key, with its balance")
 async def admin_list_keys(request: Request) -> Response:
-    _, keys, store = _admin(request)
-    views = await list_keys(keys, store)
-    return Response("[" + ",".join(v.model_dump_json() for v in views) + "]",
-                    media_type="application/json")
+    return json_response(await reports.api_keys(require_admin(request)))
 
 
 @router.post("/keys", response_model=KeyCreated, status_code=201,

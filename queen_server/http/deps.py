@@ -25,12 +25,15 @@ def json_response(data: Any, status_code: int = 200) -> Response:
 
 
 def require_admin(request: Request) -> QueenState:
-    """The state, for a request with the admin token (a bearer header or a pages session)."""
+    """The state, for a request with the admin token (a bearer header or a pages session).
+
+    The session is the pages' (``web/session.py``); ``create_app`` hands its check over on
+    ``app.state.admin_session``, since ``http`` and ``web`` must not import each other."""
     state = queen(request)
     token = state.settings.admin_token
     if not token:
         raise NotFound("The admin pages are off: set APIARY_ADMIN_TOKEN to turn them on.")
-    session_check = getattr(request.app.state, "admin_session", None)  # set by the pages
+    session_check = getattr(request.app.state, "admin_session", None)
     if session_check is not None and session_check(request):
         return state
     scheme, _, given = (request.headers.get("authorization") or "").partition(" ")

@@ -18,14 +18,9 @@ from queen_server import __version__
 from queen_server.http.deps import json_response, queen
 from queen_server.http.fastpath import HotRoutes
 from queen_server.http.io import ClientGone, DisconnectGuard, parse, read_body
-from queen_server.swarm.relay import (
-    CompletionContext,
-    assemble_chat,
-    collect,
-    embeddings_answer,
-    stream_chat,
-)
-from queen_server.swarm.sessions import EMBEDDINGS_JOB
+from queen_server.http.sse import stream_chat
+from queen_server.swarm.jobs import EMBEDDINGS_JOB
+from queen_server.swarm.relay import CompletionContext, assemble_chat, collect
 from shared_schema import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -38,6 +33,7 @@ from shared_schema import (
     ModelList,
     ModelPrice,
 )
+from shared_schema.answers import embeddings_answer
 
 if TYPE_CHECKING:
     pass

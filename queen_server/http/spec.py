@@ -40,7 +40,7 @@ def publish_request_schemas(app: FastAPI, bodies: Iterable[type[BaseModel]]) -> 
 
 
 # The errors each group of routes can answer, besides its own (see errors.py). Bad input is a
-# 400 in OpenAI's shape (the validation handler above), never FastAPI's 422.
+# 400 in OpenAI's shape (error_handlers.py's validation handler), never FastAPI's 422.
 ROUTE_ERRORS: tuple[tuple[str, dict[str, str]], ...] = (
     ("/v1/", {"401": "Missing or wrong API key (when keys are required)",
               "402": "The key's balance or spend budget is too low",

@@ -1,7 +1,8 @@
-"""The ``/worker`` websocket: the handshake, the read loop and the heartbeat of one worker.
+"""The ``/worker`` websocket: the Starlette adapter around the queen's link machine.
 
-This is the I/O edge for workers. Deciding what a frame means happens in ``sessions``; this
-module only moves frames, enforces limits and keeps the registry true to who is connected.
+What a frame means, the handshake included, is decided in ``swarm.link``; this module only moves
+text between the socket and the machine, carries out the machine's actions, times the hello and
+the heartbeats, and keeps the registry, the stats and the database true to who is connected.
 """
 
 from __future__ import annotations
@@ -9,34 +10,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from queen_server.errors import HandshakeRefused
-from queen_server.identity import new_nonce, public_id, verify_hello
-from queen_server.payouts.lightning import InvalidPayoutAddress, parse_payout_address
-from queen_server.swarm.sessions import UNKNOWN_JOB, LegacySession, WorkerSession
-from shared_schema import (
-    PROTOCOL_VERSION,
-    SUBPROTOCOL,
-    Challenge,
-    Hello,
-    JobError,
-    LegacyRegistration,
-    Ping,
-    Pong,
-    ProtocolError,
-    Refused,
-    Status,
-    Welcome,
-    encode,
-    loads_object,
-    looks_like_registration,
+from queen_server.identity import HelloGate
+from queen_server.swarm.link import (
+    Admit,
+    Close,
+    QueenLink,
+    Refuse,
+    Send,
+    StatusChanged,
 )
-from shared_schema.protocol import CLOSE_HEARTBEAT, CLOSE_POLICY, CLOSE_REPLACED, CLOSE_TOO_BIG
+from queen_server.swarm.worker import Worker
+from shared_schema import PROTOCOL_VERSION, SUBPROTOCOL
+from shared_schema.protocol import CLOSE_REPLACED
 
 if TYPE_CHECKING:
     from queen_server.runtime import QueenState
@@ -48,264 +38,165 @@ class Disconnected(Exception):
     pass
 
 
-class WebSocketTransport:
-    """Adapts a Starlette websocket to the sessions' ``Transport``."""
+class WorkerSocket:
+    """One worker's websocket as the swarm's ``Connection``: the link encodes, this sends."""
 
-    def __init__(self, websocket: WebSocket) -> None:
+    __slots__ = ("link", "websocket")
+
+    def __init__(self, websocket: WebSocket, link: QueenLink) -> None:
         self.websocket = websocket
+        self.link = link
 
-    async def send_text(self, data: str) -> None:
-        await self.websocket.send({"type": "websocket.send", "text": data})
+    async def send_text(self, frame: str) -> None:
+        await self.websocket.send({"type": "websocket.send", "text": frame})
+
+    async def send_job(
+        self,
+        job_id: str,
+        openai_url: str,
+        openai_req: dict[str, Any],
+        continuation: str | None = None,
+    ) -> None:
+        await self.send_text(self.link.job_frame(job_id, openai_url, openai_req, continuation))
+
+    async def send_cancel(self, job_id: str, reason: str) -> None:
+        frame = self.link.cancel_frame(job_id, reason)
+        if frame is not None:
+            await self.send_text(frame)
 
     async def close(self, code: int, reason: str) -> None:
         if self.websocket.application_state != WebSocketState.DISCONNECTED:
             await self.websocket.close(code, reason[:120])
 
 
-async def _receive_text(websocket: WebSocket) -> str:
-    message = await websocket.receive()
-    if message["type"] == "websocket.disconnect":
-        raise Disconnected(message.get("code", 1000))
-    text = message.get("text")
-    if text is None:
-        raise ProtocolError("binary_frame", "binary frames are not part of the protocol")
-    return text
-
-
 async def worker_endpoint(websocket: WebSocket) -> None:
     state: QueenState = websocket.app.state.queen
+    settings = state.settings
+    loop = asyncio.get_running_loop()
     v1 = SUBPROTOCOL in websocket.scope.get("subprotocols", ())
     await websocket.accept(subprotocol=SUBPROTOCOL if v1 else None)
-    transport = WebSocketTransport(websocket)
+    link = QueenLink(settings, HelloGate(settings.lnurl_insecure_hosts), v1=v1, now=loop.time(),
+                     clock=time.time)
+    socket = WorkerSocket(websocket, link)
     try:
-        session = await _handshake(websocket, transport, state, v1=v1)
-    except HandshakeRefused as refusal:
-        log.warning("refused a worker from %s: %s", _peer(websocket), refusal.reason)
-        with contextlib.suppress(Exception):
-            await transport.send_text(encode(Refused(code=refusal.code, reason=refusal.reason)))
-            await transport.close(refusal.close_code, refusal.reason)
-        return
+        admit = await _handshake(websocket, socket, settings.hello_timeout_s)
     except (Disconnected, WebSocketDisconnect):
         return
+    if admit is None:
+        return
+    worker = admit.worker
 
-    if state.db is not None and not session.legacy:
-        await state.db.record_worker(
-            session.key, session.public_id, session.ln_url, session.worker_version
-        )
+    if state.db is not None and not worker.legacy:
+        await state.db.record_worker(worker.key, worker.public_id, worker.ln_url,
+                                     worker.worker_version)
     heartbeat = None
-    reason = "disconnected"
+    reason, close_code = "disconnected", 1000
     try:
-        if not session.legacy:
+        if admit.welcome is not None:
             # Welcome first, then register: a job must never reach a worker before its welcome.
-            await transport.send_text(
-                encode(
-                    Welcome(
-                        session_id=session.session_id,
-                        worker_id=session.public_id,
-                        heartbeat_interval_s=state.settings.heartbeat_interval_s,
-                    )
-                )
-            )
-        older = state.registry.add(session)
-        state.stats.connected(session.key, session.public_id, session.worker_version)
+            await socket.send_text(admit.welcome)
+        older = state.registry.add(worker, socket)
+        link.registered(state.registry.leases_of(worker.key))
+        state.stats.connected(worker.key, worker.public_id, worker.worker_version)
         if older is not None:
             with contextlib.suppress(Exception):
-                await older.transport.close(CLOSE_REPLACED, "replaced by a newer session")
+                await older.close(CLOSE_REPLACED, "replaced by a newer session")
         log.info(
             "worker %s joined (%s, %d job slots, models: %s)",
-            session.public_id,
-            "legacy" if session.legacy else f"v{PROTOCOL_VERSION} {session.worker_version}",
-            session.max_jobs,
-            ", ".join(sorted(session.cached)) or "none",
+            worker.public_id,
+            "legacy" if worker.legacy else f"v{PROTOCOL_VERSION} {worker.worker_version}",
+            worker.max_jobs,
+            ", ".join(sorted(worker.cached)) or "none",
         )
-        if not session.legacy:
-            heartbeat = asyncio.create_task(_heartbeat(session, state))
-        reason = await _read_loop(websocket, session, state)
+        if not worker.legacy:
+            heartbeat = asyncio.create_task(_heartbeat(socket, worker, state))
+        reason, close_code = await _read_loop(websocket, socket, worker, state)
     except (Disconnected, WebSocketDisconnect, OSError) as exc:
         reason = f"connection lost ({type(exc).__name__})"
     finally:
         if heartbeat is not None:
             heartbeat.cancel()
-        if state.registry.remove(session, reason) or state.registry.get(session.key) is None:
-            state.stats.disconnected(session.key)
+        if state.registry.remove(worker, reason) or state.registry.get(worker.key) is None:
+            state.stats.disconnected(worker.key)
         with contextlib.suppress(Exception):
-            await transport.close(CLOSE_POLICY if reason.startswith("too many") else 1000, reason)
+            await socket.close(close_code, reason)
 
 
 async def _handshake(
-    websocket: WebSocket, transport: WebSocketTransport, state: QueenState, *, v1: bool
-) -> WorkerSession:
-    """A v1 worker gets a challenge and must answer with a signed hello; a legacy worker (no
-    subprotocol) speaks first, with its bare registration."""
-    settings = state.settings
-    nonce = new_nonce()
-    if v1:
-        await transport.send_text(encode(Challenge(nonce=nonce)))
+    websocket: WebSocket, socket: WorkerSocket, timeout_s: float
+) -> Admit | None:
+    """Challenge a v1 worker, wait ``timeout_s`` for its first frame, and carry out the link's
+    verdict: the admission, or None once a refusal was sent."""
+    link = socket.link
+    for action in link.opened():
+        if isinstance(action, Send):
+            await socket.send_text(action.frame)
     try:
-        async with asyncio.timeout(settings.hello_timeout_s):
-            frame = await _receive_text(websocket)
+        async with asyncio.timeout(timeout_s):
+            message = await websocket.receive()
     except TimeoutError:
-        raise HandshakeRefused("hello_timeout", "no hello arrived in time") from None
-    except ProtocolError as exc:
-        raise HandshakeRefused(exc.code, exc.message) from exc
-    if len(frame) > settings.max_hello_bytes:
-        raise HandshakeRefused(
-            "frame_too_large",
-            f"the hello is {len(frame)} bytes; the limit is {settings.max_hello_bytes}",
-            CLOSE_TOO_BIG,
-        )
-    try:
-        body = loads_object(frame)
-    except ProtocolError as exc:
-        raise HandshakeRefused(exc.code, exc.message) from exc
-    loop_now = asyncio.get_running_loop().time()
-    session_id = secrets.token_hex(8)
-    if not v1:
-        if not looks_like_registration(body):
-            raise HandshakeRefused(
-                "unexpected_message",
-                f"a worker that does not offer the {SUBPROTOCOL!r} subprotocol must start with "
-                "the original registration message",
-            )
-        try:
-            registration = LegacyRegistration.model_validate(body, extra="ignore")
-        except ValidationError as exc:
-            raise HandshakeRefused("invalid_message", _first_error(exc)) from exc
-        key = f"legacy-{session_id}"
-        return LegacySession(
-            key=key,
-            public_id=key,
-            session_id=session_id,
-            transport=transport,
-            max_jobs=1,
-            ln_url=registration.ln_url,
-            gpus=[gpu.name for gpu in registration.nv_gpus] or
-                 [gpu.name for gpu in registration.cl_gpus],
-            vram_mb=registration.vram,
-            now=loop_now,
-        )
-    if body.get("type") != "hello":
-        raise HandshakeRefused("unexpected_message", "the first frame must be a hello")
-    if body.get("protocol") != PROTOCOL_VERSION:
-        raise HandshakeRefused(
-            "protocol_version",
-            f"protocol {body.get('protocol')!r} is not supported; this queen speaks "
-            f"{PROTOCOL_VERSION}",
-        )
-    try:
-        hello = Hello.model_validate(body, extra="ignore")
-    except ValidationError as exc:
-        raise HandshakeRefused("invalid_message", _first_error(exc)) from exc
-    verify_hello(hello, nonce)
-    try:
-        parse_payout_address(hello.ln_url, insecure_hosts=settings.lnurl_insecure_hosts)
-    except InvalidPayoutAddress as exc:
-        raise HandshakeRefused("invalid_ln_url", f"the payout address {hello.ln_url!r} is not "
-                               f"valid: {exc.message}") from exc
-    return WorkerSession(
-        key=hello.pubkey,
-        public_id=public_id(hello.pubkey),
-        session_id=session_id,
-        transport=transport,
-        max_jobs=hello.max_jobs,
-        models=hello.models,
-        capabilities=hello.capabilities,
-        worker_version=hello.worker_version,
-        ln_url=hello.ln_url,
-        gpus=[gpu.name for gpu in hello.nv_gpus] or [gpu.name for gpu in hello.cl_gpus],
-        vram_mb=hello.vram,
-        now=loop_now,
-    )
+        actions = link.hello_timeout()
+    else:
+        if message["type"] == "websocket.disconnect":
+            raise Disconnected(message.get("code", 1000))
+        actions = link.receive(message.get("text"), asyncio.get_running_loop().time())
+    for action in actions:
+        if isinstance(action, Admit):
+            return action
+        if isinstance(action, Refuse):
+            log.warning("refused a worker from %s: %s", _peer(websocket), action.reason)
+            with contextlib.suppress(Exception):
+                await socket.send_text(action.frame)
+                await socket.close(action.close_code, action.reason)
+    return None
 
 
-async def _read_loop(websocket: WebSocket, session: WorkerSession, state: QueenState) -> str:
-    """Read frames until the worker goes; returns why it went.
-
-    Every bad frame is answered with an ``error`` message (its ``code`` says what was wrong,
-    its ``id`` names the job the frame named, if any) and counted; ``max_bad_frames`` of them
-    close the session. A frame for a job not in flight is answered but not counted, since an
-    honest worker's frame can cross a cancel.
-    """
+async def _read_loop(
+    websocket: WebSocket, socket: WorkerSocket, worker: Worker, state: QueenState
+) -> tuple[str, int]:
+    """Feed frames to the link until the worker goes or the link closes; returns why, and the
+    close code to end with."""
     loop = asyncio.get_running_loop()
-    max_bad = state.settings.max_bad_frames
     receive = websocket.receive
+    link_receive = socket.link.receive
     while True:
         message = await receive()
         if message["type"] == "websocket.disconnect":
-            return f"disconnected (code {message.get('code', 1005)})"
-        session.last_seen = loop.time()
-        text = message.get("text")
-        try:
-            if text is None:
-                raise ProtocolError("binary_frame", "binary frames are not part of the protocol")
-            other = session.route(text)
-            if other is None or isinstance(other, Pong):
-                continue
-            if isinstance(other, Status):
-                _apply_status(session, other, state)
-            elif isinstance(other, Ping):
-                await session.transport.send_text(encode(Pong(ts=other.ts)))
-            else:
-                raise ProtocolError(
-                    "unexpected_message",
-                    f"a {other.type} is not expected from a worker after its welcome",
-                )
-        except ProtocolError as exc:
-            if exc.code != UNKNOWN_JOB:
-                session.bad_frames += 1
-            log.warning("worker %s sent a bad frame (%s): %s", session.public_id, exc.code,
-                        exc.message[:200])
-            if session.bad_frames >= max_bad:
-                return f"too many bad frames ({session.bad_frames})"
-            if not session.legacy:  # a legacy worker would take any frame for a request
-                await session.transport.send_text(encode(JobError(
-                    id=_job_id(text), code=exc.code, message=exc.message[:500])))
+            return f"disconnected (code {message.get('code', 1005)})", 1000
+        actions = link_receive(message.get("text"), loop.time())
+        if not actions:
+            continue
+        for action in actions:
+            if isinstance(action, Send):
+                await socket.send_text(action.frame)
+            elif isinstance(action, StatusChanged):
+                state.registry.apply_status(worker, max_jobs=action.max_jobs,
+                                            models=action.models)
+            elif isinstance(action, Close):
+                return action.reason, action.code
 
 
-def _job_id(frame: str | None) -> str:
-    """The job id a bad frame names, if it is a JSON object with a string ``id``; else ""."""
-    if frame is None:
-        return ""
-    try:
-        body = loads_object(frame)
-    except ProtocolError:
-        return ""
-    job_id = body.get("id")
-    return job_id[:128] if isinstance(job_id, str) else ""
-
-
-def _apply_status(session: WorkerSession, status: Status, state: QueenState) -> None:
-    if status.max_jobs is not None:
-        session.max_jobs = status.max_jobs
-    if status.models is not None:
-        session.set_models(status.models)
-        state.registry.models_changed(session)
-
-
-async def _heartbeat(session: WorkerSession, state: QueenState) -> None:
-    """Ping every interval; a worker silent for ``heartbeat_misses`` intervals is dropped."""
+async def _heartbeat(socket: WorkerSocket, worker: Worker, state: QueenState) -> None:
+    """Every interval, the link pings, or drops a worker silent for ``heartbeat_misses`` of
+    them."""
     loop = asyncio.get_running_loop()
     interval = state.settings.heartbeat_interval_s
-    timeout = state.settings.heartbeat_timeout_s
     while True:
         await asyncio.sleep(interval)
-        if loop.time() - session.last_seen > timeout:
-            state.registry.remove(session, "missed heartbeats")
-            with contextlib.suppress(Exception):
-                await session.transport.close(CLOSE_HEARTBEAT, "missed heartbeats")
-            return
-        try:
-            await session.transport.send_text(encode(Ping(ts=loop.time())))
-        except Exception:
-            return
-
-
-def _first_error(exc: ValidationError) -> str:
-    first = exc.errors(include_url=False)[0]
-    where = ".".join(str(part) for part in first["loc"]) or "hello"
-    return f"{where}: {first['msg']}"
+        for action in socket.link.tick(loop.time()):
+            if isinstance(action, Close):
+                state.registry.remove(worker, action.reason)
+                with contextlib.suppress(Exception):
+                    await socket.close(action.code, action.reason)
+                return
+            if isinstance(action, Send):
+                try:
+                    await socket.send_text(action.frame)
+                except Exception:
+                    return
 
 
 def _peer(websocket: WebSocket) -> str:
     client = websocket.client
     return f"{client.host}:{client.port}" if client else "unknown"
+

@@ -4,6 +4,11 @@
 every failure before that point can still become a proper HTTP status (404, 503, 502, 504) or a
 transparent retry on the next-best worker. After that the HTTP side reads the rest of the frames
 from the run and must ``finish`` it, which sends ``cancel`` to the worker if the job had not ended.
+
+The dispatcher writes to a worker through the ``Connection`` the registry holds for it, and
+reaches the rest of the queen through two small ports: ``DispatchSettings`` (its knobs, which
+``QueenSettings`` has) and ``JobStats`` (the speed records it routes by, and what it reports,
+which ``runtime.DispatchStats`` feeds to the swarm stats and the metrics).
 """
 
 from __future__ import annotations
@@ -11,24 +16,65 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from queen_server.errors import GatewayTimeout, ModelNotFound, NoCapacity, WorkerFailed
-from queen_server.settings import QueenSettings
-from queen_server.stats.metrics import Metrics
-from queen_server.stats.swarm import SwarmStats
 from queen_server.swarm.jobs import JobEvent, JobHandle, WorkerLost
 from queen_server.swarm.registry import Registry
 from queen_server.swarm.routing import rank
-from queen_server.swarm.sessions import WorkerSession
+from queen_server.swarm.worker import Connection, Worker
 from shared_schema import CAPABILITY_CONTINUE, JobError, Result
 
 log = logging.getLogger(__name__)
 
 # After a cancel, a worker has this long to end the job before its slot is taken back anyway.
 CANCEL_GRACE_S = 5.0
+
+
+class DispatchSettings(Protocol):
+    """The dispatcher's knobs (``QueenSettings`` has them all)."""
+
+    @property
+    def total_timeout_s(self) -> float: ...
+    @property
+    def first_token_timeout_s(self) -> float: ...
+    @property
+    def max_attempts(self) -> int: ...
+    @property
+    def queue_timeout_s(self) -> float: ...
+    @property
+    def max_queued_jobs(self) -> int: ...
+    @property
+    def retry_after_s(self) -> int: ...
+
+
+class JobStats(Protocol):
+    """What the dispatcher reads (the workers' speed records, for routing) and reports (every
+    attempt's end, retries, failovers). ``runtime.DispatchStats`` feeds the swarm stats and the
+    Prometheus metrics from it."""
+
+    def speeds_for(self, size_class: str) -> Mapping[str, float]:
+        """Worker key -> seconds per completion token, for models of ``size_class``."""
+        ...
+
+    def job_done(self, handle: JobHandle, size_class: str, prompt_tokens: int,
+                 completion_tokens: int, total_s: float, ttft_s: float | None) -> None:
+        """A job ended with its result; ``ttft_s`` only for a streamed one."""
+        ...
+
+    def job_failed(self, handle: JobHandle, outcome: str, elapsed_s: float) -> None:
+        """A job did not finish on its worker (``timeout``, ``worker_lost``, an error code)."""
+        ...
+
+    def retried(self) -> None:
+        """A job failed before its first token and goes to another worker."""
+        ...
+
+    def failed_over(self) -> None:
+        """An answer goes on on another worker after its worker failed."""
+        ...
 
 
 @dataclass(slots=True)
@@ -46,21 +92,24 @@ class JobRequest:
 
 
 class JobRun:
-    """A job under way on one worker, with its first event already received."""
+    """A job under way on one worker, with its first event already received. ``worker`` is the
+    directory entry of the worker it was leased to (still readable after the worker left)."""
 
-    __slots__ = ("_dispatcher", "first", "handle", "request")
+    __slots__ = ("_dispatcher", "first", "handle", "request", "worker")
 
     def __init__(
-        self, dispatcher: Dispatcher, handle: JobHandle, first: JobEvent, request: JobRequest
+        self,
+        dispatcher: Dispatcher,
+        worker: Worker,
+        handle: JobHandle,
+        first: JobEvent,
+        request: JobRequest,
     ) -> None:
         self._dispatcher = dispatcher
+        self.worker = worker
         self.handle = handle
         self.first = first
         self.request = request
-
-    @property
-    def worker(self) -> WorkerSession:
-        return self.handle.session
 
     async def next(self) -> JobEvent:
         """The next event of the job; ``GatewayTimeout`` past the total deadline."""
@@ -91,17 +140,15 @@ class Dispatcher:
     def __init__(
         self,
         registry: Registry,
-        settings: QueenSettings,
-        stats: SwarmStats,
+        settings: DispatchSettings,
+        stats: JobStats,
         size_class_of: Callable[[str], str],
-        metrics: Metrics | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.registry = registry
         self.settings = settings
         self.stats = stats
         self.size_class_of = size_class_of
-        self.metrics = metrics
         self.rng = rng or random.Random()
 
     def _retry_after(self) -> dict[str, str]:
@@ -128,8 +175,7 @@ class Dispatcher:
         retry). Raises ``WorkerFailed`` when no twin is left."""
         request = run.request
         request.tried.add(run.worker.key)
-        if self.metrics is not None:
-            self.metrics.failovers.inc()
+        self.stats.failed_over()
         if not delivered_text:
             return await self._launch(request, self.settings.max_attempts)
         descriptor = run.worker.models.get(request.model)
@@ -142,9 +188,9 @@ class Dispatcher:
             if openai_req.get(name) is not None:
                 openai_req[name] = max(1, openai_req[name] - delivered_tokens)
 
-        def twin(session: WorkerSession) -> bool:
-            held = session.models.get(request.model)
-            return (CAPABILITY_CONTINUE in session.capabilities and held is not None
+        def twin(worker: Worker) -> bool:
+            held = worker.models.get(request.model)
+            return (CAPABILITY_CONTINUE in worker.capabilities and held is not None
                     and held.sha256 == sha256)
 
         return await self._launch(request, self.settings.max_attempts, accept=twin,
@@ -155,7 +201,7 @@ class Dispatcher:
         request: JobRequest,
         attempts: int,
         *,
-        accept: Callable[[WorkerSession], bool] | None = None,
+        accept: Callable[[Worker], bool] | None = None,
         continuation: str | None = None,
         openai_req: dict[str, Any] | None = None,
     ) -> JobRun:
@@ -167,17 +213,19 @@ class Dispatcher:
         tried = request.tried
         body = request.openai_req if openai_req is None else openai_req
         last_error = "no worker answered"
+        registry = self.registry
         for _ in range(attempts):
-            session = await self._acquire(request.model, tried, last_error, accept)
+            worker, connection = await self._acquire(request.model, tried, last_error, accept)
             request.attempts += 1
-            handle = JobHandle(f"{request.job_id}.{request.attempts}", request.model, session,
-                               loop.time())
-            self.registry.lease(session, handle)
+            handle = JobHandle(f"{request.job_id}.{request.attempts}", request.model, worker.key,
+                               loop.time(), worker_id=worker.public_id,
+                               cancel=connection.send_cancel)
+            registry.lease(worker, handle)
             first_deadline = deadline
             if request.stream:
                 first_deadline = min(deadline, loop.time() + settings.first_token_timeout_s)
             try:
-                await session.send_job(handle, request.openai_url, body, continuation)
+                await connection.send_job(handle.id, request.openai_url, body, continuation)
                 first = await handle.next(first_deadline)
             except TimeoutError:
                 self.record_failure(handle, "timeout")
@@ -191,21 +239,20 @@ class Dispatcher:
                 await self.end(handle, "client went away")
                 raise
             except Exception as exc:  # the socket broke while sending the job
-                log.info("sending job %s to %r failed: %s", handle.id, session, exc)
+                log.info("sending job %s to %r failed: %s", handle.id, worker, exc)
                 first = WorkerLost(f"sending the job failed: {exc}")
             handle.first_at = loop.time()
             if can_fail_over(first):
                 last_error = first.reason if isinstance(first, WorkerLost) else first.message
-                log.info("job %s failed on %r before its first token: %s", handle.id, session,
+                log.info("job %s failed on %r before its first token: %s", handle.id, worker,
                          last_error)
                 self.record_failure(handle, "worker_lost" if isinstance(first, WorkerLost)
                                     else first.code)
-                tried.add(session.key)
+                tried.add(worker.key)
                 await self.end(handle, "retrying elsewhere")
-                if self.metrics is not None:
-                    self.metrics.retries.inc()
+                self.stats.retried()
                 continue
-            return JobRun(self, handle, first, request)
+            return JobRun(self, worker, handle, first, request)
         raise WorkerFailed(
             f"the job failed on {len(tried)} worker(s); last error: {last_error}",
         )
@@ -222,18 +269,18 @@ class Dispatcher:
         model: str,
         tried: set[str],
         last_error: str,
-        accept: Callable[[WorkerSession], bool] | None = None,
-    ) -> WorkerSession:
-        """The best (acceptable) worker with a free slot, waiting in the admission queue if all
-        are busy."""
+        accept: Callable[[Worker], bool] | None = None,
+    ) -> tuple[Worker, Connection]:
+        """The best (acceptable) worker with a free slot and the connection that holds it,
+        waiting in the admission queue if all are busy."""
         registry = self.registry
         loop = asyncio.get_running_loop()
         queue_deadline: float | None = None
         while True:
             candidates = registry.candidates(model)
             if accept is not None:
-                candidates = [session for session in candidates if accept(session)]
-                if not candidates or all(session.key in tried for session in candidates):
+                candidates = [worker for worker in candidates if accept(worker)]
+                if not candidates or all(worker.key in tried for worker in candidates):
                     raise WorkerFailed(
                         "the worker was lost mid-answer and no other connected worker holds "
                         f"the same model file to continue it; last error: {last_error}",
@@ -246,10 +293,12 @@ class Dispatcher:
                     )
                 self.require_servable(model)
             speeds = self.stats.speeds_for(self.size_class_of(model))
-            for session in rank(model, candidates, speeds, self.rng, exclude=tried):
-                if session.free_slots > 0:
-                    return session
-            if all(session.key in tried for session in candidates):
+            for worker in rank(model, candidates, speeds, self.rng, exclude=tried):
+                if worker.free_slots > 0:
+                    connection = registry.connection(worker.key)
+                    if connection is not None:
+                        return worker, connection
+            if all(worker.key in tried for worker in candidates):
                 raise WorkerFailed(
                     f"every worker serving '{model}' failed this job; last error: {last_error}"
                 )
@@ -271,15 +320,15 @@ class Dispatcher:
     async def end(self, handle: JobHandle, reason: str) -> None:
         """Release a job's lease. An unfinished job is cancelled on its worker first, and its
         slot stays taken until the worker ends it or ``CANCEL_GRACE_S`` passes."""
-        if handle.finished or handle.session.closed:
-            self._release(handle)
+        if handle.finished or not self.registry.is_leased(handle.id):
+            self._release(handle)  # a worker that left took its leases with it
             return
         if handle.cancelling:
             return
         handle.cancelling = True
         handle.on_end = self._release
         try:
-            await handle.session.send_cancel(handle.id, reason)
+            await handle.cancel(reason)
         except Exception as exc:  # the worker's socket is gone; its session cleanup follows
             log.debug("cancel of %s not sent: %s", handle.id, exc)
             self._release(handle)
@@ -287,26 +336,17 @@ class Dispatcher:
         asyncio.get_running_loop().call_later(CANCEL_GRACE_S, self._release, handle)
 
     def _release(self, handle: JobHandle) -> None:
-        self.registry.release(handle)
+        self.registry.release(handle.id)
 
     def record_result(self, handle: JobHandle, result: Result, *, streamed: bool) -> None:
         """A job finished: its speed, usage and time to first token go to the stats."""
         now = asyncio.get_running_loop().time()
         ttft = handle.first_at - handle.started_at if streamed and handle.first_at else None
         usage = result.usage
-        session = handle.session
-        self.stats.job_done(handle.id, session.key, session.public_id, handle.model,
-                            self.size_class_of(handle.model), usage.prompt_tokens,
+        self.stats.job_done(handle, self.size_class_of(handle.model), usage.prompt_tokens,
                             usage.completion_tokens, now - handle.started_at, ttft)
-        if self.metrics is not None:
-            self.metrics.tokens.labels("in").inc(usage.prompt_tokens)
-            self.metrics.tokens.labels("out").inc(usage.completion_tokens)
-            if ttft is not None:
-                self.metrics.ttft.observe(ttft)
 
     def record_failure(self, handle: JobHandle, outcome: str) -> None:
         """A job did not finish on its worker (lost, failed, or ``timeout``)."""
         elapsed = asyncio.get_running_loop().time() - handle.started_at
-        session = handle.session
-        self.stats.job_failed(handle.id, session.key, session.public_id, handle.model, outcome,
-                              elapsed)
+        self.stats.job_failed(handle, outcome, elapsed)

@@ -1,91 +1,135 @@
-"""The queen's live registry of connected workers, indexed by key and by model.
+"""The queen's live registry of connected workers, indexed by key and by model, and their leases.
 
 It owns leases: a job is leased to a worker from the moment its frame is sent until it ends,
-the whole stream included, and a worker never holds more leases than its ``max_jobs``. Waiters
-for capacity are woken whenever a lease is released or the swarm changes.
+the whole stream included, and a worker never holds more leases than its ``max_jobs``. Leases
+are kept here, by job id, and per worker (each worker's ``jobs`` is a read-only view of its
+own), so that a lease is released by its job id alone and a worker's free slots cost nothing to
+read. Waiters for capacity are woken whenever a lease is released or the swarm changes.
+
+A worker is registered with the ``Connection`` that holds it; the registry closes it on shutdown
+and hands back the older one when a newer session of the same key replaces it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from types import MappingProxyType
 
-from queen_server.swarm.jobs import JobHandle
-from queen_server.swarm.sessions import WorkerSession
+from queen_server.swarm.jobs import JobHandle, WorkerLost
+from queen_server.swarm.worker import NO_LEASES, Connection, Worker
+from shared_schema import ModelDescriptor
 
 log = logging.getLogger(__name__)
 
 
 class Registry:
     def __init__(self) -> None:
-        self._sessions: dict[str, WorkerSession] = {}
-        self._by_model: dict[str, set[WorkerSession]] = {}
-        self._fetchers: set[WorkerSession] = set()
+        self._workers: dict[str, Worker] = {}
+        self._connections: dict[str, Connection] = {}
+        self._by_model: dict[str, set[Worker]] = {}
+        self._fetchers: set[Worker] = set()
+        self._leases: dict[str, JobHandle] = {}  # every lease, by job id
+        self._held: dict[str, dict[str, JobHandle]] = {}  # worker key -> its leases, by job id
         self._changed = asyncio.Event()
         self._waiting = 0
 
     # --- membership ---------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self._sessions)
+        return len(self._workers)
 
-    def __iter__(self) -> Iterator[WorkerSession]:
-        return iter(list(self._sessions.values()))
+    def __iter__(self) -> Iterator[Worker]:
+        return iter(list(self._workers.values()))
 
-    def get(self, key: str) -> WorkerSession | None:
-        return self._sessions.get(key)
+    def get(self, key: str) -> Worker | None:
+        return self._workers.get(key)
 
-    def add(self, session: WorkerSession) -> WorkerSession | None:
-        """Register a session; returns the older session of the same key, now removed."""
-        older = self._sessions.get(session.key)
+    def connection(self, key: str) -> Connection | None:
+        """The connection that holds the registered worker of ``key``."""
+        return self._connections.get(key)
+
+    def add(self, worker: Worker, connection: Connection) -> Connection | None:
+        """Register a worker and its connection. A registered worker of the same key is removed
+        first (its jobs lost); its connection is returned, for the caller to close."""
+        older = self._workers.get(worker.key)
+        older_connection = None
         if older is not None:
+            older_connection = self._connections.get(worker.key)
             self.remove(older, "replaced by a newer session of the same key")
-        self._sessions[session.key] = session
-        self._index(session)
+        held: dict[str, JobHandle] = {}
+        self._workers[worker.key] = worker
+        self._connections[worker.key] = connection
+        self._held[worker.key] = held
+        worker.jobs = MappingProxyType(held)
+        self._index(worker)
         self._notify()
-        return older
+        return older_connection
 
-    def remove(self, session: WorkerSession, reason: str) -> bool:
-        """Take a session out at once and fail its jobs. False if it was already gone."""
-        if self._sessions.get(session.key) is not session:
+    def remove(self, worker: Worker, reason: str) -> bool:
+        """Take a worker out at once and fail its jobs. False if it was already gone."""
+        if self._workers.get(worker.key) is not worker:
             return False
-        del self._sessions[session.key]
-        self._unindex(session)
-        session.closed = True
-        session.fail_all(reason)
+        del self._workers[worker.key]
+        del self._connections[worker.key]
+        held = self._held.pop(worker.key)
+        self._unindex(worker)
+        worker.closed = True
+        worker.jobs = NO_LEASES
+        handles = list(held.values())
+        held.clear()
+        for handle in handles:
+            self._leases.pop(handle.id, None)
+        for handle in handles:
+            if not handle.finished:
+                handle.feed(WorkerLost(reason))
         self._notify()
-        log.info("worker %s left: %s", session.public_id, reason)
+        log.info("worker %s left: %s", worker.public_id, reason)
         return True
 
-    def models_changed(self, session: WorkerSession) -> None:
-        """Re-index a session after its model holdings changed (a status message)."""
-        if self._sessions.get(session.key) is not session:
+    def apply_status(
+        self,
+        worker: Worker,
+        *,
+        max_jobs: int | None = None,
+        models: Iterable[ModelDescriptor] | None = None,
+    ) -> None:
+        """What a worker's status message changed: its job slots, its holdings (re-indexed)."""
+        if max_jobs is not None:
+            worker.max_jobs = max_jobs
+        if models is not None:
+            worker.set_models(models)
+            self.models_changed(worker)
+
+    def models_changed(self, worker: Worker) -> None:
+        """Re-index a worker after its model holdings changed."""
+        if self._workers.get(worker.key) is not worker:
             return
-        self._unindex(session)
-        self._index(session)
+        self._unindex(worker)
+        self._index(worker)
         self._notify()
 
-    def _index(self, session: WorkerSession) -> None:
-        for name in session.cached:
-            self._by_model.setdefault(name, set()).add(session)
-        if session.can_fetch:
-            self._fetchers.add(session)
+    def _index(self, worker: Worker) -> None:
+        for name in worker.cached:
+            self._by_model.setdefault(name, set()).add(worker)
+        if worker.can_fetch:
+            self._fetchers.add(worker)
 
-    def _unindex(self, session: WorkerSession) -> None:
+    def _unindex(self, worker: Worker) -> None:
         for name, holders in list(self._by_model.items()):
-            holders.discard(session)
+            holders.discard(worker)
             if not holders:
                 del self._by_model[name]
-        self._fetchers.discard(session)
+        self._fetchers.discard(worker)
 
     # --- lookups for routing ------------------------------------------------------------------
 
-    def holders(self, model: str) -> set[WorkerSession]:
+    def holders(self, model: str) -> set[Worker]:
         return self._by_model.get(model, set())
 
-    def candidates(self, model: str) -> list[WorkerSession]:
-        """Every session that could serve ``model`` (holders and fetchers), in no order."""
+    def candidates(self, model: str) -> list[Worker]:
+        """Every worker that could serve ``model`` (holders and fetchers), in no order."""
         holders = self._by_model.get(model)
         if not self._fetchers:
             return list(holders) if holders else []
@@ -93,8 +137,8 @@ class Registry:
 
     def parameter_count(self, model: str) -> int | None:
         """The model's parameter count as its holders read it from the GGUF (None if unknown)."""
-        for session in self._by_model.get(model, ()):
-            count = session.models[model].parameter_count
+        for worker in self._by_model.get(model, ()):
+            count = worker.models[model].parameter_count
             if count is not None:
                 return count
         return None
@@ -104,14 +148,44 @@ class Registry:
 
     # --- leases -------------------------------------------------------------------------------
 
-    def lease(self, session: WorkerSession, handle: JobHandle) -> None:
-        if session.free_slots <= 0:
-            raise RuntimeError(f"{session!r} has no free slot")
-        session.jobs[handle.id] = handle
+    def lease(self, worker: Worker, handle: JobHandle) -> None:
+        """Lease ``handle`` to a registered worker with a free slot (``RuntimeError`` if not)."""
+        held = self._held.get(worker.key)
+        if held is None or self._workers[worker.key] is not worker:
+            raise RuntimeError(f"{worker!r} is not registered")
+        if worker.max_jobs - len(held) <= 0:
+            raise RuntimeError(f"{worker!r} has no free slot")
+        held[handle.id] = handle
+        self._leases[handle.id] = handle
 
-    def release(self, handle: JobHandle) -> None:
-        if handle.session.jobs.pop(handle.id, None) is not None:
-            self._notify()
+    def release(self, job_id: str) -> None:
+        """End a job's lease; releasing twice, or a job whose worker left, is harmless."""
+        handle = self._leases.pop(job_id, None)
+        if handle is None:
+            return
+        held = self._held.get(handle.worker_key)
+        if held is not None:
+            held.pop(job_id, None)
+        self._notify()
+
+    def is_leased(self, job_id: str) -> bool:
+        return job_id in self._leases
+
+    def leases_of(self, key: str) -> Mapping[str, JobHandle]:
+        """The leases of the registered worker of ``key``, by job id (live; empty if none)."""
+        return self._held.get(key, NO_LEASES)
+
+    def free_slots(self, key: str) -> int:
+        """How many more jobs the registered worker of ``key`` may take (0 if none is)."""
+        worker = self._workers.get(key)
+        if worker is None:
+            return 0
+        return worker.max_jobs - len(self._held[key])
+
+    @property
+    def leased(self) -> int:
+        """Jobs leased across the swarm."""
+        return len(self._leases)
 
     # --- waiting for capacity -----------------------------------------------------------------
 
@@ -137,9 +211,10 @@ class Registry:
             self._changed = asyncio.Event()
 
     async def close_all(self, code: int, reason: str) -> None:
-        for session in list(self._sessions.values()):
-            self.remove(session, reason)
+        for worker in list(self._workers.values()):
+            connection = self._connections[worker.key]
+            self.remove(worker, reason)
             try:
-                await session.transport.close(code, reason)
+                await connection.close(code, reason)
             except Exception:  # the socket may already be gone
-                log.debug("closing %r failed", session, exc_info=True)
+                log.debug("closing %r failed", worker, exc_info=True)

@@ -1,79 +1,46 @@
-"""Turning a job's frames into what the client asked for: an SSE stream or one JSON answer.
+"""Turning a job's frames into the answer the client asked for, across the workers that serve it.
 
-The queen stamps its own completion id, model name and creation time on every chunk, converts
-a whole answer into chunks when the worker did not stream (legacy workers), and assembles
-chunks into a whole answer when the client did not ask for a stream.
+``Delivered`` keeps the books of one answer as its frames arrive: the text so far, the tokens each
+worker delivered, and the continuation a twin worker goes on from when a worker is lost mid-answer
+(``hand_over``). ``collect`` gathers a whole answer, and ``assemble_chat`` turns it into the
+client's JSON; the streamed answer's SSE body is the HTTP edge's (``queen_server.http.sse``), on
+the same books. The shapes themselves are built in ``shared_schema.answers``.
+
+Only the standard library, ``shared_schema`` and the queen's errors here: this is the swarm's core.
 """
 
 from __future__ import annotations
 
-import base64
-import sys
-from array import array
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+import asyncio
+import functools
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
-import anyio
-import orjson
-
-from queen_server.errors import ApiError, WorkerFailed
+from queen_server.errors import WorkerFailed
 from queen_server.swarm.dispatch import Dispatcher, JobRun, can_fail_over
-from queen_server.swarm.jobs import JobEvent, Part, WorkerLost
+from queen_server.swarm.jobs import Part, WorkerLost
 from shared_schema import Chunk, JobError, Result, Usage
+from shared_schema.answers import CHAT_ANSWER, STOP, AnswerStamp, message_choice
 
-DONE = b"data: [DONE]\n\n"
+T = TypeVar("T")
 
 
-class CompletionContext:
-    """What every chunk and answer of one completion carries."""
+class CompletionContext(AnswerStamp):
+    """What every chunk and answer of one completion carries, and whether the client asked for
+    the usage chunk at the end of a stream."""
 
-    __slots__ = ("created", "id", "include_usage", "model")
+    __slots__ = ("include_usage",)
 
     def __init__(self, completion_id: str, model: str, created: int, include_usage: bool) -> None:
-        self.id = completion_id
-        self.model = model
-        self.created = created
+        super().__init__(completion_id, model, created)
         self.include_usage = include_usage
-
-    def stamp(self, data: dict[str, Any], kind: str) -> dict[str, Any]:
-        data["id"] = self.id
-        data["object"] = kind
-        data["created"] = self.created
-        data["model"] = self.model
-        return data
-
-    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
-        data: dict[str, Any] = {"choices": choices}
-        if usage is not None:
-            data["usage"] = usage
-        return sse(self.stamp(data, "chat.completion.chunk"))
-
-
-def sse(data: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(data) + b"\n\n"
-
-
-def error_event(error: ApiError) -> bytes:
-    return sse(error.body().model_dump())
 
 
 def failure(event: JobError | WorkerLost) -> WorkerFailed:
+    """The client's error for a job that failed (the worker gave up, or was lost)."""
     if isinstance(event, WorkerLost):
         return WorkerFailed(f"the worker was lost mid-answer: {event.reason}", code="worker_lost")
     return WorkerFailed(f"the worker failed: {event.message}", code=event.code or "worker_error")
-
-
-def chunks_from_answer(ctx: CompletionContext, answer: dict[str, Any]) -> list[bytes]:
-    """A whole chat answer, as the chunks a streaming worker would have sent."""
-    out = []
-    for choice in answer.get("choices") or []:
-        index = choice.get("index", 0)
-        message = choice.get("message") or {}
-        delta = {"role": message.get("role", "assistant"), "content": message.get("content", "")}
-        out.append(ctx.chunk([{"index": index, "delta": delta, "finish_reason": None}]))
-        out.append(ctx.chunk([{"index": index, "delta": {},
-                               "finish_reason": choice.get("finish_reason") or "stop"}]))
-    return out
 
 
 class Delivered:
@@ -175,78 +142,6 @@ async def hand_over(run: JobRun, answer: Delivered, dispatcher: Dispatcher) -> J
     return await dispatcher.fail_over(run, answer.text, answer.delivered_tokens)
 
 
-async def stream_chat(
-    run: JobRun,
-    ctx: CompletionContext,
-    dispatcher: Dispatcher,
-    finish: Callable[..., Awaitable[None]],
-) -> AsyncIterator[bytes]:
-    """The SSE body of a streamed chat completion. If the worker is lost mid-answer, the
-    answer goes on on a twin worker (``Dispatcher.fail_over``) with no break in the stream.
-    Always ends the job's lease, and calls ``finish`` once with every worker's ``parts``: the
-    true usage when the answer ends, or only the tokens delivered when it breaks (no twin,
-    timeout, client gone)."""
-    answer = Delivered()
-    current: JobRun | None = run
-    event: JobEvent = run.first
-    try:
-        while True:
-            out: list[bytes] = []
-            ended = False
-            failed: JobError | WorkerLost | None = None
-            for item in (event, *run.take_ready()):
-                if isinstance(item, Chunk):
-                    data = answer.take(item.data)
-                    if data is not None:
-                        out.append(sse(ctx.stamp(data, "chat.completion.chunk")))
-                    continue
-                if isinstance(item, Result):
-                    dispatcher.record_result(run.handle, item, streamed=True)
-                    parts, usage = answer.done(run.worker.earnings_key, item.usage)
-                    await finish(parts=parts)
-                    if not answer.saw_chunk:
-                        out.extend(chunks_from_answer(ctx, item.data))
-                    if ctx.include_usage:
-                        out.append(ctx.chunk([], usage.model_dump()))
-                    out.append(DONE)
-                    ended = True
-                else:
-                    failed = item
-                break
-            if failed is not None:
-                error = failure(failed)
-                dispatcher.record_failure(run.handle, error.code or "worker_error")
-                if can_fail_over(failed) and answer.single:
-                    if out:
-                        yield b"".join(out)
-                        out = []
-                    current = None
-                    try:
-                        run = await hand_over(run, answer, dispatcher)
-                    except ApiError as exc:
-                        yield error_event(exc)
-                        return
-                    current = run
-                    event = run.first
-                    continue
-                out.append(error_event(error))
-                ended = True
-            yield b"".join(out)
-            if ended:
-                return
-            try:
-                event = await run.next()
-            except ApiError as exc:  # the total timeout (recorded by run.next)
-                yield error_event(exc)
-                return
-    finally:
-        with anyio.CancelScope(shield=True):
-            # A no-op once the usage was charged; else the delivered tokens, as incomplete.
-            await finish(parts=answer.broken(run.worker.earnings_key))
-            if current is not None:
-                await current.finish()
-
-
 class Collected:
     """A whole answer gathered from its frames (possibly from more than one worker)."""
 
@@ -263,7 +158,7 @@ def assemble_chat(ctx: CompletionContext, collected: Collected) -> dict[str, Any
     """The whole answer of a chat completion, from the worker's answer or the chunks."""
     result = collected.result
     if result.data.get("choices") and not collected.answer.continuing:
-        answer = ctx.stamp(dict(result.data), "chat.completion")
+        answer = ctx.stamp(dict(result.data), CHAT_ANSWER)
     else:
         text = collected.answer.text
         finish_reason = collected.answer.finish_reason
@@ -272,14 +167,7 @@ def assemble_chat(ctx: CompletionContext, collected: Collected) -> dict[str, Any
             for choice in result.data["choices"]:
                 text += (choice.get("message") or {}).get("content") or ""
                 finish_reason = choice.get("finish_reason") or finish_reason
-        answer = ctx.stamp({}, "chat.completion")
-        answer["choices"] = [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": finish_reason or "stop",
-            }
-        ]
+        answer = ctx.answer([message_choice(text, finish_reason or STOP)])
     answer["usage"] = collected.usage.model_dump()
     return answer
 
@@ -311,30 +199,38 @@ async def collect(run: JobRun, dispatcher: Dispatcher) -> Collected:
             event = await run.next()
     finally:
         if current is not None:
-            with anyio.CancelScope(shield=True):
-                await current.finish()
+            await run_to_end(current.finish())
 
 
-def embeddings_answer(
-    result: Result, model: str, encoding_format: str
-) -> dict[str, Any]:
-    """The worker's float embeddings, in the encoding the client asked for."""
-    data = dict(result.data)
-    data["object"] = "list"
-    data["model"] = model
-    if encoding_format == "base64":
-        data["data"] = [
-            {**item, "embedding": floats_to_base64(item.get("embedding") or [])}
-            for item in data.get("data") or []
-        ]
-    usage: Usage = result.usage
-    data["usage"] = {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.total_tokens}
-    return data
+async def run_to_end(cleanup: Coroutine[Any, Any, T]) -> T:
+    """Await ``cleanup`` to its end even if this task is cancelled meanwhile, then raise the
+    cancellation, if one came; the cleanup's own result or error otherwise.
+
+    A lease must end (and the worker hear ``cancel``) even when the client's disconnect cancels
+    the request mid-cleanup. The cleanup runs as its own task, so a cancellation of this one
+    does not reach it, and this task waits on a future of its own (``asyncio.shield`` would let
+    the cancellation through at once, with the cleanup still running). However many
+    cancellations arrive meanwhile, the first is raised once the cleanup has finished, as it
+    came, so ``asyncio.timeout`` and ``Task.uncancel`` still read it as theirs. A cleanup that
+    fails as well is kept as the cancellation's cause.
+    """
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(cleanup)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        waiter: asyncio.Future[None] = loop.create_future()
+        task.add_done_callback(functools.partial(_wake, waiter))
+        try:
+            await waiter
+        except asyncio.CancelledError as exc:  # only this task's: the waiter is ours alone
+            cancelled = cancelled or exc
+    if cancelled is not None:
+        if not task.cancelled() and task.exception() is not None:
+            raise cancelled from task.exception()
+        raise cancelled
+    return task.result()
 
 
-def floats_to_base64(values: list[float]) -> str:
-    """OpenAI's base64 embedding encoding: little-endian float32."""
-    packed = array("f", values)
-    if sys.byteorder != "little":
-        packed.byteswap()
-    return base64.b64encode(packed.tobytes()).decode("ascii")
+def _wake(waiter: asyncio.Future[None], _task: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

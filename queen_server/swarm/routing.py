@@ -4,8 +4,9 @@ Workers are ranked by tier first: the model already loaded in memory, then cache
 able to fetch it on demand (legacy workers). Within a tier, a worker with a free job slot comes
 before a busy one, and a better speed record (an EMA of seconds per completion token for that
 worker and model) before a worse one. A small random factor on the speed spreads load between
-equals. No I/O happens here; the registry hands in its sessions, which satisfy ``WorkerView``,
-and the swarm stats hand in the speeds (``stats/ema.py``).
+equals. No I/O happens here; the registry hands in its workers' directory entries
+(``swarm.worker.Worker``, whose free slots read the registry's leases), which satisfy
+``WorkerView``, and the swarm stats hand in the speeds (``stats/ema.py``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,16 @@ import asyncio
 from typing import Any
 
 from desktop_worker.jobs import JobRunner
-from shared_schema import Job, Usage
+from shared_schema import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    Chunk,
+    EmbeddingResponse,
+    Job,
+    Result,
+    Usage,
+)
+from shared_schema.answers import answer_problem
 from tests.support.stub_worker import StubPool
 from tests.support.workers import ECHO_MODEL, echo_words
 
@@ -76,3 +85,33 @@ async def test_a_continuation_reaches_the_engine():
     [(data, usage)] = sink.results
     assert data["choices"][0]["message"]["content"] == "".join(echo_words(REQUEST)[3:])
     assert usage.prompt_tokens == 7 + 3
+
+
+async def test_every_frame_the_worker_sends_passes_the_queens_check():
+    """The worker shapes its answers with ``shared_schema.answers``; the queen checks them with
+    ``answer_problem`` before relaying them. A plain answer with checkpoints, a streamed one and
+    an embeddings answer all pass, and read as the OpenAI models say."""
+    runner = JobRunner(StubPool(token_delay_s=0.002), has_model=lambda _: True,  # type: ignore[arg-type]
+                       checkpoint_s=0.01)
+    plain = await run(runner, REQUEST)
+    streamed = await run(runner, {**REQUEST, "stream": True})
+    assert plain.chunks  # checkpoints were sent
+    for sink in (plain, streamed):
+        for seq, data in enumerate(sink.chunks):
+            assert answer_problem(Chunk(id="j1", seq=seq, data=data)) is None
+            ChatCompletionChunk.model_validate(data)
+        [(data, usage)] = sink.results
+        assert answer_problem(Result(id="j1", data=data, usage=usage)) is None
+    ChatCompletion.model_validate(plain.results[0][0])
+
+    sink = Sink()
+    runner.start(Job(id="e1", openai_url="/v1/embeddings",
+                     openai_req={"model": ECHO_MODEL, "input": ["a b", "c"]}), sink)
+    async with asyncio.timeout(10):
+        await sink.done.wait()
+    [(data, usage)] = sink.results
+    assert answer_problem(Result(id="e1", data=data, usage=usage), embeddings=True) is None
+    embeddings = EmbeddingResponse.model_validate(data)
+    assert [item.index for item in embeddings.data] == [0, 1]
+    assert embeddings.model == ECHO_MODEL
+    assert usage.prompt_tokens == 3

@@ -11,17 +11,12 @@ import platformdirs
 import pytest
 from pydantic import ValidationError
 
+from desktop_worker import settings as worker_settings
 from desktop_worker.cli import build_parser, settings_from
 from desktop_worker.desktop import config
-from desktop_worker.desktop.config import (
-    APP_EDITABLE_FIELDS,
-    config_dir,
-    config_path,
-    load_saved,
-    save_settings,
-)
+from desktop_worker.desktop.config import APP_EDITABLE_FIELDS, save_settings
 from desktop_worker.errors import ConfigError
-from desktop_worker.settings import WorkerSettings
+from desktop_worker.settings import WorkerSettings, config_dir, config_path, load_saved
 
 
 def write_saved(data: object) -> Path:
@@ -129,7 +124,7 @@ def test_a_corrupt_file_is_moved_aside(content: bytes, caplog: pytest.LogCapture
     path = config_path()
     path.parent.mkdir(parents=True)
     path.write_bytes(content)
-    with caplog.at_level(logging.WARNING, logger=config.__name__):
+    with caplog.at_level(logging.WARNING, logger=worker_settings.__name__):
         assert load_saved() == {}
     assert "is corrupt" in caplog.text
     assert not path.exists()
@@ -142,7 +137,7 @@ def test_a_corrupt_file_is_moved_aside(content: bytes, caplog: pytest.LogCapture
 
 def test_a_corrupt_file_never_stops_the_settings(caplog: pytest.LogCaptureFixture) -> None:
     write_saved(["not", "an", "object"])
-    with caplog.at_level(logging.WARNING, logger=config.__name__):
+    with caplog.at_level(logging.WARNING, logger=worker_settings.__name__):
         settings = WorkerSettings(threads=4)
     assert settings.threads == 4
     assert settings.queen_url == "ws://127.0.0.1:8000/worker"
@@ -158,7 +153,7 @@ def test_a_bad_value_is_skipped_not_fatal(caplog: pytest.LogCaptureFixture) -> N
         "queen_url": "ws://ok.example/worker",
         "no_such_setting": True,
     })
-    with caplog.at_level(logging.WARNING, logger=config.__name__):
+    with caplog.at_level(logging.WARNING, logger=worker_settings.__name__):
         settings = WorkerSettings()
     assert settings.threads is None
     assert settings.vram_cap_mb is None

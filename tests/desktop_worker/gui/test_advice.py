@@ -12,24 +12,14 @@ from desktop_worker.gui.services.advice import (
     need_mb,
     suggest_model,
 )
-from desktop_worker.hardware import (
-    FixedSystemProbe,
-    FixtureNvmlDetector,
-    FixtureOpenClDetector,
-    NullGpuDetector,
-    SystemInfo,
-    detect_hardware,
-)
+from desktop_worker.hardware import NullGpuDetector, SystemInfo, detect_hardware
+from tests.support.hardware_fixtures import FixedSystemProbe, fixture_path, recorded_machine
 
-FIXTURES = Path(__file__).parents[2] / "fixtures" / "hardware"
 GB = 1 << 30
 
 
 def machine(name: str, tmp_path: Path):
-    path = FIXTURES / f"{name}.json"
-    return detect_hardware(tmp_path, nvidia=FixtureNvmlDetector(path),
-                           opencl=FixtureOpenClDetector(path),
-                           system=FixedSystemProbe.from_json(path))
+    return recorded_machine(fixture_path(name), tmp_path)
 
 
 def cpu_only(tmp_path: Path, ram_mb: int):

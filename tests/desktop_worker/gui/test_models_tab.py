@@ -12,10 +12,11 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QWidget
 
-from desktop_worker.hardware import FixedSystemProbe, NullGpuDetector, SystemInfo, detect_hardware
+from desktop_worker.hardware import NullGpuDetector, SystemInfo, detect_hardware
 from desktop_worker.store import PullProgress
 from tests.desktop_worker.gui.conftest import MODEL, open_app, until
 from tests.support.fake_hub import FakeHub, FakeRepo
+from tests.support.hardware_fixtures import FixedSystemProbe
 
 REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
 FILE = "SmolLM2-135M-Instruct-Q4_1.gguf"

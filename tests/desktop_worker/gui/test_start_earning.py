@@ -39,9 +39,9 @@ async def test_start_earning_serves_a_real_job(tmp_path, settings_for, qtbot):
             model=MODEL_NAME, messages=PROMPT, max_tokens=24, temperature=0)
         assert answer.choices[0].message.content.strip()
         jobs = app.window.jobs
-        await until(lambda: jobs.table.rowCount() == 1
-                    and jobs.cell(jobs._rows[0], "Outcome") == "ok", 10, "the job's row")
-        job_id = jobs._rows[0]
+        await until(lambda: jobs.model.rowCount() == 1
+                    and jobs.cell(jobs.model.job_ids[0], "Outcome") == "ok", 10, "the job's row")
+        job_id = jobs.model.job_ids[0]
         assert job_id.startswith(answer.id)
         assert jobs.cell(job_id, "Model") == MODEL_NAME
         assert jobs.cell(job_id, "Completion tokens") == str(answer.usage.completion_tokens)

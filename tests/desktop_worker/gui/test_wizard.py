@@ -10,16 +10,11 @@ import pytest
 from PySide6.QtWidgets import QWizard
 
 from desktop_worker.gui.services.advice import SMOLLM2
-from desktop_worker.hardware import (
-    FixedSystemProbe,
-    HardwareReport,
-    NullGpuDetector,
-    SystemInfo,
-    detect_hardware,
-)
+from desktop_worker.hardware import HardwareReport, NullGpuDetector, SystemInfo, detect_hardware
 from desktop_worker.settings import WorkerSettings
 from tests.desktop_worker.gui.conftest import MODEL, open_app, until
 from tests.support.fake_hub import FakeHub, FakeRepo
+from tests.support.hardware_fixtures import FixedSystemProbe
 from tests.support.queen import running_queen
 
 REPO, FILTER = SMOLLM2.name.split(":")

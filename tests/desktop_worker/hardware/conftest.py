@@ -1,20 +1,10 @@
-"""Shared helpers for the hardware tests: the recorded machines and whether NVML is real here."""
+"""Shared helpers for the hardware tests: whether NVML is real here. (The recorded machines
+are in ``tests/support/hardware_fixtures.py``.)"""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pynvml
 import pytest
-
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "hardware"
-
-
-def fixture_path(name: str) -> Path:
-    """A recorded machine from tests/fixtures/hardware."""
-    path = FIXTURES / f"{name}.json"
-    assert path.is_file(), path
-    return path
 
 
 def nvml_has_driver() -> bool:

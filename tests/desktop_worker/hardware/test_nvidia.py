@@ -8,14 +8,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from desktop_worker.hardware import (
-    FakeNvml,
-    FixtureNvmlDetector,
-    GpuDetector,
-    NullGpuDetector,
-    NvmlDetector,
-)
-from tests.desktop_worker.hardware.conftest import fixture_path
+from desktop_worker.hardware import GpuDetector, NullGpuDetector, NvmlDetector
+from tests.support.hardware_fixtures import FakeNvml, FixtureNvmlDetector, fixture_path
 
 GB12 = 12 * 1024
 

@@ -7,14 +7,9 @@ import logging
 import pyopencl as cl
 import pytest
 
-from desktop_worker.hardware import (
-    FakeOpenCl,
-    FixtureOpenClDetector,
-    GpuDetector,
-    OpenClDetector,
-)
+from desktop_worker.hardware import GpuDetector, OpenClDetector
 from desktop_worker.hardware.base import MIB
-from tests.desktop_worker.hardware.conftest import fixture_path
+from tests.support.hardware_fixtures import FakeOpenCl, FixtureOpenClDetector, fixture_path
 
 POCL = "Portable Computing Language"
 

@@ -13,9 +13,6 @@ from desktop_worker.errors import DetectionError
 from desktop_worker.hardware import (
     ComputeDevice,
     DetectorResult,
-    FixedSystemProbe,
-    FixtureNvmlDetector,
-    FixtureOpenClDetector,
     HardwareReport,
     NullGpuDetector,
     SystemInfo,
@@ -26,19 +23,18 @@ from desktop_worker.hardware import (
 from desktop_worker.hardware.base import GIB
 from desktop_worker.hardware.report import REGISTRATION_KEYS
 from shared_schema import PROTOCOL_VERSION, ClGpu, Hello, NvGpu, Status, decode, encode
-from tests.desktop_worker.hardware.conftest import fixture_path
+from tests.support.hardware_fixtures import (
+    FixedSystemProbe,
+    FixtureOpenClDetector,
+    fixture_path,
+    recorded_machine,
+)
 from tests.support.workers import new_key, signed_hello
 
 
 def recorded(name: str, models_dir: Path = Path("/models")) -> HardwareReport:
     """A whole recorded machine through the real detectors' parsing code."""
-    path = fixture_path(name)
-    return detect_hardware(
-        models_dir,
-        nvidia=FixtureNvmlDetector(path),
-        opencl=FixtureOpenClDetector(path),
-        system=FixedSystemProbe.from_json(path),
-    )
+    return recorded_machine(fixture_path(name), models_dir)
 
 
 def hello_from(fields: dict[str, object]) -> Hello:

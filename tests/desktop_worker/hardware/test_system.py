@@ -8,10 +8,10 @@ from pathlib import Path
 
 import psutil
 
-from desktop_worker.hardware import FixedSystemProbe, PsutilSystemProbe, SystemInfo, SystemProbe
+from desktop_worker.hardware import PsutilSystemProbe, SystemInfo, SystemProbe
 from desktop_worker.hardware.base import GIB, MIB
 from desktop_worker.hardware.system import disk_free_bytes
-from tests.desktop_worker.hardware.conftest import fixture_path
+from tests.support.hardware_fixtures import FixedSystemProbe, fixture_path
 
 
 def test_real_probe_reads_this_machine(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ from shared_schema import (
 MAX_FRAME_BYTES = 64 * 1024
 MAX_HELLO_BYTES = 8 * 1024
 MAX_BAD_FRAMES = 8
-UNKNOWN_JOB = "unknown_job"  # swarm.sessions.UNKNOWN_JOB, spelled out as the wire has it
+UNKNOWN_JOB = "unknown_job"  # swarm.link.UNKNOWN_JOB, spelled out as the wire has it
 
 
 @dataclass(frozen=True)

@@ -204,10 +204,11 @@ class WsFuzzHarness:
         entries = {}
         for worker in (self.honest_a, self.honest_b):
             s = registry.get(worker.pubkey)
+            link = registry.connection(worker.pubkey).link  # the websocket edge's WorkerSocket
             entries[worker.pubkey] = (
                 id(s), s.session_id, s.max_jobs, s.models, s.loaded, s.cached, s.capabilities,
                 sorted((job_id, h.finished, h.cancelling) for job_id, h in s.jobs.items()),
-                s.bad_frames, s.closed, s.ln_url, s.worker_version, s.gpus, s.vram_mb,
+                link.bad_frames, s.closed, s.ln_url, s.worker_version, s.gpus, s.vram_mb,
             )
         return {"entries": entries, "keys": sorted(s.key for s in registry),
                 "models": {name: sorted(s.key for s in registry.holders(name))

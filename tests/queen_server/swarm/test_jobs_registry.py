@@ -1,45 +1,42 @@
-"""Job mailboxes, the worker registry and its leases, and how sessions route frames."""
+"""Job mailboxes, the worker registry and its leases, and workers' directory entries."""
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from queen_server.swarm.jobs import JobHandle, WorkerLost
 from queen_server.swarm.registry import Registry
-from queen_server.swarm.sessions import CAPABILITY_FETCH, LegacySession, WorkerSession
+from queen_server.swarm.worker import CAPABILITY_FETCH, Worker
 from shared_schema import (
     Chunk,
-    Job,
     JobError,
-    LegacyRequest,
     ModelDescriptor,
-    Ping,
-    ProtocolError,
     Result,
-    Status,
     Usage,
-    decode,
-    encode,
 )
 
 MODEL = "org/repo:Q4_K_M"
 OTHER = "org/other:Q8_0"
-FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "original"
 USAGE = Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5)
 
 
-class DummyTransport:
+class DummyConnection:
+    """A worker's connection as the registry and the dispatcher see it."""
+
     def __init__(self) -> None:
-        self.sent: list[str] = []
+        self.jobs: list[tuple[str, str, dict[str, Any], str | None]] = []
+        self.cancels: list[tuple[str, str]] = []
         self.closed: list[tuple[int, str]] = []
 
-    async def send_text(self, data: str) -> None:
-        self.sent.append(data)
+    async def send_job(self, job_id: str, openai_url: str, openai_req: dict[str, Any],
+                       continuation: str | None = None) -> None:
+        self.jobs.append((job_id, openai_url, openai_req, continuation))
+
+    async def send_cancel(self, job_id: str, reason: str) -> None:
+        self.cancels.append((job_id, reason))
 
     async def close(self, code: int, reason: str) -> None:
         self.closed.append((code, reason))
@@ -52,35 +49,30 @@ def make_session(
     cached: tuple[str, ...] = (),
     capabilities: tuple[str, ...] = ("chat",),
     max_jobs: int = 1,
-    cls: type[WorkerSession] = WorkerSession,
-) -> WorkerSession:
+) -> Worker:
     models = [ModelDescriptor(name=name, loaded=True) for name in loaded]
     models += [ModelDescriptor(name=name) for name in cached]
-    kwargs: dict[str, Any] = {
-        "key": key,
-        "public_id": f"id-{key}",
-        "session_id": f"s-{key}",
-        "transport": DummyTransport(),
-        "models": models,
-        "capabilities": capabilities,
-    }
-    if cls is WorkerSession:
-        kwargs["max_jobs"] = max_jobs
-    return cls(**kwargs)
+    return Worker(key=key, public_id=f"id-{key}", session_id=f"s-{key}", models=models,
+                  capabilities=capabilities, max_jobs=max_jobs)
 
 
-def make_legacy(key: str) -> LegacySession:
-    return LegacySession(
-        key=key, public_id=key, session_id=f"s-{key}", transport=DummyTransport(), max_jobs=1
-    )
+def make_legacy(key: str) -> Worker:
+    return Worker(key=key, public_id=key, session_id=f"s-{key}", max_jobs=1, legacy=True)
 
 
-def handle_on(session: WorkerSession, job_id: str = "job-1") -> JobHandle:
-    return JobHandle(job_id, MODEL, session, started_at=0.0)
+def handle_on(session: Worker, job_id: str = "job-1") -> JobHandle:
+    return JobHandle(job_id, MODEL, session.key, started_at=0.0, worker_id=session.public_id)
 
 
 def deadline(seconds: float) -> float:
     return asyncio.get_running_loop().time() + seconds
+
+
+def add(registry: Registry, *workers: Worker) -> list[DummyConnection]:
+    connections = [DummyConnection() for _ in workers]
+    for worker, connection in zip(workers, connections, strict=True):
+        assert registry.add(worker, connection) is None
+    return connections
 
 
 # --- JobHandle ---------------------------------------------------------------------------------
@@ -180,8 +172,7 @@ async def test_registry_add_remove_and_index_by_model():
     a = make_session("a", loaded=(MODEL,))
     b = make_session("b", cached=(MODEL, OTHER))
     c = make_session("c", cached=(OTHER,))
-    for session in (a, b, c):
-        assert registry.add(session) is None
+    add(registry, a, b, c)
     assert len(registry) == 3
     assert registry.get("b") is b
     assert registry.get("zz") is None
@@ -211,8 +202,7 @@ async def test_candidates_include_fetch_capable_sessions():
     fetcher = make_session("fetcher", capabilities=("chat", CAPABILITY_FETCH))
     legacy = make_legacy("legacy")
     plain = make_session("plain", cached=(OTHER,))
-    for session in (holder, fetcher, legacy, plain):
-        registry.add(session)
+    add(registry, holder, fetcher, legacy, plain)
     assert fetcher.can_fetch is True
     assert legacy.can_fetch is True
     assert plain.can_fetch is False
@@ -232,7 +222,7 @@ async def test_candidates_include_fetch_capable_sessions():
 async def test_models_changed_reindexes():
     registry = Registry()
     session = make_session("a", cached=(MODEL,))
-    registry.add(session)
+    add(registry, session)
     session.set_models([ModelDescriptor(name=OTHER, loaded=True)])
     registry.models_changed(session)
     assert registry.holders(MODEL) == set()
@@ -244,7 +234,7 @@ async def test_models_changed_reindexes():
 async def test_adding_the_same_key_twice_replaces_the_older_session():
     registry = Registry()
     older = make_session("k", loaded=(MODEL,), max_jobs=2)
-    registry.add(older)
+    [older_connection] = add(registry, older)
     first, second = handle_on(older, "j1"), handle_on(older, "j2")
     registry.lease(older, first)
     registry.lease(older, second)
@@ -253,7 +243,7 @@ async def test_adding_the_same_key_twice_replaces_the_older_session():
     second.on_end = ended.append
 
     newer = make_session("k", cached=(OTHER,))
-    assert registry.add(newer) is older
+    assert registry.add(newer, DummyConnection()) is older_connection
     assert registry.get("k") is newer
     assert len(registry) == 1
     assert older.closed is True
@@ -276,7 +266,7 @@ async def test_adding_the_same_key_twice_replaces_the_older_session():
 async def test_remove_feeds_worker_lost_to_unfinished_jobs():
     registry = Registry()
     session = make_session("a", loaded=(MODEL,))
-    registry.add(session)
+    add(registry, session)
     handle = handle_on(session)
     registry.lease(session, handle)
     registry.remove(session, "heartbeat missed")
@@ -287,7 +277,7 @@ async def test_remove_feeds_worker_lost_to_unfinished_jobs():
 async def test_lease_and_release_respect_max_jobs():
     registry = Registry()
     session = make_session("a", loaded=(MODEL,), max_jobs=2)
-    registry.add(session)
+    add(registry, session)
     handles = [handle_on(session, f"j{i}") for i in range(3)]
     assert session.free_slots == 2
     registry.lease(session, handles[0])
@@ -297,20 +287,18 @@ async def test_lease_and_release_respect_max_jobs():
     with pytest.raises(RuntimeError):
         registry.lease(session, handles[2])
     assert "j2" not in session.jobs
-    registry.release(handles[0])
+    registry.release(handles[0].id)
     assert session.free_slots == 1
     registry.lease(session, handles[2])
     assert set(session.jobs) == {"j1", "j2"}
-    registry.release(handles[0])  # releasing twice is harmless
+    registry.release(handles[0].id)  # releasing twice is harmless
     assert session.free_slots == 0
 
 
 async def test_legacy_session_takes_one_job_at_a_time():
     registry = Registry()
-    legacy = LegacySession(
-        key="l", public_id="l", session_id="s", transport=DummyTransport(), max_jobs=8
-    )
-    registry.add(legacy)
+    legacy = Worker(key="l", public_id="l", session_id="s", max_jobs=8, legacy=True)
+    add(registry, legacy)
     assert legacy.max_jobs == 1
     registry.lease(legacy, handle_on(legacy, "j1"))
     with pytest.raises(RuntimeError):
@@ -320,7 +308,7 @@ async def test_legacy_session_takes_one_job_at_a_time():
 async def test_wait_for_change_wakes_on_release():
     registry = Registry()
     session = make_session("a", loaded=(MODEL,))
-    registry.add(session)
+    add(registry, session)
     handle = handle_on(session)
     registry.lease(session, handle)
     loop = asyncio.get_running_loop()
@@ -328,7 +316,7 @@ async def test_wait_for_change_wakes_on_release():
 
     def release() -> None:  # runs once the waiter below is parked on its event
         seen_waiting.append(registry.waiting)
-        registry.release(handle)
+        registry.release(handle.id)
 
     loop.call_soon(release)
     start = loop.time()
@@ -342,7 +330,8 @@ async def test_wait_for_change_wakes_on_release():
 
 async def test_wait_for_change_wakes_when_a_worker_joins():
     registry = Registry()
-    asyncio.get_running_loop().call_soon(registry.add, make_session("a", loaded=(MODEL,)))
+    asyncio.get_running_loop().call_soon(registry.add, make_session("a", loaded=(MODEL,)),
+                                         DummyConnection())
     async with asyncio.timeout(5):
         await registry.wait_for_change(30)
     assert registry.waiting == 0
@@ -361,10 +350,10 @@ async def test_wait_for_change_returns_after_its_timeout():
 async def test_a_change_with_nobody_waiting_does_not_wake_a_later_waiter():
     registry = Registry()
     session = make_session("a", loaded=(MODEL,))
-    registry.add(session)
+    add(registry, session)
     handle = handle_on(session)
     registry.lease(session, handle)
-    registry.release(handle)  # nobody is waiting yet
+    registry.release(handle.id)  # nobody is waiting yet
     loop = asyncio.get_running_loop()
     start = loop.time()
     await registry.wait_for_change(0.05)
@@ -374,132 +363,74 @@ async def test_a_change_with_nobody_waiting_does_not_wake_a_later_waiter():
 async def test_close_all_removes_and_closes_every_session():
     registry = Registry()
     sessions = [make_session("a"), make_session("b")]
-    for session in sessions:
-        registry.add(session)
+    connections = add(registry, *sessions)
     await registry.close_all(1001, "queen shutting down")
     assert len(registry) == 0
-    for session in sessions:
+    for session, connection in zip(sessions, connections, strict=True):
         assert session.closed is True
-        assert session.transport.closed == [(1001, "queen shutting down")]
+        assert connection.closed == [(1001, "queen shutting down")]
 
 
-# --- WorkerSession frames ----------------------------------------------------------------------
+# --- leases by job id --------------------------------------------------------------------------
 
 
-async def test_worker_session_routes_job_frames_and_returns_the_rest():
-    session = make_session("w", loaded=(MODEL,), max_jobs=2)
-    handle = handle_on(session, "j1")
-    session.jobs["j1"] = handle
-    chunk = Chunk(id="j1", seq=0, data={"x": 1})
-    assert session.on_frame(encode(chunk)) is None
-    assert session.on_frame(encode(Result(id="j1", usage=USAGE))) is None
-    assert handle.take_ready() == [chunk, Result(id="j1", usage=USAGE)]
-    # Frames after the end, or for another worker's job, are dropped.
-    assert session.on_frame(encode(Chunk(id="j1", seq=1, data={}))) is None
-    assert session.on_frame(encode(Result(id="not-mine", usage=USAGE))) is None
-    assert handle.take_ready() == []
-    status = Status(active_jobs=1)
-    assert session.on_frame(encode(status)) == status
-    assert session.on_frame(encode(Ping(ts=1.0))) == Ping(ts=1.0)
-    with pytest.raises(ProtocolError):
-        session.on_frame("{not json")
+async def test_leases_are_kept_by_job_id_and_read_per_worker():
+    registry = Registry()
+    a = make_session("a", loaded=(MODEL,), max_jobs=2)
+    b = make_session("b", loaded=(MODEL,))
+    add(registry, a, b)
+    first, second = handle_on(a, "j1"), handle_on(b, "j2")
+    registry.lease(a, first)
+    registry.lease(b, second)
+    assert (registry.free_slots("a"), registry.free_slots("b"), registry.free_slots("zz")) == (
+        1, 0, 0)
+    assert dict(registry.leases_of("a")) == {"j1": first}
+    assert registry.leases_of("zz") == {}
+    assert registry.is_leased("j2")
+    assert registry.leased == 2
+    with pytest.raises(TypeError):
+        a.jobs["x"] = first  # type: ignore[index]  # a worker's view of its leases is read-only
+    registry.release("j2")  # by job id alone
+    assert b.free_slots == 1
+    assert not registry.is_leased("j2")
+    assert registry.leased == 1
 
 
-async def test_worker_session_sends_job_and_cancel_frames():
-    session = make_session("w", loaded=(MODEL,))
-    handle = handle_on(session, "j1")
-    await session.send_job(handle, "/v1/chat/completions", {"model": MODEL, "stream": True})
-    await session.send_cancel("j1", "client_gone")
-    sent = [decode(frame) for frame in session.transport.sent]
-    assert sent[0] == Job(id="j1", openai_url="/v1/chat/completions",
-                          openai_req={"model": MODEL, "stream": True})
-    assert sent[1].type == "cancel"
-    assert sent[1].id == "j1"
+async def test_a_worker_that_leaves_takes_its_leases_and_a_newer_one_starts_clean():
+    registry = Registry()
+    older = make_session("k", loaded=(MODEL,))
+    add(registry, older)
+    handle = handle_on(older, "j1")
+    registry.lease(older, handle)
+    newer = make_session("k", loaded=(MODEL,))
+    registry.add(newer, DummyConnection())
+    assert not registry.is_leased("j1")
+    assert older.jobs == {}
+    assert newer.free_slots == 1
+    registry.lease(newer, handle_on(newer, "j2"))
+    registry.release("j1")  # the older worker's late release leaves the newer one's lease alone
+    assert set(newer.jobs) == {"j2"}
+    with pytest.raises(RuntimeError):
+        registry.lease(older, handle_on(older, "j3"))  # no longer registered
 
 
-# --- LegacySession frames ----------------------------------------------------------------------
+async def test_apply_status_changes_slots_and_reindexes_models():
+    registry = Registry()
+    session = make_session("a", cached=(MODEL,))
+    add(registry, session)
+    registry.apply_status(session, max_jobs=4)
+    assert (session.max_jobs, session.free_slots) == (4, 4)
+    assert registry.holders(MODEL) == {session}
+    registry.apply_status(session, models=[ModelDescriptor(name=OTHER, loaded=True)])
+    assert registry.holders(MODEL) == set()
+    assert registry.holders(OTHER) == {session}
+    assert session.loaded == {OTHER}
 
 
-async def test_legacy_session_sends_a_bare_non_streaming_request():
-    legacy = make_legacy("l")
-    handle = handle_on(legacy)
-    request = orjson.loads((FIXTURES / "request.json").read_text())
-    await legacy.send_job(handle, request["openai_url"], {**request["openai_req"], "stream": True})
-    sent = orjson.loads(legacy.transport.sent[0])
-    assert "type" not in sent
-    assert LegacyRequest.model_validate(sent).openai_url == request["openai_url"]
-    assert sent["openai_req"] == {**request["openai_req"], "stream": False}
-    await legacy.send_cancel(handle.id, "timeout")  # cannot be cancelled: nothing is sent
-    assert len(legacy.transport.sent) == 1
-
-
-async def test_legacy_answer_becomes_the_result_of_the_job_in_flight():
-    legacy = make_legacy("l")
-    handle = handle_on(legacy, "job-42")
-    legacy.jobs[handle.id] = handle
-    answer_text = (FIXTURES / "response.json").read_text()
-    assert legacy.on_frame(answer_text) is None
-    assert handle.finished is True
-    [event] = handle.take_ready()
-    assert isinstance(event, Result)
-    assert event.id == "job-42"
-    assert event.data == orjson.loads(answer_text)
-    assert event.usage == Usage(prompt_tokens=56, completion_tokens=31, total_tokens=87)
-
-
-async def test_legacy_answer_without_usage_gets_zero_usage():
-    legacy = make_legacy("l")
-    handle = handle_on(legacy)
-    legacy.jobs[handle.id] = handle
-    legacy.on_frame('{"object": "list", "data": [{"index": 0, "embedding": [0.5]}]}')
-    [event] = handle.take_ready()
-    assert isinstance(event, Result)
-    assert event.usage == Usage(prompt_tokens=0, total_tokens=0)
-
-
-@pytest.mark.parametrize(
-    ("body", "code", "message"),
-    [
-        ({"error": {"message": "model not found", "code": "model_missing"}},
-         "model_missing", "model not found"),
-        ({"error": {"message": "out of memory"}}, "worker_error", "out of memory"),
-        ({"error": "it broke"}, "worker_error", "it broke"),
-    ],
-)
-async def test_legacy_error_becomes_a_retryable_job_error(body, code, message):
-    legacy = make_legacy("l")
-    handle = handle_on(legacy, "job-7")
-    legacy.jobs[handle.id] = handle
-    assert legacy.on_frame(orjson.dumps(body).decode()) is None
-    assert handle.finished is True
-    [event] = handle.take_ready()
-    assert isinstance(event, JobError)
-    assert event.id == "job-7"
-    assert event.retryable is True
-    assert event.code == code
-    assert event.message == message
-
-
-async def test_legacy_frame_with_no_job_in_flight_is_dropped():
-    legacy = make_legacy("l")
-    answer_text = (FIXTURES / "response.json").read_text()
-    assert legacy.on_frame(answer_text) is None  # no job at all: no error either
-    handle = handle_on(legacy)
-    legacy.jobs[handle.id] = handle
-    handle.feed(JobError(id=handle.id, code="timeout", message="too slow"))
-    handle.take_ready()
-    assert legacy.on_frame(answer_text) is None  # the job already ended
-    assert handle.take_ready() == []
-
-
-async def test_legacy_frame_that_is_not_an_answer_is_a_protocol_error():
-    legacy = make_legacy("l")
-    handle = handle_on(legacy)
-    legacy.jobs[handle.id] = handle
-    with pytest.raises(ProtocolError) as info:
-        legacy.on_frame('{"hello": "world"}')
-    assert info.value.code == "invalid_message"
-    with pytest.raises(ProtocolError) as broken:
-        legacy.on_frame("{broken")
-    assert broken.value.code == "invalid_json"
-    assert handle.finished is False
+def test_worker_facts():
+    worker = make_session("w", loaded=(MODEL,), capabilities=("chat", CAPABILITY_FETCH))
+    assert (worker.can_fetch, worker.earnings_key, worker.free_slots) == (True, "w", 1)
+    legacy = Worker(key="legacy-1", public_id="legacy-1", session_id="1", max_jobs=8,
+                    legacy=True)
+    assert (legacy.max_jobs, legacy.can_fetch, legacy.earnings_key) == (1, True, None)
+    assert "legacy-1" in repr(legacy)

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from playwright.async_api import Browser
 
-from queen_server.web import SESSION_COOKIE, pages
+from queen_server.web import SESSION_COOKIE, formatting, pages, session
 from tests.queen_server.web.support import ADMIN_TOKEN, new_page, queen_with_pages
 from tests.support.queen import QueenHarness
 
@@ -59,7 +59,7 @@ async def test_the_bearer_token_opens_the_pages_too(http: httpx.AsyncClient) -> 
 
 async def test_expired_and_foreign_sessions_are_refused(
         http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    foreign = pages._serializer("some other queen's token").dumps({"admin": True})
+    foreign = session.serializer("some other queen's token").dumps({"admin": True})
     http.cookies.set(SESSION_COOKIE, foreign)
     response = await http.get("/admin")
     assert response.status_code == 303
@@ -67,7 +67,7 @@ async def test_expired_and_foreign_sessions_are_refused(
 
     await logged_in(http)
     assert (await http.get("/admin")).status_code == 200
-    monkeypatch.setattr(pages, "SESSION_MAX_AGE_S", -1)  # every cookie is now too old
+    monkeypatch.setattr(session, "SESSION_MAX_AGE_S", -1)  # every cookie is now too old
     response = await http.get("/admin")
     assert response.status_code == 303
     assert response.headers["location"] == "/admin/login?next=%2Fadmin"
@@ -125,9 +125,9 @@ async def test_the_page_script_formats_like_the_server(web_queen: QueenHarness,
     await page.goto(web_queen.base_url + "/")
     shown = await page.evaluate("(cases) => cases.map(([v, k]) => window.Apiary.fmt(v, k))",
                                 [[value, kind] for value, kind in CASES])
-    expected = [pages.fmt(value, kind) for value, kind in CASES]
+    expected = [formatting.fmt(value, kind) for value, kind in CASES]
     assert [(case, a, b) for case, a, b in zip(CASES, shown, expected, strict=True) if a != b] == []
     # Durations ("ago") against each one's own clock.
     started = (datetime.now(UTC) - timedelta(minutes=3, seconds=7)).isoformat()
     ago = await page.evaluate("(v) => window.Apiary.fmt(v, 'ago')", started)
-    assert ago == pages.fmt(started, "ago") == "3m 7s"
+    assert ago == formatting.fmt(started, "ago") == "3m 7s"

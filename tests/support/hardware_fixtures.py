@@ -1,6 +1,14 @@
-"""Recorded readings, replayed through the real parsing code.
+"""Fixture-fed hardware for tests: recorded readings replayed through the real parsing code.
 
-A fixture is a JSON file describing one machine, with up to three sections:
+Each kind of detector in ``desktop_worker.hardware`` has a real implementation and a null one
+(``NullGpuDetector``: no such GPU); the fixture-fed ones live here, beside the tests, so that
+production never ships a test double. ``FixtureNvmlDetector`` and ``FixtureOpenClDetector`` are
+the real detectors fed ``FakeNvml`` and ``FakeOpenCl``, stand-ins for the ``pynvml`` and
+``pyopencl`` modules; ``FixedSystemProbe`` returns given or recorded CPU, RAM and disk readings;
+``recorded_machine`` puts the three together into a whole ``HardwareReport``.
+
+A fixture is a JSON file in ``tests/fixtures/hardware`` describing one machine, with up to three
+sections:
 
 - ``"nvml"``: ``driver_version`` and ``devices`` (``name``, ``memory`` {``total``, ``free``,
   ``used``} in bytes, ``cuda_compute_capability`` [major, minor], ``utilization`` {``gpu``,
@@ -12,21 +20,42 @@ A fixture is a JSON file describing one machine, with up to three sections:
 
 Any value may instead be an error: ``{"nvml_error": "NotSupported"}`` raises pynvml's
 ``NVMLError_NotSupported``; ``{"cl_error": "PLATFORM_NOT_FOUND_KHR", "code": -1001}`` raises a
-``pyopencl.LogicError`` (or the class named by ``"kind"``). ``FakeNvml`` and ``FakeOpenCl`` are
-stand-ins for the ``pynvml`` and ``pyopencl`` modules, injected into the real detectors.
+``pyopencl.LogicError`` (or the class named by ``"kind"``).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pynvml
 
+from desktop_worker.hardware import HardwareReport, SystemInfo, detect_hardware
 from desktop_worker.hardware.nvidia import NvmlDetector
 from desktop_worker.hardware.opencl import OpenClDetector
+
+#: The recorded machines.
+HARDWARE_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hardware"
+
+
+def fixture_path(name: str) -> Path:
+    """A recorded machine from ``tests/fixtures/hardware``, by name (``"gaming_rtx3060"``)."""
+    path = HARDWARE_FIXTURES / f"{name}.json"
+    assert path.is_file(), path
+    return path
+
+
+def recorded_machine(path: Path, models_dir: Path) -> HardwareReport:
+    """A whole recorded machine (a fixture file) through the real detectors' parsing code."""
+    return detect_hardware(
+        models_dir,
+        nvidia=FixtureNvmlDetector(path),
+        opencl=FixtureOpenClDetector(path),
+        system=FixedSystemProbe.from_json(path),
+    )
 
 
 def load_fixture(path: Path) -> dict[str, Any]:
@@ -201,3 +230,25 @@ class FixtureOpenClDetector(OpenClDetector):
     def __init__(self, path: Path) -> None:
         self.fake = FakeOpenCl.from_file(path)
         super().__init__(cl=self.fake)
+
+
+# --- CPU, RAM and disk --------------------------------------------------------------------------
+
+
+class FixedSystemProbe:
+    """A ``SystemProbe`` that always returns the same readings, whatever the directory."""
+
+    def __init__(self, info: SystemInfo) -> None:
+        self.info = info
+
+    @classmethod
+    def from_json(cls, path: Path) -> FixedSystemProbe:
+        """Readings recorded as the fields of ``SystemInfo``: a fixture's ``"system"`` section,
+        or the whole file."""
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = data.get("system", data)
+        return cls(SystemInfo(**{f.name: int(data[f.name]) for f in fields(SystemInfo)}))
+
+    def probe(self, models_dir: Path) -> SystemInfo:
+        """Return the fixed readings."""
+        return self.info

@@ -1,0 +1,169 @@
+"""The Jobs tab's rows as a Qt table model: running and recent jobs, newest on top.
+
+Widget-free (QtCore and QtGui only), so it is tested without a window: the rows, what each cell
+shows and the sats rule live here, and ``views/jobs.py`` only lays out a ``QTableView`` over it.
+
+Sats come from the queen (``recent_jobs`` in the earnings answer), joined on the job's request
+id once it is settled. Jobs settle in order, so a finished job older than a settled one that the
+queen lists no earnings for earned nothing (a new worker's first job is its proof of work).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
+from PySide6.QtGui import QColor
+
+from desktop_worker.gui.common import sats_number
+from desktop_worker.gui.services.worker import JobStart
+from desktop_worker.jobs import JobRecord
+
+COLUMNS = ("Started", "Model", "Prompt tokens", "Completion tokens", "Tokens/s", "Duration",
+           "Sats", "Outcome")
+MAX_ROWS = 200
+SATS = COLUMNS.index("Sats")
+OUTCOME = COLUMNS.index("Outcome")
+#: Numbers, right-aligned: the token counts, speed, duration and sats.
+NUMBERS = range(COLUMNS.index("Prompt tokens"), SATS + 1)
+
+RUNNING = "running"
+#: The sats of a finished job the queen has not settled yet.
+AWAITING = "…"
+UNPAID_TIP = ("Nothing earned: a new worker's first job is its proof of work, or the job "
+              "failed")
+OUTCOME_COLOURS = {RUNNING: "#1d4ed8", "ok": "#166534"}
+FAILED_COLOUR = "#b91c1c"
+
+Index = QModelIndex | QPersistentModelIndex
+
+
+@dataclass
+class JobRow:
+    """One job in the table; the finished fields stay empty while it runs."""
+
+    job_id: str
+    model: str
+    started: float
+    outcome: str = RUNNING
+    finished: tuple[str, str, str, str] = ("", "", "", "")  # tokens in, out, tokens/s, time
+    sats: str = ""  # empty while running, AWAITING until settled, then the sats
+    sats_tip: str | None = None
+
+    def text(self, column: int) -> str:
+        if column == 0:
+            return dt.datetime.fromtimestamp(self.started).strftime("%H:%M:%S")
+        if column == 1:
+            return self.model
+        if column == SATS:
+            return self.sats
+        if column == OUTCOME:
+            return self.outcome
+        return self.finished[column - 2]
+
+
+class JobsTableModel(QAbstractTableModel):
+    """The rows of the Jobs tab, newest first, at most ``MAX_ROWS``."""
+
+    def __init__(self, parent: Any = None) -> None:
+        super().__init__(parent)
+        self._rows: list[JobRow] = []
+
+    # --- reading --------------------------------------------------------------------------------
+
+    @property
+    def job_ids(self) -> list[str]:
+        """The jobs' ids, top row first."""
+        return [row.job_id for row in self._rows]
+
+    def row_of(self, job_id: str) -> int | None:
+        for number, row in enumerate(self._rows):
+            if row.job_id == job_id:
+                return number
+        return None
+
+    def cell(self, job_id: str, column: str) -> str | None:
+        """What the table shows for ``job_id`` under the heading ``column`` (None: no such job)."""
+        number = self.row_of(job_id)
+        return None if number is None else self._rows[number].text(COLUMNS.index(column))
+
+    def rowCount(self, parent: Index = QModelIndex()) -> int:  # noqa: B008 (Qt's signature)
+        return 0 if parent.isValid() else len(self._rows)
+
+    def columnCount(self, parent: Index = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(COLUMNS)
+
+    def headerData(self, section: int, orientation: Qt.Orientation,
+                   role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if (orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole
+                and 0 <= section < len(COLUMNS)):
+            return COLUMNS[section]
+        return None
+
+    def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if not index.isValid() or not 0 <= index.row() < len(self._rows):
+            return None
+        row, column = self._rows[index.row()], index.column()
+        if role == Qt.ItemDataRole.DisplayRole:
+            return row.text(column)
+        if role == Qt.ItemDataRole.TextAlignmentRole and column in NUMBERS:
+            return Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
+        if role == Qt.ItemDataRole.ForegroundRole and column == OUTCOME:
+            return QColor(OUTCOME_COLOURS.get(row.outcome, FAILED_COLOUR))
+        if role == Qt.ItemDataRole.ToolTipRole:
+            if column == 0:
+                return row.job_id
+            if column == SATS:
+                return row.sats_tip
+        return None
+
+    # --- changes --------------------------------------------------------------------------------
+
+    def job_started(self, start: JobStart) -> None:
+        """A new row on top, running; the oldest rows past ``MAX_ROWS`` go."""
+        self.beginInsertRows(QModelIndex(), 0, 0)
+        self._rows.insert(0, JobRow(start.job_id, start.model, start.started))
+        self.endInsertRows()
+        if len(self._rows) > MAX_ROWS:
+            self.beginRemoveRows(QModelIndex(), MAX_ROWS, len(self._rows) - 1)
+            del self._rows[MAX_ROWS:]
+            self.endRemoveRows()
+
+    def job_finished(self, record: JobRecord) -> None:
+        """The job's numbers and outcome, its sats awaiting the queen. A job never seen start
+        gets its row now (started ``seconds`` ago)."""
+        number = self.row_of(record.job_id)
+        if number is None:
+            self.job_started(JobStart(record.job_id, record.model, record.kind,
+                                      dt.datetime.now().timestamp() - record.seconds))
+            number = 0
+        row = self._rows[number]
+        row.finished = (str(record.prompt_tokens), str(record.completion_tokens),
+                        f"{record.tokens_per_s:.1f}", f"{record.seconds:.2f} s")
+        row.sats = AWAITING
+        row.outcome = record.outcome
+        self._changed(number)
+
+    def fill_sats(self, earned_for: Callable[[str], int | None]) -> None:
+        """Sats for the settled jobs, from ``earned_for(job_id)`` (msat, or None while the
+        queen lists no earnings for it)."""
+        later_settled = False
+        for number, row in enumerate(self._rows):  # newest first
+            if row.sats == "":
+                continue  # still running
+            earned = earned_for(row.job_id)
+            if earned is not None:
+                later_settled = True
+                if row.sats == AWAITING:
+                    row.sats = sats_number(earned)
+                    self._changed(number)
+            elif later_settled and row.sats == AWAITING:
+                row.sats = "0"
+                row.sats_tip = UNPAID_TIP
+                self._changed(number)
+
+    def _changed(self, number: int) -> None:
+        self.dataChanged.emit(self.index(number, 0), self.index(number, len(COLUMNS) - 1))

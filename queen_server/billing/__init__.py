@@ -1,0 +1,1 @@
+"""Billing: developers' API keys, prices, and the double-entry ledger of msat."""

@@ -1,0 +1,1 @@
+"""Paying workers their earnings over Lightning (``runner``, ``lightning``)."""

@@ -1,0 +1,261 @@
+"""What the queen reports about itself: the data behind ``/stats``, ``/worker/stats``,
+``/worker/earnings``, the admin JSON (``/admin/api/*``, ``GET /admin/keys``) and the pages.
+
+One function per answer, each taking the queen's state and returning JSON-ready data (dicts,
+lists, strings, numbers), so the HTTP routes (``http/``) and the pages (``web/``) show exactly the
+same thing: the routes serialise it, the pages render it on the server and then poll the route
+for it. An answer that is an error raises its ``ApiError`` (a 404 for an unknown worker, say),
+which the route answers and the page shows. This module sits above the swarm, billing, stats and
+storage, and below ``http/`` and ``web/``, which must not import each other.
+
+A worker's key is never reported (it would let anyone read its earnings): only its short public
+id.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from queen_server.billing import ledger
+from queen_server.billing.admin import list_keys
+from queen_server.errors import NotFound
+from queen_server.identity import public_id
+from queen_server.storage import queries
+from queen_server.storage.queries import LedgerCredit
+from shared_schema import PayoutView, WorkerEarnings
+from shared_schema.openai_types import DailyEarning, JobEarning
+
+if TYPE_CHECKING:
+    from queen_server.billing.keys import KeyStore
+    from queen_server.billing.store import LedgerStore
+    from queen_server.runtime import QueenState
+    from queen_server.stats.swarm import JobRecord, WorkerStats
+
+ADMIN_PAYOUTS = 200  # payouts the admin page lists
+WORKER_PAYOUTS = 10  # payouts a worker's earnings list
+WORKER_JOBS = 50  # jobs on an admin's page for one worker
+HISTORY_DAYS = 30  # days in a worker's earnings chart
+RECENT_JOBS = 50  # settled jobs in a worker's earnings table
+
+
+def _iso(when: float | None) -> str | None:
+    return datetime.fromtimestamp(when, UTC).isoformat() if when is not None else None
+
+
+# --- the swarm ------------------------------------------------------------------------------
+
+def swarm_totals(state: QueenState) -> dict[str, Any]:
+    """Workers, GPUs, VRAM, the models on offer with their prices, and the swarm's speed."""
+    registry, swarm = state.registry, state.stats
+    sessions = list(registry)
+    p50, p95 = swarm.ttft_percentiles()
+    models = []
+    for name in registry.model_names():
+        price = state.billing.prices.for_parameters(registry.parameter_count(name))
+        models.append({"id": name, "workers": len(registry.holders(name)), "price": {
+            "size_class": price.size_class, "prompt_msat_per_1k": price.prompt_msat_per_1k,
+            "completion_msat_per_1k": price.completion_msat_per_1k}})
+    return {
+        "workers_online": len(sessions),
+        "gpus": sum(len(session.gpus) for session in sessions),
+        "vram_total_mb": sum(session.vram_mb for session in sessions),
+        "models": models,
+        "tokens_per_s": round(swarm.tokens_per_s(), 3),
+        "jobs_per_min": round(swarm.jobs_per_min(), 3),
+        "ttft_p50_s": p50,
+        "ttft_p95_s": p95,
+    }
+
+
+async def earnings_by_worker(state: QueenState) -> dict[str, int]:
+    """Each worker's earnings (pending, available and paid together) by key."""
+    if state.billing.ledger is None:
+        return {}
+    totals: dict[str, int] = {}
+    for account, amount in (await state.billing.ledger.balances("worker:")).items():
+        key = account.split(":")[1]
+        totals[key] = totals.get(key, 0) + amount
+    return totals
+
+
+def worker_row(state: QueenState, record: WorkerStats, earnings: dict[str, int]) -> dict[str, Any]:
+    """One worker as the tables show it: its record, and its session's facts while online."""
+    session = state.registry.get(record.key)
+    return {
+        "public_id": record.public_id,
+        "version": record.version,
+        "gpus": session.gpus if session else [],
+        "vram_mb": session.vram_mb if session else 0,
+        "models": sorted(session.cached) if session else [],
+        "sec_per_token": record.sec_per_token(),
+        "jobs": record.jobs,
+        "failures": record.failures,
+        "timeouts": record.timeouts,
+        "failure_rate": round(record.failure_rate, 4),
+        "earnings_msat": earnings.get(record.key, 0),
+        "uptime_s": round(record.uptime_s(state.stats.clock()), 1),
+        "connected_since": _iso(record.connected_at),
+        "last_seen": _iso(record.last_seen),
+        "online": session is not None,
+    }
+
+
+def job_row(job: JobRecord) -> dict[str, Any]:
+    return {"id": job.id, "worker": job.worker, "model": job.model,
+            "prompt_tokens": job.prompt_tokens, "completion_tokens": job.completion_tokens,
+            "seconds": round(job.seconds, 4),
+            "ttft_s": round(job.ttft_s, 4) if job.ttft_s is not None else None,
+            "outcome": job.outcome, "at": _iso(job.at)}
+
+
+def per_minute(jobs: list[JobRecord]) -> list[dict[str, int]]:
+    """Jobs and completion tokens per minute, oldest minute first (empty minutes left out)."""
+    buckets: dict[int, dict[str, int]] = {}
+    for job in jobs:
+        point = buckets.setdefault(int(job.at // 60) * 60, {"jobs": 0, "tokens": 0})
+        point["jobs"] += 1
+        point["tokens"] += job.completion_tokens
+    return [{"t": t, **point} for t, point in sorted(buckets.items())]
+
+
+# --- the answers ----------------------------------------------------------------------------
+
+async def stats(state: QueenState) -> dict[str, Any]:
+    """``/stats`` and the landing page."""
+    return swarm_totals(state)
+
+
+async def worker_stats(state: QueenState, key: str) -> dict[str, Any]:
+    """``/worker/stats``: one worker, by its key, for its owner."""
+    found = state.stats.workers.get(key)
+    if found is None:
+        raise NotFound(f"No worker {public_id(key)} has connected to this queen.",
+                       code="worker_not_found")
+    return worker_row(state, found, await earnings_by_worker(state))
+
+
+async def overview(state: QueenState) -> dict[str, Any]:
+    """``/admin/api/overview``: the totals and the last hour's series."""
+    return {"stats": swarm_totals(state), "series": state.stats.series()}
+
+
+async def workers(state: QueenState) -> list[dict[str, Any]]:
+    """``/admin/api/workers``: every worker this queen has seen, online ones first."""
+    earnings = await earnings_by_worker(state)
+    rows = [worker_row(state, found, earnings) for found in state.stats.workers.values()]
+    rows.sort(key=lambda row: (not row["online"], row["public_id"]))
+    return rows
+
+
+async def worker(state: QueenState, worker_id: str) -> dict[str, Any]:
+    """``/admin/api/workers/{public id}``: one worker, its jobs per minute and recent jobs."""
+    found = next((s for s in state.stats.workers.values() if s.public_id == worker_id), None)
+    if found is None:
+        raise NotFound(f"No worker {worker_id}.", code="worker_not_found")
+    theirs = [job for job in state.stats.recent if job.worker_key == found.key]
+    return {"worker": worker_row(state, found, await earnings_by_worker(state)),
+            "series": per_minute(theirs),
+            "recent_jobs": [job_row(job) for job in theirs[:WORKER_JOBS]]}
+
+
+async def jobs(state: QueenState) -> list[dict[str, Any]]:
+    """``/admin/api/jobs``: the recent jobs, newest first."""
+    return [job_row(job) for job in state.stats.recent]
+
+
+async def models(state: QueenState) -> list[dict[str, Any]]:
+    """``/admin/api/models``: the models on offer, where they are loaded, and their sizes."""
+    registry = state.registry
+    rows = []
+    for model in swarm_totals(state)["models"]:
+        holders = registry.holders(model["id"])
+        rows.append({**model, "loaded_on": sum(model["id"] in s.loaded for s in holders),
+                     "parameter_count": registry.parameter_count(model["id"])})
+    return rows
+
+
+async def payouts(state: QueenState) -> list[dict[str, Any]]:
+    """``/admin/api/payouts``: the latest payouts, newest first (none without a database)."""
+    if state.db is None:
+        return []
+    return [{"id": p.id, "worker": public_id(p.worker_key), "amount_msat": p.amount_msat,
+             "state": p.state, "updated_at": p.updated_at.isoformat(), "detail": p.detail}
+            for p in await queries.recent_payouts(state.db.engine, ADMIN_PAYOUTS)]
+
+
+def key_stores(state: QueenState) -> tuple[KeyStore, LedgerStore]:
+    """The key and ledger stores, or the 404 of a queen that keeps no database."""
+    billing = state.billing
+    if billing.keys is None or billing.ledger is None:
+        raise NotFound("This queen keeps no database.", code="no_ledger")
+    return billing.keys, billing.ledger
+
+
+async def api_keys(state: QueenState) -> list[dict[str, Any]]:
+    """``GET /admin/keys``: every key with its balance, by id."""
+    keys, store = key_stores(state)
+    return [view.model_dump(mode="json") for view in await list_keys(keys, store)]
+
+
+# --- a worker's earnings --------------------------------------------------------------------
+
+async def worker_earnings(state: QueenState, pubkey: str, now: datetime) -> WorkerEarnings:
+    """``/worker/earnings``: what the worker with this key has earned, is owed and was paid."""
+    store = state.billing.ledger
+    if store is None:
+        raise NotFound("This queen keeps no ledger.", code="no_ledger")
+    balances = await store.balances(f"worker:{pubkey}:")
+    midnight = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    total, today = await store.worker_credits(pubkey, midnight)
+    settled = await store.worker_jobs(pubkey)
+    paid = await queries.recent_payouts(store.engine, WORKER_PAYOUTS, worker_key=pubkey)
+    first = midnight.date() - timedelta(days=HISTORY_DAYS - 1)
+    credits = await queries.charges_credited(
+        store.engine, [ledger.worker_pending(pubkey), ledger.worker_available(pubkey)],
+        datetime(first.year, first.month, first.day, tzinfo=UTC))
+    daily, recent = earnings_history(credits, midnight.date())
+    return WorkerEarnings(
+        worker_id=public_id(pubkey),
+        jobs_settled=settled,
+        escrow_jobs_left=max(0, state.settings.escrow_jobs + 1 - settled),
+        pending_msat=balances.get(ledger.worker_pending(pubkey), 0),
+        available_msat=balances.get(ledger.worker_available(pubkey), 0),
+        paid_msat=balances.get(f"worker:{pubkey}:paid", 0),
+        today_msat=today,
+        total_msat=total,
+        recent_payouts=[PayoutView(id=p.id, amount_msat=p.amount_msat, state=p.state,
+                                   updated_at=p.updated_at, detail=p.detail) for p in paid],
+        week_msat=sum(d.earned_msat for d in daily[-7:]),
+        daily=daily,
+        recent_jobs=recent,
+    )
+
+
+def earnings_history(
+    credits: list[LedgerCredit], today: date
+) -> tuple[list[DailyEarning], list[JobEarning]]:
+    """A worker's credits per UTC day for the ``HISTORY_DAYS`` days ending ``today`` (oldest
+    first, empty days included) and per job for its latest ``RECENT_JOBS`` settled jobs (newest
+    first), from its charge credits, newest first. Credits outside those days count for the
+    jobs only."""
+    first = today - timedelta(days=HISTORY_DAYS - 1)
+    per_day = {first + timedelta(days=i): 0 for i in range(HISTORY_DAYS)}
+    per_job: dict[str, JobEarning] = {}  # newest first; a txn may credit both accounts
+    for credit in credits:
+        created = credit.created_at
+        stamp = created if created.tzinfo else created.replace(tzinfo=UTC)
+        day = stamp.astimezone(UTC).date()
+        if day in per_day:
+            per_day[day] += credit.amount_msat
+        if not credit.txn_id.startswith("settle:"):
+            continue
+        job_id = credit.txn_id.removeprefix("settle:")
+        if job_id in per_job:
+            earned = per_job[job_id].earned_msat + credit.amount_msat
+            per_job[job_id] = per_job[job_id].model_copy(update={"earned_msat": earned})
+        elif len(per_job) < RECENT_JOBS:
+            per_job[job_id] = JobEarning(job_id=job_id, earned_msat=credit.amount_msat,
+                                         settled_at=stamp)
+    daily = [DailyEarning(day=day, earned_msat=msat) for day, msat in sorted(per_day.items())]
+    return daily, list(per_job.values())

@@ -1,0 +1,131 @@
+"""A connected worker as the rest of the queen reads it: its directory entry, and the connection
+the swarm writes to it through.
+
+``Worker`` is facts only: who the worker is, what it holds and how many jobs it takes, as its
+hello (or legacy registration) and later status messages said. Routing, the dispatcher, the
+stats and the pages read it. It holds no socket and no protocol state (``swarm.link`` has those),
+and it does not own its leases: the registry does, and shows each registered worker a read-only
+view of its own (``jobs``) so that ``free_slots`` costs routing no lookup.
+
+``Connection`` is what the swarm needs from whatever holds a worker's connection: send a job,
+send a cancel, close. The websocket edge implements it today; a queen replica holding the
+socket in another process could tomorrow.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from queen_server.swarm.jobs import JobHandle
+from shared_schema import ModelDescriptor
+
+CAPABILITY_FETCH = "fetch_models"
+
+NO_LEASES: Mapping[str, JobHandle] = MappingProxyType({})
+
+
+class Connection(Protocol):
+    """Whatever holds a worker's connection. Every method may raise if the connection is gone."""
+
+    async def send_job(
+        self,
+        job_id: str,
+        openai_url: str,
+        openai_req: dict[str, Any],
+        continuation: str | None = None,
+    ) -> None: ...
+
+    async def send_cancel(self, job_id: str, reason: str) -> None: ...
+
+    async def close(self, code: int, reason: str) -> None: ...
+
+
+class Worker:
+    """A worker's directory entry: what routing and the stats pages read.
+
+    A legacy worker (from before protocol v1) takes one job at a time, registers no models and
+    is assumed able to fetch whatever it is asked for, so it ranks in the lowest routing tier
+    for every model; it has no key of its own, so nothing is credited to it.
+    """
+
+    __slots__ = (
+        "cached",
+        "capabilities",
+        "closed",
+        "connected_at",
+        "gpus",
+        "jobs",
+        "key",
+        "legacy",
+        "ln_url",
+        "loaded",
+        "max_jobs",
+        "models",
+        "public_id",
+        "session_id",
+        "vram_mb",
+        "worker_version",
+    )
+
+    def __init__(
+        self,
+        *,
+        key: str,
+        public_id: str,
+        session_id: str,
+        max_jobs: int = 1,
+        models: Iterable[ModelDescriptor] = (),
+        capabilities: Iterable[str] = (),
+        worker_version: str = "",
+        ln_url: str | None = None,
+        gpus: Iterable[str] = (),
+        vram_mb: int = 0,
+        legacy: bool = False,
+        connected_at: float | None = None,
+    ) -> None:
+        self.key = key
+        self.public_id = public_id
+        self.session_id = session_id
+        self.legacy = legacy
+        self.max_jobs = 1 if legacy else max_jobs
+        self.capabilities = frozenset(capabilities)
+        self.worker_version = worker_version
+        self.ln_url = ln_url
+        self.gpus = list(gpus)
+        self.vram_mb = vram_mb
+        self.connected_at = time.time() if connected_at is None else connected_at
+        # Set by the registry: True once the worker has left it (disconnected, replaced, silent).
+        self.closed = False
+        # The worker's leases, by job id: a read-only view the registry sets when it adds the
+        # worker (``Registry.add``); only the registry writes the mapping behind it.
+        self.jobs: Mapping[str, JobHandle] = NO_LEASES
+        self.models: dict[str, ModelDescriptor] = {}
+        self.loaded: frozenset[str] = frozenset()
+        self.cached: frozenset[str] = frozenset()
+        self.set_models(models)
+
+    def __repr__(self) -> str:
+        kind = "LegacyWorker" if self.legacy else "Worker"
+        return f"<{kind} {self.public_id} jobs={len(self.jobs)}/{self.max_jobs}>"
+
+    @property
+    def can_fetch(self) -> bool:
+        return self.legacy or CAPABILITY_FETCH in self.capabilities
+
+    @property
+    def earnings_key(self) -> str | None:
+        """The key a worker's earnings are credited to (legacy workers have none)."""
+        return None if self.legacy else self.key
+
+    @property
+    def free_slots(self) -> int:
+        return self.max_jobs - len(self.jobs)
+
+    def set_models(self, models: Iterable[ModelDescriptor]) -> None:
+        """Replace the worker's holdings (the registry re-indexes it: ``Registry.apply_status``)."""
+        self.models = {model.name: model for model in models}
+        self.loaded = frozenset(name for name, model in self.models.items() if model.loaded)
+        self.cached = frozenset(self.models)

@@ -1,0 +1,109 @@
+"""The admin session: a cookie signed with itsdangerous under a secret derived from the admin
+token, so changing ``APIARY_ADMIN_TOKEN`` ends every session. It holds no state on the server:
+logging out deletes the cookie, and the cookie itself expires after ``SESSION_MAX_AGE_S``.
+
+``admin_authorized`` is the check every admin page makes (the session, or the bearer token);
+``create_app`` hands ``admin_session_valid`` to the admin JSON routes, which check the bearer
+token themselves, so that the pages' session opens the JSON the pages poll.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, urlencode
+
+from fastapi import Request
+from fastapi.responses import RedirectResponse
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+
+if TYPE_CHECKING:
+    from queen_server.settings import QueenSettings
+
+SESSION_COOKIE = "apiary_admin"
+SESSION_MAX_AGE_S = 12 * 3600
+MAX_FORM_BYTES = 16 * 1024
+
+
+def settings(request: Request) -> QueenSettings:
+    return request.app.state.queen.settings
+
+
+def admin_token(request: Request) -> str | None:
+    """The admin token, or None when the admin pages are off."""
+    return settings(request).admin_token or None
+
+
+def serializer(token: str) -> URLSafeTimedSerializer:
+    secret = hmac.new(token.encode(), b"apiary admin session cookie", hashlib.sha256).digest()
+    return URLSafeTimedSerializer(secret, salt="apiary-admin-session")
+
+
+def session_cookie(token: str) -> str:
+    """A new session's cookie value (a nonce, so no two sessions share a value)."""
+    return serializer(token).dumps({"admin": True, "n": secrets.token_hex(8)})
+
+
+def admin_session_valid(request: Request) -> bool:
+    """Whether the request carries an unexpired admin session cookie for the current token."""
+    token = admin_token(request)
+    raw = request.cookies.get(SESSION_COOKIE)
+    if not token or not raw:
+        return False
+    try:
+        data = serializer(token).loads(raw, max_age=SESSION_MAX_AGE_S)
+    except BadSignature:  # includes SignatureExpired
+        return False
+    return isinstance(data, dict) and data.get("admin") is True
+
+
+def _bearer_valid(request: Request, token: str) -> bool:
+    scheme, _, given = (request.headers.get("authorization") or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
+                                                              token.encode())
+
+
+def admin_authorized(request: Request) -> bool:
+    """The admin check for the pages: a session cookie or the bearer token.
+
+    False whenever no admin token is set (the admin pages and API are off then).
+    """
+    token = admin_token(request)
+    if not token:
+        return False
+    return _bearer_valid(request, token) or admin_session_valid(request)
+
+
+def token_matches(given: str, token: str) -> bool:
+    """Whether a login form's token is the admin token (compared in constant time)."""
+    given = given.strip()
+    return bool(given) and hmac.compare_digest(given.encode(), token.encode())
+
+
+def safe_next(value: str | None) -> str:
+    """Where to go after logging in: an admin page of this queen, never another site."""
+    if (not value or not value.startswith("/admin") or value.startswith("/admin/login")
+            or "//" in value or "\\" in value or any(ord(c) < 0x20 for c in value)):
+        return "/admin"
+    return value
+
+
+def login_redirect(request: Request) -> RedirectResponse:
+    """To the login page, which comes back to this page after."""
+    target = request.url.path
+    if request.url.query:
+        target += "?" + request.url.query
+    return RedirectResponse("/admin/login?" + urlencode({"next": target}), status_code=303)
+
+
+async def read_form(request: Request) -> dict[str, str] | None:
+    """A small urlencoded form's first value per field; None when over ``MAX_FORM_BYTES``."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            return None
+    parsed = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+    return {name: values[0] for name, values in parsed.items()}
