@@ -92,7 +92,12 @@ class WorkerService:
     async def prepare(
         self, names_or_paths: list[str], progress: Callable[..., None] | None = None
     ) -> list[LocalModel]:
-        """Make every named model local (pulling or importing it) and load it."""
+        """Make every named model local (pulling or importing it) and load it.
+
+        The hardware is detected first (once), so that ``gpu_layers="auto"`` plans each load
+        with the free VRAM the GPU really has, not with none."""
+        if self.hardware is None:
+            await self.detect()
         models = []
         for item in names_or_paths:
             model = await asyncio.to_thread(self._local, item, progress)

@@ -155,11 +155,12 @@ class WorkerController(QObject):
             service.runner.on_finished.append(self._on_finished)
             if not service.store.list() and not self.settings.models:
                 raise WorkerError("there is no model to serve yet: add one in the Models tab")
+            # Detect first: loading a model plans its GPU layers from the free VRAM detected.
+            report = await service.detect()
+            self.hardware_detected.emit(report)
             if self.settings.models:
                 self._set_link("connecting", "loading models")
                 await service.prepare(self.settings.models)
-            report = await service.detect()
-            self.hardware_detected.emit(report)
             await service.serve(stop)
         except HandshakeRefusedError as exc:
             self._fail(f"the queen refused this worker: {exc}")
