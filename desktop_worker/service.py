@@ -73,6 +73,7 @@ class WorkerService:
             status=self.status,
             status_interval_s=settings.status_interval_s,
             shutdown_grace_s=settings.shutdown_grace_s,
+            max_frame_bytes=settings.max_frame_bytes,
         )
 
     def free_vram_mb(self) -> int | None:

@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 
 CONFIG_DIR_ENV = "APIARY_CONFIG_DIR"
 SETTINGS_FILE = "settings.json"
+# The most a frame from the queen may hold, by default: its largest job frame is a request body
+# (the queen's max_body_bytes, 4 MiB) in a small envelope, and the queen takes frames up to this
+# size from workers too (its max_frame_bytes). A bigger frame closes the connection with 1009.
+DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
 
 
 def config_dir() -> Path:
@@ -113,6 +117,9 @@ class WorkerSettings(BaseSettings):
     # Where the worker key lives: the OS keyring, the 0600 file at key_path, or "auto" (the
     # keyring when one works, else the file, with a warning).
     key_store: Literal["auto", "keyring", "file"] = "auto"
+    # The largest websocket frame taken from the queen (bytes); a bigger one ends the connection
+    # (close code 1009) and the worker reconnects. The default fits the queen's largest job.
+    max_frame_bytes: int = Field(default=DEFAULT_MAX_FRAME_BYTES, ge=64 * 1024)
 
     @classmethod
     def settings_customise_sources(

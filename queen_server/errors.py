@@ -51,6 +51,14 @@ class Unauthorized(ApiError):
     code = "invalid_api_key"
 
 
+class Forbidden(ApiError):
+    """Refused whoever asks: e.g. an admin cookie's POST from another site's page."""
+
+    status_code = 403
+    error_type = "permission_error"
+    code = "forbidden"
+
+
 class NotFound(ApiError):
     status_code = 404
     error_type = "invalid_request_error"

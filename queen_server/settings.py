@@ -37,6 +37,11 @@ class QueenSettings(BaseSettings):
     max_hello_bytes: int = Field(default=256 * 1024, ge=1024)
     max_frame_bytes: int = Field(default=16 * 1024 * 1024, ge=64 * 1024)
     max_bad_frames: int = Field(default=50, ge=1)
+    # Workers from before protocol v1 (the original GPUtopia workerbee): unsigned, unverifiable,
+    # served in the lowest routing tier and billed by the queen's own count. "on": they take any
+    # job; "unbilled": only jobs of unbilled callers (open access, development keys), so no
+    # billed job reaches a worker the queen cannot verify; "off": they are refused.
+    legacy_workers: Literal["on", "unbilled", "off"] = "on"
 
     # Jobs.
     queue_timeout_s: float = Field(default=30.0, ge=0)
@@ -48,12 +53,24 @@ class QueenSettings(BaseSettings):
 
     # The /admin API is on only with a token.
     admin_token: str | None = None
+    # The admin session cookie's Secure flag. "auto": Secure when the login came over https,
+    # which behind a TLS proxy means its X-Forwarded-Proto, trusted only from the addresses
+    # in uvicorn's FORWARDED_ALLOW_IPS (loopback by default); "always" when the operator knows
+    # the pages are only ever reached over https; "never" for plain-http test setups.
+    admin_cookie_secure: Literal["auto", "always", "never"] = "auto"
+    # Wrong admin tokens allowed per client address per minute, then 429 until one expires;
+    # the global figure caps all addresses together (a backstop against many addresses).
+    admin_login_failures_per_minute: int = Field(default=5, ge=1)
+    admin_login_global_failures_per_minute: int = Field(default=60, ge=1)
 
     # Billing.
     prices_file: Path | None = None
     worker_share: float = Field(default=0.8, ge=0, le=1)
     escrow_jobs: int = Field(default=10, ge=0)
     default_max_tokens: int = Field(default=4096, ge=1)
+    # Tokens a model's chat template may add to a prompt beyond its messages' bytes (a default
+    # system prompt, a date line): part of the queen's bound on what a prompt can be billed.
+    template_allowance_tokens: int = Field(default=64, ge=0, le=100_000)
     billing_refresh_s: float = Field(default=2.0, gt=0)
     # Payouts. "none" records payouts due for an admin to settle by hand.
     lightning_backend: Literal["none", "lnbits"] = "none"
@@ -61,8 +78,14 @@ class QueenSettings(BaseSettings):
     lnbits_admin_key: str | None = None
     payout_threshold_sats: int = Field(default=1000, ge=1)
     payout_interval_s: float = Field(default=600.0, gt=0)
-    # Hosts whose Lightning addresses may use plain http (local test servers only).
+    # Hosts whose Lightning addresses may use plain http (local test servers only). They are
+    # also the only hosts whose payout services may resolve to a private or loopback address.
     lnurl_insecure_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # How long each request to a worker's LNURL-pay service may take, all told.
+    lnurl_timeout_s: float = Field(default=10.0, gt=0)
+    # A failed payout is tried again after base * 2**(failures in a row - 1), at most max.
+    payout_retry_base_s: float = Field(default=600.0, ge=0)
+    payout_retry_max_s: float = Field(default=86400.0, ge=0)
 
     @field_validator("api_keys", "lnurl_insecure_hosts", mode="before")
     @classmethod

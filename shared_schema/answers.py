@@ -22,10 +22,8 @@ from array import array
 from collections.abc import Iterable
 from typing import Any
 
-from shared_schema.protocol import Chunk, JobError, Result
-
-# More tokens than any one job can have: a usage past it is a lie (and past 64 bits, a crash).
-MAX_TOKENS = 2**31 - 1
+from shared_schema.openai_types import MAX_TOKENS
+from shared_schema.protocol import Chunk, JobError, Result, Usage
 
 # The ``object`` of each shape, as OpenAI names it.
 CHAT_ANSWER = "chat.completion"
@@ -180,10 +178,12 @@ def embedding_list(model: str, vectors: list[list[float]]) -> dict[str, Any]:
         for i, vector in enumerate(vectors)]}
 
 
-def embeddings_answer(result: Result, model: str, encoding_format: str) -> dict[str, Any]:
+def embeddings_answer(
+    result: Result, model: str, encoding_format: str, usage: Usage | None = None
+) -> dict[str, Any]:
     """The answer to an embeddings request from a worker's result: the worker's float vectors in
     the encoding the client asked for ("float" or "base64"), the client's model name, and the
-    usage (prompt tokens only)."""
+    usage (prompt tokens only): ``usage`` as billed, else the result's own."""
     data = dict(result.data)
     data["object"] = EMBEDDING_LIST
     data["model"] = model
@@ -192,7 +192,7 @@ def embeddings_answer(result: Result, model: str, encoding_format: str) -> dict[
             {**item, "embedding": floats_to_base64(item.get("embedding") or [])}
             for item in data.get("data") or []
         ]
-    usage = result.usage
+    usage = result.usage if usage is None else usage
     data["usage"] = {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.total_tokens}
     return data
 

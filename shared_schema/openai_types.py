@@ -7,11 +7,17 @@ Apiary honours are typed and range-checked, so a bad value is a 400 naming its `
 from __future__ import annotations
 
 from datetime import date, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
 from shared_schema.base import LenientModel, WireModel
+
+# More tokens than any one job can have: a count past it is a lie (and past 64 bits, a crash of
+# the JSON encoder), so requests and workers' answers are refused past it.
+MAX_TOKENS = 2**31 - 1
+# Token ids and seeds as llama.cpp and every tokenizer take them.
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
 
 
 class Usage(WireModel):
@@ -44,12 +50,12 @@ class ChatCompletionRequest(WireModel):
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
     n: int = 1
     user: str | None = Field(default=None, max_length=512)
 
@@ -115,9 +121,9 @@ class ChatCompletionChunk(LenientModel):
 
 class EmbeddingRequest(WireModel):
     model: str = Field(min_length=1, max_length=512)
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[str] | list[TokenId] | list[list[TokenId]]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(default=None, ge=1)
+    dimensions: int | None = Field(default=None, ge=1, le=2**20)
     user: str | None = Field(default=None, max_length=512)
 
     @field_validator("input")

@@ -25,7 +25,9 @@ def parse_hello(body: dict[str, Any]) -> Hello:
 
 
 def parse_registration(body: dict[str, Any]) -> LegacyRegistration:
-    """A legacy worker's registration; ``ProtocolError`` ``invalid_message`` if it is not one."""
+    """A legacy worker's registration, the wiki's or the real workerbee's (read its size as
+    ``vram_mb``: the workerbee sends bytes); ``ProtocolError`` ``invalid_message`` if it is not
+    one, or claims more than any machine holds."""
     try:
         return LegacyRegistration.model_validate(body, extra="ignore")
     except ValidationError as exc:

@@ -1,16 +1,20 @@
 """What the views share: how numbers read (sats, sizes, durations), the app's icons, and
-starting coroutines from Qt slots on the app's qasync loop."""
+starting coroutines from Qt slots on the app's qasync loop, and labels that show text as
+plain text (``plain_label``: what the queen or the hub sends must never be read as HTML)."""
 
 from __future__ import annotations
 
 import asyncio
+import html
 import logging
 import math
+import sys
 from collections.abc import Coroutine
 from typing import Any
 
-from PySide6.QtCore import QSize
+from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QIcon, QPixmap
+from PySide6.QtWidgets import QLabel
 
 from desktop_worker.resources import resource_path
 
@@ -61,6 +65,27 @@ def duration(seconds: float | None) -> str:
 
 def speed(bytes_per_s: float | None) -> str:
     return "?" if bytes_per_s is None else f"{size(bytes_per_s)}/s"
+
+
+# --- text from elsewhere -----------------------------------------------------------------------
+
+
+def plain_label(text: str = "") -> QLabel:
+    """A label that shows its text literally. QLabel's default (AutoText) renders a string
+    that looks like HTML, so a refusal reason such as ``<img src=...>`` from a queen would
+    become markup (an image fetched, a fake link): every label showing text that came from
+    the queen, the hub or an error message is made with this."""
+    label = QLabel()
+    label.setTextFormat(Qt.TextFormat.PlainText)
+    label.setText(text)
+    return label
+
+
+def notification_text(text: str, platform: str = sys.platform) -> str:
+    """``text`` for a tray notification's body, shown literally. Linux desktops'
+    notification servers (freedesktop) may read the body as markup, so there it is
+    escaped; elsewhere the body is plain text already."""
+    return html.escape(text, quote=False) if platform.startswith("linux") else text
 
 
 # --- icons ----------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from PySide6.QtCore import QObject
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
-from desktop_worker.gui.common import Icons, sats
+from desktop_worker.gui.common import Icons, notification_text, sats
 from desktop_worker.gui.notify import Notice
 from desktop_worker.gui.services.earnings import EarningsService
 from desktop_worker.gui.services.worker import STATE_TEXT, TrayState, WorkerController
@@ -87,8 +87,8 @@ class Tray(QObject):
 
     def notify(self, notice: Notice) -> None:
         self.notices.append(notice)
-        self.icon.showMessage(notice.title, notice.message, LEVELS.get(notice.level,
-                              QSystemTrayIcon.MessageIcon.Information), 8000)
+        level = LEVELS.get(notice.level, QSystemTrayIcon.MessageIcon.Information)
+        self.icon.showMessage(notice.title, notification_text(notice.message), level, 8000)
 
     def _activated(self, reason: QSystemTrayIcon.ActivationReason) -> None:
         if reason in (QSystemTrayIcon.ActivationReason.Trigger,

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop_worker.gui.common import Icons, sats
+from desktop_worker.gui.common import Icons, plain_label, sats
 from desktop_worker.gui.services.worker import STATE_TEXT, TrayState, WorkerController
 from desktop_worker.gui.views.earnings import EarningsView
 from desktop_worker.gui.views.hardware import HardwareView
@@ -45,16 +45,16 @@ class Header(QFrame):
         self.setObjectName("header")
         self.setStyleSheet("#header { background: #fffbeb; border-bottom: 1px solid #fcd34d; }")
         self.icon = QLabel()
-        self.status = QLabel()
+        self.status = plain_label()
         self.status.setObjectName("status")
         self.status.setStyleSheet("font-size: 16px; font-weight: 600;")
-        self.detail = QLabel()
+        self.detail = plain_label()  # refusal reasons and errors, in the queen's words
         self.detail.setStyleSheet("color: #4b5563;")
         self.detail.setWordWrap(True)
-        self.queen = QLabel()
+        self.queen = plain_label()
         self.queen.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.queen.setStyleSheet("color: #4b5563;")
-        self.today = QLabel()
+        self.today = plain_label()
         self.today.setStyleSheet("font-size: 15px; color: #92400e; font-weight: 600;")
         self.toggle = QPushButton()
         self.toggle.setObjectName("toggle")

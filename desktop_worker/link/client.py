@@ -26,6 +26,7 @@ from desktop_worker.link.machine import (
     StartJob,
     Welcomed,
 )
+from desktop_worker.settings import DEFAULT_MAX_FRAME_BYTES
 from shared_schema import SUBPROTOCOL, Hello, Status, Usage
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class LinkClient:
         shutdown_grace_s: float = 10.0,
         backoff: Backoff | None = None,
         on_state: Callable[[str, str], None] | None = None,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ) -> None:
         self.url = url
         self.hello_for = hello_for
@@ -73,6 +75,7 @@ class LinkClient:
         self.shutdown_grace_s = shutdown_grace_s
         self.backoff = backoff or Backoff()
         self.on_state = on_state
+        self.max_frame_bytes = max_frame_bytes
         self.state = "stopped"
         self._ws: ClientConnection | None = None
 
@@ -111,7 +114,9 @@ class LinkClient:
             self.url,
             subprotocols=[SUBPROTOCOL],
             compression=None,
-            max_size=None,
+            # websockets reads a frame's length before its payload, so an oversized frame is
+            # refused (close 1009, then a reconnect) without being buffered.
+            max_size=self.max_frame_bytes,
             open_timeout=15,
             ping_interval=20,
             ping_timeout=20,

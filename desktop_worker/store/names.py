@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from desktop_worker.errors import (
     AmbiguousFilter,
+    HubError,
     InvalidModelFile,
     InvalidModelName,
     NoMatchingFile,
@@ -43,6 +44,7 @@ from desktop_worker.errors import (
 __all__ = [
     "ModelName",
     "ResolvedFile",
+    "check_repo_path",
     "parse_model_name",
     "quant_tag",
     "resolve_filter",
@@ -61,6 +63,19 @@ _SPLIT = re.compile(r"^(?P<base>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", r
 _GGUF_SUFFIX = ".gguf"
 _QUANT = re.compile(
     r"^(?:i?q\d(?:_[a-z0-9]+)*|tq\d_\d|f16|f32|bf16|fp16|fp32|mxfp4(?:_moe)?)$", re.IGNORECASE
+)
+
+
+# A file path from the hub is checked by the rules of both POSIX and Windows, whatever the OS the
+# worker runs on, so that a name that is harmless here but not on an owner's other machine (or
+# a settings folder copied there) is refused the same everywhere.
+_MAX_REPO_PATH = 1000
+_MAX_PATH_PART = 255
+_WINDOWS_FORBIDDEN = frozenset('<>:"|?*\\')
+_WINDOWS_RESERVED = frozenset(
+    {"CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$"}
+    | {f"{device}{n}" for device in ("COM", "LPT") for n in (*"0123456789", "\u00b9", "\u00b2",
+                                                               "\u00b3")}
 )
 
 
@@ -133,6 +148,45 @@ def validate_local_name(name: str) -> str:
             "letters, digits and . _ : / + @ -"
         )
     return name
+
+
+def check_repo_path(path: str, repo_id: str = "the repo") -> tuple[str, ...]:
+    """The folders and name of a file path from a hub listing (``rfilename``), or ``HubError``
+    when the path is not safe to put under the models folder on POSIX and Windows alike.
+
+    Refused: empty or over-long paths; absolute paths; empty, ``.`` or ``..`` parts;
+    backslashes, drive letters and the other characters Windows forbids (``< > : " | ? *``);
+    control characters; parts ending in a dot or a space (Windows drops those, so two names
+    would be one file); and Windows' reserved device names (``CON``, ``NUL``, ``COM1`` ...),
+    with or without an extension.
+    """
+    if not isinstance(path, str) or not path:
+        raise HubError(f"{repo_id} lists a file with an empty name; refusing it")
+    if len(path) > _MAX_REPO_PATH:
+        raise HubError(f"{repo_id} lists a file path longer than {_MAX_REPO_PATH} characters; "
+                       "refusing it")
+    problem = _path_problem(path)
+    if problem is not None:
+        raise HubError(f"{repo_id} lists the unsafe file path {path!r} ({problem}); refusing it")
+    return tuple(path.split("/"))
+
+
+def _path_problem(path: str) -> str | None:
+    if path.startswith("/"):
+        return "it is absolute"
+    bad = sorted({ch for ch in path if ch in _WINDOWS_FORBIDDEN or ord(ch) < 0x20 or ch == "\x7f"})
+    if bad:
+        return "it holds " + ", ".join(repr(ch) for ch in bad)
+    for part in path.split("/"):
+        if part in ("", ".", ".."):
+            return f"it has a {part!r} part" if part else "it has an empty part"
+        if len(part) > _MAX_PATH_PART:
+            return f"a part is longer than {_MAX_PATH_PART} characters"
+        if part[-1] in ". ":
+            return f"{part!r} ends in a dot or a space"
+        if part.split(".", 1)[0].rstrip(" ").upper() in _WINDOWS_RESERVED:
+            return f"{part!r} is a reserved device name on Windows"
+    return None
 
 
 def split_part(path: str) -> tuple[str, int, int] | None:

@@ -26,7 +26,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from desktop_worker.errors import (
-    HubError,
     InsufficientDisk,
     InvalidModelFile,
     InvalidModelName,
@@ -35,7 +34,12 @@ from desktop_worker.errors import (
 from desktop_worker.store.gguf_info import GgufInfo, read_gguf_info, split_paths
 from desktop_worker.store.hub import HubClient, free_bytes, local_bytes
 from desktop_worker.store.index import IndexFile
-from desktop_worker.store.names import parse_model_name, resolve_filter, validate_local_name
+from desktop_worker.store.names import (
+    check_repo_path,
+    parse_model_name,
+    resolve_filter,
+    validate_local_name,
+)
 from desktop_worker.store.progress import ProgressCallback, ProgressMeter
 from shared_schema.hardware import ModelDescriptor
 
@@ -389,9 +393,9 @@ class ModelStore:
             raise InvalidModelFile(f"{name} is not a usable GGUF model: {exc}") from exc
 
     def _hub_path(self, repo_id: str, path_in_repo: str) -> Path:
-        parts = PurePosixPath(path_in_repo).parts
-        if not parts or path_in_repo.startswith("/") or any(p in ("..", ".", "") for p in parts):
-            raise HubError(f"refusing the odd file path {path_in_repo!r} from {repo_id}")
+        """Where a hub file goes; the path is checked first (``check_repo_path``: POSIX and
+        Windows rules on every OS), since it comes from the hub's listing."""
+        parts = check_repo_path(path_in_repo, repo_id)
         return self.hub_dir.joinpath(*repo_id.split("/"), *parts)
 
     def _delete_files(self, model: LocalModel) -> None:

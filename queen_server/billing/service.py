@@ -28,6 +28,7 @@ from queen_server.billing.pricing import Price, PriceTable
 from queen_server.billing.store import LedgerStore
 from queen_server.errors import PaymentRequired, RateLimited, Unauthorized
 from queen_server.swarm.jobs import Part
+from queen_server.swarm.metering import estimate_prompt_tokens
 
 if TYPE_CHECKING:
     from queen_server.settings import QueenSettings
@@ -102,12 +103,6 @@ async def _load_once(
             del loading[key]
         return value
     return await future
-
-
-def estimate_prompt_tokens(texts: list[str]) -> int:
-    """An upper bound on the prompt's tokens: a token is at least one character, plus a few
-    tokens of chat-template framing per message."""
-    return sum(len(text) + 8 for text in texts)
 
 
 class Billing:

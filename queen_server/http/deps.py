@@ -28,16 +28,19 @@ def require_admin(request: Request) -> QueenState:
     """The state, for a request with the admin token (a bearer header or a pages session).
 
     The session is the pages' (``web/session.py``); ``create_app`` hands its check over on
-    ``app.state.admin_session``, since ``http`` and ``web`` must not import each other."""
+    ``app.state.admin_session``, since ``http`` and ``web`` must not import each other. The
+    bearer token is checked first, so a script is never subject to the session's rules: the
+    session check raises ``Forbidden`` (403) for a state-changing request whose cookie came
+    with another site's ``Origin`` (or none)."""
     state = queen(request)
     token = state.settings.admin_token
     if not token:
         raise NotFound("The admin pages are off: set APIARY_ADMIN_TOKEN to turn them on.")
-    session_check = getattr(request.app.state, "admin_session", None)
-    if session_check is not None and session_check(request):
-        return state
     scheme, _, given = (request.headers.get("authorization") or "").partition(" ")
     if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+        return state
+    session_check = getattr(request.app.state, "admin_session", None)
+    if session_check is not None and session_check(request):
         return state
     raise Unauthorized("Log in at /admin/login, or send 'Authorization: Bearer <admin token>'.",
                        code="invalid_admin_token")

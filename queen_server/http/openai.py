@@ -20,6 +20,7 @@ from queen_server.http.fastpath import HotRoutes
 from queen_server.http.io import ClientGone, DisconnectGuard, parse, read_body
 from queen_server.http.sse import stream_chat
 from queen_server.swarm.jobs import EMBEDDINGS_JOB
+from queen_server.swarm.metering import Meter, content_text
 from queen_server.swarm.relay import CompletionContext, assemble_chat, collect
 from shared_schema import (
     ChatCompletion,
@@ -88,19 +89,22 @@ async def chat_completions(request: Request) -> Response:
     ctx = CompletionContext(completion_id, req.model, int(time.time()), include_usage)
     dispatcher, billing = state.dispatcher, state.billing
     dispatcher.require_servable(req.model)
+    meter = Meter.for_chat(openai_req, state.settings.template_allowance_tokens)
     hold = await billing.hold(principal, completion_id, state.registry.parameter_count(req.model),
-                              [_text(m.content) for m in req.messages], openai_req)
+                              [content_text(m.content) for m in req.messages], openai_req)
     try:
         async with DisconnectGuard(request):
             run = await dispatcher.start(
-                completion_id, req.model, "/v1/chat/completions", openai_req, stream=req.stream
+                completion_id, req.model, "/v1/chat/completions", openai_req, stream=req.stream,
+                billed=principal.billed,
             )
             if req.stream:  # the stream now owns the hold
-                body = stream_chat(run, ctx, dispatcher, functools.partial(billing.finish, hold))
+                body = stream_chat(run, ctx, dispatcher, functools.partial(billing.finish, hold),
+                                   meter)
                 hold = None
                 return StreamingResponse(body, media_type="text/event-stream",
                                          headers=SSE_HEADERS)
-            collected = await collect(run, dispatcher)
+            collected = await collect(run, dispatcher, meter)
     except ClientGone:
         await billing.finish(hold)
         return Response(status_code=499)
@@ -109,14 +113,6 @@ async def chat_completions(request: Request) -> Response:
         raise
     await billing.finish(hold, parts=collected.parts)
     return json_response(assemble_chat(ctx, collected))
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return ""
 
 
 @hot.post(
@@ -141,9 +137,10 @@ async def embeddings(request: Request) -> Response:
     try:
         async with DisconnectGuard(request):
             run = await state.dispatcher.start(
-                job_id, req.model, "/v1/embeddings", openai_req, stream=False
+                job_id, req.model, "/v1/embeddings", openai_req, stream=False,
+                billed=principal.billed,
             )
-            collected = await collect(run, state.dispatcher)
+            collected = await collect(run, state.dispatcher, Meter.for_embeddings(openai_req))
     except ClientGone:
         await billing.finish(hold)
         return Response(status_code=499)
@@ -151,7 +148,8 @@ async def embeddings(request: Request) -> Response:
         await billing.finish(hold)
         raise
     await billing.finish(hold, parts=collected.parts)
-    return json_response(embeddings_answer(collected.result, req.model, req.encoding_format))
+    return json_response(embeddings_answer(collected.result, req.model, req.encoding_format,
+                                           collected.usage))
 
 
 @router.get("/v1/models", response_model=ModelList, summary="Models the connected workers hold")

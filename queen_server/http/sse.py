@@ -19,7 +19,14 @@ import orjson
 from queen_server.errors import ApiError
 from queen_server.swarm.dispatch import Dispatcher, JobRun, can_fail_over
 from queen_server.swarm.jobs import JobEvent, WorkerLost
-from queen_server.swarm.relay import CompletionContext, Delivered, failure, hand_over
+from queen_server.swarm.metering import UNBOUNDED, Meter
+from queen_server.swarm.relay import (
+    CompletionContext,
+    Delivered,
+    failure,
+    hand_over,
+    message_text,
+)
 from shared_schema import Chunk, JobError, Result
 from shared_schema.answers import CHAT_CHUNK, chunks_from_answer, usage_chunk
 
@@ -46,6 +53,7 @@ async def stream_chat(
     ctx: CompletionContext,
     dispatcher: Dispatcher,
     finish: Callable[..., Awaitable[None]],
+    meter: Meter = UNBOUNDED,
 ) -> AsyncIterator[bytes]:
     """The SSE body of a streamed chat completion. If the worker is lost mid-answer, the
     answer goes on on a twin worker (``Dispatcher.fail_over``) with no break in the stream.
@@ -56,7 +64,8 @@ async def stream_chat(
     Every frame that arrived while the last batch was written goes out in one write. Per relayed
     chunk this does no more than note it, stamp it and encode it: it runs for every token.
     """
-    answer = Delivered()
+    answer = Delivered(meter)
+    client_left = True  # until the stream ends by itself: a stream the client left pays its prompt
     stamp = ctx.stamp
     current: JobRun | None = run
     event: JobEvent = run.first
@@ -72,8 +81,12 @@ async def stream_chat(
                         out.append(sse(stamp(data, CHAT_CHUNK)))
                     continue
                 if isinstance(item, Result):
-                    dispatcher.record_result(run.handle, item, streamed=True)
-                    parts, usage = answer.done(run.worker.earnings_key, item.usage)
+                    parts, usage = answer.done(
+                        run.worker.earnings_key, item.usage,
+                        None if answer.saw_chunk else message_text(item.data))
+                    dispatcher.record_result(run.handle, answer.last_worker_usage(item.usage,
+                                                                                  parts),
+                                             streamed=True)
                     await finish(parts=parts)
                     if not answer.saw_chunk:
                         out.extend(answer_events(ctx, item.data))
@@ -95,6 +108,7 @@ async def stream_chat(
                     try:
                         run = await hand_over(run, answer, dispatcher)
                     except ApiError as exc:
+                        client_left = False
                         yield error_event(exc)
                         return
                     current = run
@@ -102,12 +116,15 @@ async def stream_chat(
                     continue
                 out.append(error_event(error))
                 ended = True
+            if ended:
+                client_left = False
             yield b"".join(out)
             if ended:
                 return
             try:
                 event = await run.next()
             except ApiError as exc:  # the total timeout (recorded by run.next)
+                client_left = False
                 yield error_event(exc)
                 return
     finally:
@@ -115,6 +132,6 @@ async def stream_chat(
         # cancellation every loop turn, and this shield holds it off until the books are closed.
         with anyio.CancelScope(shield=True):
             # A no-op once the usage was charged; else the delivered tokens, as incomplete.
-            await finish(parts=answer.broken(run.worker.earnings_key))
+            await finish(parts=answer.broken(run.worker.earnings_key, client_left=client_left))
             if current is not None:
                 await current.finish()

@@ -9,6 +9,14 @@ A crash can stop this anywhere. ``reconcile`` runs first on every pass: a payout
 ``recorded`` never reached the backend (no invoice was stored), so its money is returned; one
 ``invoiced`` is asked about by its payment hash, and only a definite answer settles it. The
 backend's ``pay`` checks the payment hash before paying, so a retry never pays twice.
+
+One worker's payout never stops the others. Whatever its LNURL service answers (or does not),
+``fetch_invoice`` ends in a ``LightningError``: that payout is failed with the reason (shown on
+the worker's earnings page), its money returned, and the worker waits out a backoff
+(``backoff.py``) before the next try. Any other exception there is a bug in the queen: it is
+logged with its traceback, and still fails only that payout. Worker-supplied URLs are fetched
+through ``guarded_client`` (no private addresses, DNS answers pinned), never through the
+queen's own client, which may reach an LNbits on the operator's private network.
 """
 
 from __future__ import annotations
@@ -25,19 +33,26 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from queen_server.billing import ledger
 from queen_server.billing.store import LedgerStore
+from queen_server.payouts.backoff import INTERRUPTED, Attempt, next_attempt_at
 from queen_server.payouts.lightning import (
     Invoice,
     LightningBackend,
     LightningError,
     LnbitsBackend,
     NoneBackend,
+    Resolver,
     fetch_invoice,
+    guarded_client,
     parse_payout_address,
+    system_resolver,
 )
 from queen_server.settings import QueenSettings
 from queen_server.storage.tables import Payout, WorkerRecord
 
 log = logging.getLogger(__name__)
+
+QUEEN_BUG = "an internal error in the queen; it will be tried again"
+_HISTORY = 64  # earlier payouts read per worker for its backoff
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,12 +80,18 @@ class PayoutRunner:
         store: LedgerStore,
         backend: LightningBackend,
         client: httpx.AsyncClient,
+        *,
+        resolver: Resolver = system_resolver,
     ) -> None:
+        """``client`` is the queen's own (the backend's side); it is never handed a
+        worker-supplied URL. ``resolver`` resolves LNURL hosts for the SSRF guard (tests
+        inject one)."""
         self.settings = settings
         self.engine = engine
         self.store = store
         self.backend = backend
         self.client = client
+        self.resolver = resolver
         self.manual = isinstance(backend, NoneBackend)
         self._task: asyncio.Task[None] | None = None
 
@@ -94,19 +115,30 @@ class PayoutRunner:
                               self.settings.payout_interval_s)
             await asyncio.sleep(self.settings.payout_interval_s)
 
+    def lnurl_client(self) -> httpx.AsyncClient:
+        """A fresh guarded client for worker-supplied URLs (close it after use)."""
+        return guarded_client(allowed_hosts=self.settings.lnurl_insecure_hosts,
+                              resolver=self.resolver, timeout_s=self.settings.lnurl_timeout_s)
+
     async def run_once(self) -> PassReport:
         reconciled = await self.reconcile()
         paid, failed, waiting, manual = reconciled.paid, reconciled.failed, reconciled.waiting, 0
         threshold = self.settings.payout_threshold_sats * 1000
-        for key, amount, ln_url in await self._due(threshold):
-            state = await self.pay(key, amount, ln_url)
-            paid += state == "paid"
-            failed += state == "failed"
-            waiting += state == "invoiced"
-            manual += state == "manual"
+        due = await self._due(threshold)
+        if not due:
+            return reconciled
+        async with self.lnurl_client() as client:
+            for key, amount, ln_url in due:
+                state = await self.pay(key, amount, ln_url, client=client)
+                paid += state == "paid"
+                failed += state == "failed"
+                waiting += state == "invoiced"
+                manual += state == "manual"
         return PassReport(paid, failed, waiting, manual)
 
     async def _due(self, threshold: int) -> list[tuple[str, int, str]]:
+        """``(worker key, amount, address)`` of each worker to pay now, by key: over the
+        threshold, with an address ("don't pay me" otherwise), and past any backoff."""
         balances = await self.store.balances("worker:")
         due = {account.split(":")[1]: amount for account, amount in balances.items()
                if account.endswith(":available") and amount >= threshold}
@@ -115,12 +147,31 @@ class PayoutRunner:
         async with self.engine.connect() as conn:
             rows = await conn.execute(select(WorkerRecord.key, WorkerRecord.ln_url)
                                       .where(WorkerRecord.key.in_(list(due))))
-            addresses = dict(rows.all())
-        return [(key, amount, addresses[key]) for key, amount in due.items()
-                if addresses.get(key)]  # no address: "don't pay me"
+            addresses = {key: ln_url for key, ln_url in rows.all() if ln_url}
+        now = datetime.now(UTC)
+        ready = []
+        for key in sorted(addresses.keys() & due.keys()):
+            retry_at = await self._retry_at(key)
+            if retry_at is not None and retry_at > now:
+                log.debug("worker %s waits until %s after failed payouts", key[:12], retry_at)
+                continue
+            ready.append((key, due[key], addresses[key]))
+        return ready
 
-    async def pay(self, worker_key: str, amount_msat: int, ln_url: str) -> str:
-        """One payout, from record to result; returns its state."""
+    async def _retry_at(self, worker_key: str) -> datetime | None:
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(
+                select(Payout.state, Payout.detail, Payout.updated_at)
+                .where(Payout.worker_key == worker_key)
+                .order_by(Payout.id.desc()).limit(_HISTORY))).all()
+        return next_attempt_at((Attempt(*row) for row in rows),
+                               base_s=self.settings.payout_retry_base_s,
+                               max_s=self.settings.payout_retry_max_s)
+
+    async def pay(self, worker_key: str, amount_msat: int, ln_url: str, *,
+                  client: httpx.AsyncClient | None = None) -> str:
+        """One payout, from record to result; returns its state. ``client``: a guarded client
+        for the worker's LNURL service (one is made for this payout when None)."""
         payout_id = await self._record(worker_key, amount_msat, ln_url)
         if self.manual:
             await self._set(payout_id, "manual", detail="no Lightning backend: settle by hand")
@@ -128,19 +179,39 @@ class PayoutRunner:
                         amount_msat, worker_key[:12])
             return "manual"
         try:
-            address = parse_payout_address(ln_url,
-                                           insecure_hosts=self.settings.lnurl_insecure_hosts)
-            assert address is not None
-            invoice = await fetch_invoice(address, amount_msat, self.client,
-                                          comment="Apiary earnings")
+            if client is None:
+                async with self.lnurl_client() as own:
+                    invoice = await self._invoice(ln_url, amount_msat, own)
+            else:
+                invoice = await self._invoice(ln_url, amount_msat, client)
         except LightningError as exc:
-            await self._finish(payout_id, worker_key, amount_msat, "failed", str(exc))
+            log.warning("payout %d to worker %s failed before paying: %s", payout_id,
+                        worker_key[:12], exc.message)
+            await self._finish(payout_id, worker_key, amount_msat, "failed", exc.message)
+            return "failed"
+        except Exception:
+            log.exception("BUG: getting the invoice of payout %d to worker %s raised; that "
+                          "payout fails and the pass goes on", payout_id, worker_key[:12])
+            await self._finish(payout_id, worker_key, amount_msat, "failed", QUEEN_BUG)
             return "failed"
         await self._set(payout_id, "invoiced", bolt11=invoice.bolt11,
                         payment_hash=invoice.payment_hash)
-        result = await self.backend.pay(invoice, idempotency_key=f"payout:{payout_id}")
+        try:
+            result = await self.backend.pay(invoice, idempotency_key=f"payout:{payout_id}")
+        except Exception:  # the payment may have gone out: only its status may settle it
+            log.exception("BUG: the Lightning backend raised paying payout %d; it stays "
+                          "invoiced and is asked about on the next pass", payout_id)
+            return "invoiced"
         return await self._settle_by(payout_id, worker_key, amount_msat, result.status,
                                      result.detail)
+
+    async def _invoice(self, ln_url: str, amount_msat: int,
+                       client: httpx.AsyncClient) -> Invoice:
+        address = parse_payout_address(ln_url, insecure_hosts=self.settings.lnurl_insecure_hosts)
+        if address is None:
+            raise LightningError("the worker has no payout address any more")
+        return await fetch_invoice(address, amount_msat, client, comment="Apiary earnings",
+                                   deadline_s=self.settings.lnurl_timeout_s)
 
     async def reconcile(self) -> PassReport:
         """Settle what an earlier pass (or a crash) left unfinished."""
@@ -151,13 +222,18 @@ class PayoutRunner:
         for row in rows:
             if row.state == "recorded":  # stopped before any invoice: nothing was sent
                 await self._finish(row.id, row.worker_key, row.amount_msat, "failed",
-                                   "interrupted before an invoice was fetched")
+                                   INTERRUPTED)
                 failed += 1
                 continue
             if self.manual:
                 waiting += 1
                 continue
-            result = await self.backend.status(Invoice.from_bolt11(row.bolt11).payment_hash)
+            try:
+                result = await self.backend.status(Invoice.from_bolt11(row.bolt11).payment_hash)
+            except Exception:  # one payout's trouble must not stop the others' reconciling
+                log.exception("BUG: reconciling payout %d raised; it stays invoiced", row.id)
+                waiting += 1
+                continue
             state = await self._settle_by(row.id, row.worker_key, row.amount_msat,
                                           result.status, result.detail)
             paid += state == "paid"

@@ -25,7 +25,7 @@ from queen_server.swarm.jobs import JobEvent, JobHandle, WorkerLost
 from queen_server.swarm.registry import Registry
 from queen_server.swarm.routing import rank
 from queen_server.swarm.worker import Connection, Worker
-from shared_schema import CAPABILITY_CONTINUE, JobError, Result
+from shared_schema import CAPABILITY_CONTINUE, JobError, Usage
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,10 @@ class DispatchSettings(Protocol):
     def max_queued_jobs(self) -> int: ...
     @property
     def retry_after_s(self) -> int: ...
+    @property
+    def legacy_workers(self) -> str:
+        """``"unbilled"`` keeps billed jobs off legacy workers (read for billed jobs only)."""
+        ...
 
 
 class JobStats(Protocol):
@@ -89,6 +93,9 @@ class JobRequest:
     deadline: float  # the loop time by which the whole answer must be done
     tried: set[str] = field(default_factory=set)  # workers that failed this request
     attempts: int = 0
+    # False for a billed job when the ``legacy_workers`` setting is "unbilled": no legacy
+    # worker, whose answers the queen cannot verify, may take it (nor a retry or failover of it).
+    legacy_ok: bool = True
 
 
 class JobRun:
@@ -162,11 +169,15 @@ class Dispatcher:
         openai_req: dict[str, Any],
         *,
         stream: bool,
+        billed: bool = False,
     ) -> JobRun:
-        """Send the job to the best worker and wait for the answer's first event."""
-        deadline = asyncio.get_running_loop().time() + self.settings.total_timeout_s
-        request = JobRequest(job_id, model, openai_url, openai_req, stream, deadline)
-        return await self._launch(request, self.settings.max_attempts)
+        """Send the job to the best worker and wait for the answer's first event. ``billed``:
+        the caller pays for it (``Principal.billed``), which may keep it off legacy workers."""
+        settings = self.settings
+        deadline = asyncio.get_running_loop().time() + settings.total_timeout_s
+        request = JobRequest(job_id, model, openai_url, openai_req, stream, deadline,
+                             legacy_ok=not billed or settings.legacy_workers != "unbilled")
+        return await self._launch(request, settings.max_attempts)
 
     async def fail_over(self, run: JobRun, delivered_text: str, delivered_tokens: int) -> JobRun:
         """Continue an answer whose worker failed mid-way on a twin: a worker that holds the same
@@ -215,7 +226,8 @@ class Dispatcher:
         last_error = "no worker answered"
         registry = self.registry
         for _ in range(attempts):
-            worker, connection = await self._acquire(request.model, tried, last_error, accept)
+            worker, connection = await self._acquire(request.model, tried, last_error, accept,
+                                                     legacy_ok=request.legacy_ok)
             request.attempts += 1
             handle = JobHandle(f"{request.job_id}.{request.attempts}", request.model, worker.key,
                                loop.time(), worker_id=worker.public_id,
@@ -270,14 +282,24 @@ class Dispatcher:
         tried: set[str],
         last_error: str,
         accept: Callable[[Worker], bool] | None = None,
+        *,
+        legacy_ok: bool = True,
     ) -> tuple[Worker, Connection]:
         """The best (acceptable) worker with a free slot and the connection that holds it,
-        waiting in the admission queue if all are busy."""
+        waiting in the admission queue if all are busy. Without ``legacy_ok``, legacy workers
+        are no candidates (a 404 if only they serve the model)."""
         registry = self.registry
         loop = asyncio.get_running_loop()
         queue_deadline: float | None = None
         while True:
             candidates = registry.candidates(model)
+            if not legacy_ok:  # a billed job under legacy_workers="unbilled" only
+                candidates = [worker for worker in candidates if not worker.legacy]
+                if not candidates and not tried:
+                    raise ModelNotFound(
+                        f"The model '{model}' is not served by any connected worker that takes "
+                        "billed requests.", param="model",
+                    )
             if accept is not None:
                 candidates = [worker for worker in candidates if accept(worker)]
                 if not candidates or all(worker.key in tried for worker in candidates):
@@ -338,11 +360,12 @@ class Dispatcher:
     def _release(self, handle: JobHandle) -> None:
         self.registry.release(handle.id)
 
-    def record_result(self, handle: JobHandle, result: Result, *, streamed: bool) -> None:
-        """A job finished: its speed, usage and time to first token go to the stats."""
+    def record_result(self, handle: JobHandle, usage: Usage, *, streamed: bool) -> None:
+        """A job finished: its speed, usage and time to first token go to the stats. ``usage``
+        is the queen's bounded count (``relay.Delivered``), never the worker's claim, and the
+        times are the queen's clock: a lie about tokens cannot buy a better speed record."""
         now = asyncio.get_running_loop().time()
         ttft = handle.first_at - handle.started_at if streamed and handle.first_at else None
-        usage = result.usage
         self.stats.job_done(handle, self.size_class_of(handle.model), usage.prompt_tokens,
                             usage.completion_tokens, now - handle.started_at, ttft)
 

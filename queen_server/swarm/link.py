@@ -7,7 +7,8 @@ handshake included, is testable without one. It mirrors the worker's own machine
 
 States: ``AWAITING_HELLO`` -> (a signed hello: ``Admit``) ``READY`` -> ... ``CLOSED``; a
 connection without the v1 subprotocol is a legacy worker: its bare registration admits it to
-``LEGACY``. A refused handshake, too many bad frames or missed heartbeats end in ``CLOSED``.
+``LEGACY`` (unless the ``legacy_workers`` setting is ``"off"``). A refused handshake, too many
+bad frames or missed heartbeats end in ``CLOSED``.
 
 Once admitted, job frames go straight to their job's ``JobHandle`` (feeding a mailbox is no
 I/O), among the leases the registry holds for this worker (``registered``); a job frame for any
@@ -91,6 +92,10 @@ class LinkSettings(Protocol):
     def max_hello_bytes(self) -> int: ...
     @property
     def max_bad_frames(self) -> int: ...
+    @property
+    def legacy_workers(self) -> str:
+        """``"on"``, ``"unbilled"`` or ``"off"`` (refused at the handshake)."""
+        ...
 
 
 class Gate(Protocol):
@@ -360,18 +365,29 @@ class QueenLink:
                 f"a worker that does not offer the {SUBPROTOCOL!r} subprotocol must start with "
                 "the original registration message",
             )
+        if self.settings.legacy_workers == "off":
+            # The refusal frame is sent all the same: a workerbee takes it for a request, fails
+            # to read it and logs it, reason included, before the close reaches it.
+            raise HandshakeRefused(
+                "legacy_disabled",
+                "this queen takes no legacy workers; run a worker that speaks protocol "
+                f"{PROTOCOL_VERSION} (subprotocol {SUBPROTOCOL!r})",
+                CLOSE_POLICY,
+            )
         registration = parse_registration(body)
         session_id = secrets.token_hex(8)
         key = f"legacy-{session_id}"
+        # Its capabilities, models and key are unverified claims: a legacy worker gets none of
+        # them (it ranks in the lowest tier, fetches on demand, and is credited nothing).
         return Worker(
             key=key,
             public_id=key,
             session_id=session_id,
             legacy=True,
+            worker_version=registration.worker_version or "",
             ln_url=registration.ln_url,
-            gpus=[gpu.name for gpu in registration.nv_gpus] or
-                 [gpu.name for gpu in registration.cl_gpus],
-            vram_mb=registration.vram,
+            gpus=registration.gpu_names,
+            vram_mb=registration.vram_mb,
             connected_at=self._clock(),
         )
 

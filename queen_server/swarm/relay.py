@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from queen_server.errors import WorkerFailed
 from queen_server.swarm.dispatch import Dispatcher, JobRun, can_fail_over
 from queen_server.swarm.jobs import Part, WorkerLost
+from queen_server.swarm.metering import UNBOUNDED, Meter, content_text, utf8_bytes
 from shared_schema import Chunk, JobError, Result, Usage
 from shared_schema.answers import CHAT_ANSWER, STOP, AnswerStamp, message_choice
 
@@ -48,13 +49,20 @@ class Delivered:
 
     When a worker is lost mid-answer its part is closed (the tokens it delivered) and the text so
     far becomes the continuation for the next worker, whose chunks then carry only new text.
+
+    Every part's tokens are bounded by the ``Meter``: a worker's count (its usage, its
+    checkpoints) is believed only up to what the text it delivered could hold, so the parts
+    (what is charged and credited) and the usage (what the client is told and the speed records
+    use) never rest on a worker's word alone.
     """
 
-    __slots__ = ("_text", "carried", "continuing", "finish_reason", "parts", "saw_chunk", "single",
-                 "tokens")
+    __slots__ = ("_part_start", "_text", "carried", "continuing", "finish_reason", "meter",
+                 "parts", "saw_chunk", "single", "tokens")
 
-    def __init__(self) -> None:
+    def __init__(self, meter: Meter = UNBOUNDED) -> None:
+        self.meter = meter
         self._text: list[str] = []
+        self._part_start = 0  # where the current worker's text begins in ``_text``
         self.carried = ""  # the text handed to the worker serving now, as its continuation
         self.tokens = 0  # content chunks of the current worker's part
         self.parts: list[Part] = []  # closed parts of workers that were lost
@@ -91,39 +99,78 @@ class Delivered:
                 choice["delta"] = {k: v for k, v in delta.items() if k != "role"}
         return data if keep or data.get("usage") is not None else None
 
+    def _part_bytes(self) -> int:
+        """Bytes of the text the current worker has delivered."""
+        return utf8_bytes("".join(self._text[self._part_start:]))
+
     def lost(self, worker_key: str | None) -> None:
         """The current worker failed: close its part and continue from the text so far."""
-        self.parts.append(Part(worker_key, 0, self.tokens, completed=False))
+        self.parts.append(Part(worker_key, 0, min(self.tokens, self._part_bytes()),
+                               completed=False))
         self.tokens = 0
+        self._part_start = len(self._text)
         self.continuing = True
         self.carried = self.text
 
-    def done(self, worker_key: str | None, usage: Usage) -> tuple[list[Part], Usage]:
-        """The answer ended on ``worker_key``: every worker's part, and the answer's usage.
+    def done(
+        self, worker_key: str | None, usage: Usage, final_text: str | None = None
+    ) -> tuple[list[Part], Usage]:
+        """The answer ended on ``worker_key``: every worker's part, and the answer's usage, as
+        the queen bills them (``Meter.bill``: the worker's claim, bounded).
 
-        The last worker read the continuation as prompt; the developer pays for the original
-        prompt once (credited to the first worker), which is the last worker's prompt less the
-        tokens delivered before it."""
+        ``final_text`` is what the last worker delivered in its result (a whole answer); None
+        when it delivered its text in chunks. The last worker read the continuation as prompt;
+        the developer pays for the original prompt once (credited to the first worker), which is
+        the last worker's prompt less the tokens delivered before it."""
+        delivered = self._part_bytes() if final_text is None else utf8_bytes(final_text)
         if not self.parts:
-            parts = [Part(worker_key, usage.prompt_tokens, usage.completion_tokens)]
-            return parts, usage
+            billed = self.meter.bill(usage, delivered)
+            return [Part(worker_key, billed.prompt_tokens, billed.completion_tokens)], billed
         before = sum(part.completion_tokens for part in self.parts)
         first = self.parts[0]
+        last = min(usage.completion_tokens, self.meter.completion_bound(delivered))
         parts = [
-            Part(first.worker_key, max(0, usage.prompt_tokens - before), first.completion_tokens,
-                 completed=False),
+            Part(first.worker_key,
+                 min(max(0, usage.prompt_tokens - before), self.meter.prompt_bound),
+                 first.completion_tokens, completed=False),
             *self.parts[1:],
-            Part(worker_key, 0, usage.completion_tokens),
+            Part(worker_key, 0, last),
         ]
         prompt = parts[0].prompt_tokens
         completion = sum(part.completion_tokens for part in parts)
         return parts, Usage(prompt_tokens=prompt, completion_tokens=completion,
                             total_tokens=prompt + completion)
 
-    def broken(self, worker_key: str | None) -> list[Part]:
-        """The parts of an answer that ended early (client gone, no twin, timeout)."""
-        parts = [*self.parts, Part(worker_key, 0, self.tokens, completed=False)]
+    def last_worker_usage(self, claimed: Usage, parts: list[Part]) -> Usage:
+        """What the worker that ended the answer did, as its speed record counts it: its
+        billed part, with the prompt it read (the continuation too, after a failover)."""
+        completion = parts[-1].completion_tokens
+        before = sum(part.completion_tokens for part in parts[:-1])
+        prompt = min(claimed.prompt_tokens, self.meter.prompt_bound + before)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion,
+                     total_tokens=prompt + completion)
+
+    def broken(self, worker_key: str | None, *, client_left: bool = False) -> list[Part]:
+        """The parts of an answer that ended early (client gone, no twin, timeout): the tokens
+        each worker delivered. A client that left also pays the prompt the swarm read for it
+        (no usage came, so the hold's estimate, within the bound), credited to the first worker;
+        an answer the swarm failed to finish charges no prompt."""
+        parts = [*self.parts, Part(worker_key, 0, min(self.tokens, self._part_bytes()),
+                                   completed=False)]
+        if client_left:
+            first = parts[0]
+            parts[0] = Part(first.worker_key, self.meter.prompt_estimate,
+                            first.completion_tokens, completed=False)
         return [part for part in parts if part.completion_tokens or part.prompt_tokens]
+
+
+def message_text(data: dict[str, Any]) -> str | None:
+    """The text a whole answer delivers (every choice's message), or None if it has none."""
+    choices = data.get("choices")
+    if not choices:
+        return None
+    return "".join(content_text((choice.get("message") or {}).get("content"))
+                   for choice in choices if isinstance(choice, dict))
 
 
 def _tokens_in(data: dict[str, Any]) -> int:
@@ -172,17 +219,20 @@ def assemble_chat(ctx: CompletionContext, collected: Collected) -> dict[str, Any
     return answer
 
 
-async def collect(run: JobRun, dispatcher: Dispatcher) -> Collected:
+async def collect(run: JobRun, dispatcher: Dispatcher, meter: Meter = UNBOUNDED) -> Collected:
     """Every chunk of a job and its result, continuing on a twin worker if the worker is lost
-    mid-answer. Ends every lease it holds. Raises the job's failure as an ``ApiError``."""
-    answer = Delivered()
+    mid-answer. Ends every lease it holds. Raises the job's failure as an ``ApiError``.
+    The usage is billed through ``meter`` (``Delivered``)."""
+    answer = Delivered(meter)
     current: JobRun | None = run
     event = run.first
     try:
         while True:
             if isinstance(event, Result):
-                dispatcher.record_result(run.handle, event, streamed=False)
-                parts, usage = answer.done(run.worker.earnings_key, event.usage)
+                parts, usage = answer.done(run.worker.earnings_key, event.usage,
+                                           message_text(event.data))
+                dispatcher.record_result(run.handle, answer.last_worker_usage(event.usage, parts),
+                                         streamed=False)
                 return Collected(event, answer, parts, usage)
             if isinstance(event, Chunk):
                 answer.take(event.data)

@@ -40,15 +40,20 @@ from queen_server.web.formatting import (
     fmt,
     lookup,
 )
+from queen_server.web.guard import retry_after_header
 from queen_server.web.session import (
     SESSION_COOKIE,
     SESSION_MAX_AGE_S,
     admin_authorized,
     admin_session_valid,
     admin_token,
+    check_origin,
+    client_address,
+    login_limiter,
     login_redirect,
     read_form,
     safe_next,
+    secure_cookie,
     session_cookie,
     settings,
     token_matches,
@@ -191,6 +196,10 @@ async def login_form(request: Request) -> Response:
 
 @router.post("/admin/login", response_class=HTMLResponse)
 async def login(request: Request) -> Response:
+    """Check the token and start a session. Wrong tokens are rate-limited per client address
+    (429 with ``Retry-After``, the token not even checked then); a form posted from another
+    site's page is refused (403), a request without ``Origin`` (a script) is not."""
+    check_origin(request, required=False)
     token = admin_token(request)
     form = await read_form(request)
     if form is None:
@@ -199,22 +208,33 @@ async def login(request: Request) -> Response:
     target = safe_next(form.get("next"))
     if token is None:
         return _page(request, "login.html", 404, enabled=False, next=target, error=None)
+    address = client_address(request)
+    limiter = login_limiter(request)
+    wait_s = limiter.retry_after(address)
+    if wait_s is not None:
+        log.info("admin login from %s refused for %.0f s more: too many wrong tokens",
+                 address, wait_s)
+        response = _page(request, "login.html", 429, enabled=True, next=target,
+                         error="Too many wrong tokens: wait a minute, then try again.")
+        response.headers["Retry-After"] = retry_after_header(wait_s)
+        return response
     if not token_matches(form.get("token", ""), token):
-        log.warning("admin login refused from %s", request.client.host if request.client else "?")
+        limiter.failed(address)
+        log.warning("admin login refused from %s", address)
         return _page(request, "login.html", 401, enabled=True, next=target,
                      error="That is not the admin token.")
     response = RedirectResponse(target, status_code=303)
     response.set_cookie(SESSION_COOKIE, session_cookie(token), max_age=SESSION_MAX_AGE_S,
-                        path="/", httponly=True, samesite="lax",
-                        secure=request.url.scheme == "https")
+                        path="/", httponly=True, samesite="lax", secure=secure_cookie(request))
     return response
 
 
 @router.post("/admin/logout")
 async def logout(request: Request) -> Response:
+    check_origin(request, required=False)
     response = RedirectResponse("/admin/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="lax",
-                           secure=request.url.scheme == "https")
+                           secure=secure_cookie(request))
     return response
 
 

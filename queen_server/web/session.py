@@ -4,13 +4,17 @@ logging out deletes the cookie, and the cookie itself expires after ``SESSION_MA
 
 ``admin_authorized`` is the check every admin page makes (the session, or the bearer token);
 ``create_app`` hands ``admin_session_valid`` to the admin JSON routes, which check the bearer
-token themselves, so that the pages' session opens the JSON the pages poll.
+token themselves, so that the pages' session opens the JSON the pages poll. A state-changing
+request (a POST) that only the cookie authenticates must also come from this queen's own page
+(its ``Origin``, or ``Referer``): ``admin_session_valid`` raises ``Forbidden`` (403) when not.
+The login's rate limit and the cookie's ``Secure`` flag are decided in ``guard.py``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlencode
@@ -19,8 +23,19 @@ from fastapi import Request
 from fastapi.responses import RedirectResponse
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
+from queen_server.errors import Forbidden
+from queen_server.web.guard import (
+    LoginLimiter,
+    changes_state,
+    claimed_origin,
+    cookie_secure,
+    same_origin,
+)
+
 if TYPE_CHECKING:
     from queen_server.settings import QueenSettings
+
+log = logging.getLogger(__name__)
 
 SESSION_COOKIE = "apiary_admin"
 SESSION_MAX_AGE_S = 12 * 3600
@@ -46,8 +61,7 @@ def session_cookie(token: str) -> str:
     return serializer(token).dumps({"admin": True, "n": secrets.token_hex(8)})
 
 
-def admin_session_valid(request: Request) -> bool:
-    """Whether the request carries an unexpired admin session cookie for the current token."""
+def _cookie_valid(request: Request) -> bool:
     token = admin_token(request)
     raw = request.cookies.get(SESSION_COOKIE)
     if not token or not raw:
@@ -57,6 +71,53 @@ def admin_session_valid(request: Request) -> bool:
     except BadSignature:  # includes SignatureExpired
         return False
     return isinstance(data, dict) and data.get("admin") is True
+
+
+def admin_session_valid(request: Request) -> bool:
+    """Whether the request carries an unexpired admin session cookie for the current token.
+
+    Raises ``Forbidden`` for a state-changing request whose cookie is valid but whose
+    ``Origin`` (or ``Referer``) is missing or another site's: the browser sent the cookie on
+    a page of someone else's making."""
+    if not _cookie_valid(request):
+        return False
+    if changes_state(request.method):
+        check_origin(request, required=True)
+    return True
+
+
+def check_origin(request: Request, *, required: bool) -> None:
+    """Raise ``Forbidden`` unless the request's ``Origin`` (or ``Referer``) is this queen's own
+    origin; a request naming neither passes only when not ``required``."""
+    claimed = claimed_origin(request.headers.get("origin"), request.headers.get("referer"))
+    if same_origin(claimed, str(request.base_url), required=required):
+        return
+    log.warning("refused a cross-origin %s %s from %s (origin %r)", request.method,
+                request.url.path, client_address(request), claimed)
+    raise Forbidden("This admin request did not come from this queen's own pages (its Origin "
+                    "is missing or another site's); scripts should send the bearer token.",
+                    code="cross_origin_request")
+
+
+def client_address(request: Request) -> str:
+    """The client's address (uvicorn puts a trusted proxy's ``X-Forwarded-For`` here)."""
+    return request.client.host if request.client else "unknown"
+
+
+def login_limiter(request: Request) -> LoginLimiter:
+    """This app's limiter on wrong admin tokens, made on first use from its settings."""
+    limiter = getattr(request.app.state, "admin_login_limiter", None)
+    if limiter is None:
+        config = settings(request)
+        limiter = LoginLimiter(config.admin_login_failures_per_minute,
+                               config.admin_login_global_failures_per_minute)
+        request.app.state.admin_login_limiter = limiter
+    return limiter
+
+
+def secure_cookie(request: Request) -> bool:
+    """Whether this request's session cookie gets ``Secure`` (``APIARY_ADMIN_COOKIE_SECURE``)."""
+    return cookie_secure(settings(request).admin_cookie_secure, request.url.scheme)
 
 
 def _bearer_valid(request: Request, token: str) -> bool:

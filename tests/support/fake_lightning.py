@@ -8,7 +8,10 @@ invoice: signed by ``TEST_NODE_KEY``, for the requested amount, ``description_ha
 sha256(metadata)``, a fresh random preimage per invoice, on mainnet (``bc``). Controls:
 ``min_sendable`` / ``max_sendable`` / ``comment_allowed``, ``next_invoice(...)`` (a wrong
 amount, a wrong description hash, an expired invoice, another network) and
-``error_next(reason, at=...)`` (``{"status": "ERROR"}``). ``issued`` records the invoices.
+``error_next(reason, at=...)`` (``{"status": "ERROR"}``). To play a hostile service:
+``answer_next(raw, at=...)`` sends any bytes as the next answer (``pay_request_text`` builds a
+payRequest with fields swapped for raw JSON text such as ``1e999`` or ``NaN``) and
+``hang_next(at=...)`` never answers (until the server stops). ``issued`` records the invoices.
 
 ``FakeLnbits`` is the queen's LNbits wallet, shaped like LNbits 1.x (``legacy_api=True``: the
 pre-1.0 shapes). ``POST /api/v1/payments`` (admin key, ``{"out": true, "bolt11"}``) decodes the
@@ -19,7 +22,7 @@ the payment. ``GET /api/v1/payments/<hash>`` reports it. Controls: ``fail_next_p
 ``hold_next_payment`` (then ``settle`` / ``fail``), ``crash_next_payment`` (the payment is
 made, then the connection is dropped or a 500 sent, optionally staying down), ``go_down`` /
 ``come_back`` (every request is dropped unanswered). ``sent`` lists every debit, so a test can
-see that nothing was paid twice.
+see that nothing was paid twice. ``network`` may be several LNURL servers (a tuple).
 """
 
 from __future__ import annotations
@@ -105,6 +108,8 @@ class _Reply:
     status: int = 200
     body: Any = None
     drop: bool = False  # hang up without answering
+    raw: bytes | None = None  # sent as is instead of ``body`` as JSON
+    hang: bool = False  # never answer (until the server stops)
 
 
 # --- the HTTP plumbing both fakes share ------------------------------------------------------
@@ -120,6 +125,10 @@ class _FakeServer(ServedFake):
         super().__init__()
         self._lock = threading.RLock()
         self._log: RequestLog[RecordedRequest] = RequestLog()
+        self._stopping = threading.Event()
+
+    def _before_stop(self) -> None:
+        self._stopping.set()  # releases every hanging answer
 
     def _make_server(self) -> _Server:
         return _Server(self)
@@ -193,12 +202,15 @@ class _Handler(BaseHTTPRequestHandler):
             body=body,
         )
         reply = self.server.fake._handle(request)
+        if reply.hang:
+            self.server.fake._stopping.wait(timeout=60)
+            reply = _Reply(drop=True)
         if reply.drop:
             self.close_connection = True
             with contextlib.suppress(OSError):
                 self.connection.shutdown(socket.SHUT_RDWR)
             return
-        data = json.dumps(reply.body).encode()
+        data = reply.raw if reply.raw is not None else json.dumps(reply.body).encode()
         self.send_response(reply.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -228,6 +240,7 @@ class _Tweak:
     description_hash: str | None = None
     expired: bool = False
     currency: str = "bc"
+    expiry_s: int | None = None
 
 
 class FakeLnurlServer(_FakeServer):
@@ -251,7 +264,7 @@ class FakeLnurlServer(_FakeServer):
         self.comment_allowed = comment_allowed
         self.node_key = node_key
         self._tweaks: list[_Tweak] = []
-        self._errors: list[tuple[str, str]] = []
+        self._overrides: list[tuple[str, _Reply]] = []
         self._invoices: dict[str, IssuedInvoice] = {}
 
     # --- what to give a test -----------------------------------------------------------------
@@ -279,18 +292,46 @@ class FakeLnurlServer(_FakeServer):
         description_hash: str | None = None,
         expired: bool = False,
         currency: str = "bc",
+        expiry_s: int | None = None,
     ) -> None:
         """Make the next invoice wrong: off by ``amount_delta_msat``, with another description
-        hash, already expired, or for another network."""
+        hash, already expired, for another network, or expiring in ``expiry_s``."""
         with self._lock:
-            self._tweaks.append(_Tweak(amount_delta_msat, description_hash, expired, currency))
+            self._tweaks.append(
+                _Tweak(amount_delta_msat, description_hash, expired, currency, expiry_s)
+            )
 
     def error_next(
         self, reason: str, *, at: Literal["pay_request", "callback"] = "pay_request"
     ) -> None:
         """Answer the next request of that kind ``{"status": "ERROR", "reason": reason}``."""
         with self._lock:
-            self._errors.append((at, reason))
+            self._overrides.append((at, _Reply(200, {"status": "ERROR", "reason": reason})))
+
+    def answer_next(
+        self, raw: bytes | str, *, at: Literal["pay_request", "callback"] = "pay_request"
+    ) -> None:
+        """Answer the next request of that kind with ``raw`` (HTTP 200, JSON content type),
+        whatever it is: malformed JSON, ``1e999``, ``NaN``."""
+        data = raw.encode() if isinstance(raw, str) else raw
+        with self._lock:
+            self._overrides.append((at, _Reply(200, raw=data)))
+
+    def hang_next(self, *, at: Literal["pay_request", "callback"] = "pay_request") -> None:
+        """Never answer the next request of that kind (the connection stays open until the
+        server stops)."""
+        with self._lock:
+            self._overrides.append((at, _Reply(hang=True)))
+
+    def pay_request_text(self, name: str = "alice", **raw_fields: str) -> str:
+        """The payRequest this server would send for ``name``, as JSON text, with each of
+        ``raw_fields`` set to its value as RAW JSON text (``minSendable="1e999"``)."""
+        body = self._pay_request_body(name)
+        marks = {key: f"@@{key}@@" for key in raw_fields}
+        text = json.dumps({**body, **marks})
+        for key, value in raw_fields.items():
+            text = text.replace(json.dumps(marks[key]), value)
+        return text
 
     def settle(self, payment_hash: str) -> str | None:
         """Mark an issued invoice paid and return its preimage (None: not one of ours)."""
@@ -326,20 +367,23 @@ class FakeLnurlServer(_FakeServer):
             return self._callback(segments[1], request.query)
         return _Reply(404, {"status": "ERROR", "reason": "not found"})
 
-    def _take_error(self, at: str) -> str | None:
+    def _take_override(self, at: str) -> _Reply | None:
         with self._lock:
-            for i, (where, reason) in enumerate(self._errors):
+            for i, (where, reply) in enumerate(self._overrides):
                 if where == at:
-                    del self._errors[i]
-                    return reason
+                    del self._overrides[i]
+                    return reply
         return None
 
     def _pay_request(self, name: str) -> _Reply:
         if name not in self.names:
             return _Reply(404, {"status": "ERROR", "reason": f"no user {name}"})
-        reason = self._take_error("pay_request")
-        if reason is not None:
-            return _Reply(200, {"status": "ERROR", "reason": reason})
+        override = self._take_override("pay_request")
+        if override is not None:
+            return override
+        return _Reply(200, self._pay_request_body(name))
+
+    def _pay_request_body(self, name: str) -> dict[str, Any]:
         body: dict[str, Any] = {
             "tag": "payRequest",
             "callback": f"{self.url}/lnurlp/{name}/callback?src=fake",
@@ -349,16 +393,16 @@ class FakeLnurlServer(_FakeServer):
         }
         if self.comment_allowed:
             body["commentAllowed"] = self.comment_allowed
-        return _Reply(200, body)
+        return body
 
     def _callback(self, name: str, query: dict[str, list[str]]) -> _Reply:
         if name not in self.names:
             return _Reply(404, {"status": "ERROR", "reason": f"no user {name}"})
         if query.get("src") != ["fake"]:
             return _Reply(400, {"status": "ERROR", "reason": "the callback's own query was lost"})
-        reason = self._take_error("callback")
-        if reason is not None:
-            return _Reply(200, {"status": "ERROR", "reason": reason})
+        override = self._take_override("callback")
+        if override is not None:
+            return override
         try:
             (amount_text,) = query["amount"]
             amount = int(amount_text)
@@ -381,7 +425,7 @@ class FakeLnurlServer(_FakeServer):
             or hashlib.sha256(self.metadata(name).encode()).hexdigest(),
             currency=tweak.currency,
             date=now - 7200 if tweak.expired else now,
-            expiry_s=60 if tweak.expired else 600,
+            expiry_s=60 if tweak.expired else (tweak.expiry_s or 600),
             node_key=self.node_key,
         )
         with self._lock:
@@ -449,7 +493,7 @@ class FakeLnbits(_FakeServer):
         invoice_key: str = "lnbits-invoice-key",
         balance_msat: int = 100_000_000,
         fee_msat: int = 1_000,
-        network: FakeLnurlServer | None = None,
+        network: FakeLnurlServer | tuple[FakeLnurlServer, ...] | None = None,
         legacy_api: bool = False,
     ) -> None:
         super().__init__()
@@ -458,6 +502,9 @@ class FakeLnbits(_FakeServer):
         self.balance_msat = balance_msat
         self.fee_msat = fee_msat
         self.network = network
+        self._networks: tuple[FakeLnurlServer, ...] = (
+            () if network is None else network if isinstance(network, tuple) else (network,)
+        )
         self.legacy_api = legacy_api
         self._payments: dict[str, FakePayment] = {}
         self._plans: list[_Plan] = []
@@ -498,7 +545,7 @@ class FakeLnbits(_FakeServer):
         with self._lock:
             payment = self._payments[payment_hash]
             payment.status = "success"
-            payment.preimage = self.network.settle(payment_hash) if self.network else None
+            payment.preimage = self._settle_on_network(payment_hash)
 
     def fail(self, payment_hash: str) -> None:
         """A held payment fails; its sats come back."""
@@ -591,10 +638,11 @@ class FakeLnbits(_FakeServer):
         if invoice.has_expired():
             payment.status = "failed"
             return self._payment_error("Payment failed: invoice expired", "failed")
-        known = self.network is not None and invoice.payment_hash in {
-            i.payment_hash for i in self.network.issued
-        }
-        if self.network is not None and not known:
+        known = any(
+            invoice.payment_hash in {i.payment_hash for i in server.issued}
+            for server in self._networks
+        )
+        if self._networks and not known:
             payment.status = "failed"
             return self._payment_error("Payment failed: no route found", "failed")
         self.balance_msat -= payment.amount_msat + payment.fee_msat
@@ -602,7 +650,7 @@ class FakeLnbits(_FakeServer):
         if plan is not None and plan.kind == "hold":
             return _Reply(201, self._created(payment))
         payment.status = "success"
-        payment.preimage = self.network.settle(payment.payment_hash) if self.network else None
+        payment.preimage = self._settle_on_network(payment.payment_hash)
         if plan is not None and plan.kind == "crash":
             logger.debug("fake LNbits: paid %s, then crashing", payment.payment_hash)
             self._down = plan.stay_down
@@ -610,6 +658,13 @@ class FakeLnbits(_FakeServer):
                 return _Reply(500, {"detail": "Internal Server Error"})
             return _Reply(drop=True)
         return _Reply(201, self._created(payment))
+
+    def _settle_on_network(self, payment_hash: str) -> str | None:
+        for server in self._networks:
+            preimage = server.settle(payment_hash)
+            if preimage is not None:
+                return preimage
+        return None
 
     def _created(self, payment: FakePayment) -> dict[str, Any]:
         if self.legacy_api:

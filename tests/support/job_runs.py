@@ -87,7 +87,7 @@ class FakeDispatcher:
         self.failures: list[str] = []
         self.continued: list[tuple[str, int]] = []  # (text, tokens) each twin was handed
 
-    def record_result(self, handle: Any, result: Result, *, streamed: bool) -> None:
+    def record_result(self, handle: Any, usage: Usage, *, streamed: bool) -> None:
         self.results.append(streamed)
 
     def record_failure(self, handle: Any, outcome: str) -> None:

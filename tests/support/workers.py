@@ -134,8 +134,10 @@ class ScriptedWorker:
         continues: bool = False,
         sha256: str | None = None,
         die_after: int = 2,
+        claims: Usage | None = None,
     ) -> None:
         self.ws_url = ws_url
+        self.claims = claims  # a lying worker: the usage it reports, whatever it did
         self.key = key or new_key()
         self.pubkey = pubkey_hex(self.key)
         self.models = [
@@ -252,8 +254,8 @@ class ScriptedWorker:
                                           message=f"{job.continuation!r} is not my answer's start"))
                 return
             words, prompt = words[done:], prompt + done
-        usage = Usage(prompt_tokens=prompt, completion_tokens=len(words),
-                      total_tokens=prompt + len(words))
+        usage = self.claims or Usage(prompt_tokens=prompt, completion_tokens=len(words),
+                                     total_tokens=prompt + len(words))
         if not job.openai_req.get("stream"):
             if behaviour == "gated":
                 await self.release.wait()
@@ -296,12 +298,42 @@ class ScriptedWorker:
 
 
 class LegacyWorker:
-    """A worker from before protocol v1: a bare registration, bare requests, bare answers."""
+    """A worker from before protocol v1: a bare registration, bare requests, bare answers.
 
-    REGISTRATION = {
+    ``REGISTRATION`` is the seed wiki's message (the fixture); ``WORKERBEE_REGISTRATION`` is what
+    the real GPUtopia workerbee sends (``ConnectMessage.model_dump_json()``, every field in its
+    order): ``vram`` is psutil's available RAM in bytes, ``disk_space`` MB, GPU memory NVML's
+    float MiB, and the newer fields of its later versions.
+    """
+
+    REGISTRATION: dict[str, Any] = {
         "ln_url": "http://example.com", "cpu_count": 8, "disk_space": 500, "vram": 2048,
         "nv_gpu_count": 1, "nv_driver_version": "465.19.01",
         "nv_gpus": [{"name": "NVIDIA Tesla K80", "memory": 11441}],
+    }
+    WORKERBEE_VRAM_BYTES = 27_917_287_424  # 26 GiB of free RAM: 26,624 MB
+    WORKERBEE_REGISTRATION: dict[str, Any] = {
+        "worker_version": "0.2.4",
+        "capabilities": ["llama-infer", "llama-fine-tune"],
+        "pubkey": "A1R0l8yq9dZ0bX3y0kq2cJ7vT9nC4m5W2pQ8sH6eL1fG",
+        "slug": "",
+        "sig": "MEUCIQDx3c1Qn0yq8b2rj9Xc6m0bPz4X7o1vQw2k5sL8eT3hYwIgV9m2cT6n1rQ5kX8w3pZ0yB7"
+               "uJ4fH2dS6aG1eL9oMn0=",
+        "ln_url": "worker-bob@getalby.com",
+        "ln_address": "worker-bob@getalby.com",
+        "auth_key": "",
+        "cpu_count": 16,
+        "disk_space": 412_873,
+        "vram": WORKERBEE_VRAM_BYTES,
+        "nv_gpu_count": 1,
+        "nv_driver_version": "535.129.03",
+        "nv_gpus": [{"name": "NVIDIA GeForce RTX 3090",
+                     "uuid": "GPU-5c2d8f4e-1b7a-3c9e-8d6f-0a2b4c6e8f10",
+                     "memory": 24576.0, "clock": 210, "clock_unit": "MHz"}],
+        "cl_driver_version": None,
+        "cl_gpus": [],
+        "web_gpus": [],
+        "models": ["TheBloke/Mistral-7B-Instruct-v0.1-GGUF:Q4_K_M"],
     }
     ANSWER = {
         "choices": [{"message": {"role": "assistant",
@@ -312,17 +344,22 @@ class LegacyWorker:
     }
 
     def __init__(
-        self, ws_url: str, answer: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        self,
+        ws_url: str,
+        answer: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        *,
+        registration: dict[str, Any] | None = None,
     ) -> None:
         self.ws_url = ws_url
         self.answer = answer or (lambda _request: self.ANSWER)
+        self.registration = self.REGISTRATION if registration is None else registration
         self.requests: list[dict[str, Any]] = []
         self._ws: ClientConnection | None = None
         self._reader: asyncio.Task[None] | None = None
 
     async def start(self) -> LegacyWorker:
         self._ws = await connect(self.ws_url, compression=None, proxy=None)
-        await self._ws.send(orjson.dumps(self.REGISTRATION).decode())
+        await self._ws.send(orjson.dumps(self.registration).decode())
         self._reader = asyncio.create_task(self._read())
         return self
 

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop_worker.gui.common import sats
+from desktop_worker.gui.common import plain_label, sats
 from desktop_worker.gui.services.earnings import EarningsService
 from shared_schema import WorkerEarnings
 
@@ -114,7 +114,7 @@ class Card(QFrame):
         self.setObjectName("card")
         self.setStyleSheet("#card { background: #fffbeb; border: 1px solid #fde68a; "
                            "border-radius: 8px; }")
-        self.value = QLabel("0 sats")
+        self.value = plain_label("0 sats")
         self.value.setStyleSheet("font-size: 20px; font-weight: 600; color: #78350f;")
         label = QLabel(title)
         label.setStyleSheet("color: #6b7280;")
@@ -126,7 +126,7 @@ class Card(QFrame):
 class EarningsView(QWidget):
     def __init__(self, service: EarningsService, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.note = QLabel("Not connected to a queen yet: these figures are zeros until it "
+        self.note = plain_label("Not connected to a queen yet: these figures are zeros until it "
                            "answers.")
         self.note.setStyleSheet("color: #92400e;")
         self.note.setWordWrap(True)
@@ -134,7 +134,7 @@ class EarningsView(QWidget):
         grid = QGridLayout()
         for i, (key, _) in enumerate(CARDS):
             grid.addWidget(self.cards[key], i // 3, i % 3)
-        self.escrow = QLabel()
+        self.escrow = plain_label()
         self.escrow.setStyleSheet("color: #4b5563;")
         self.chart = DailyChart()
         self.payouts = QTableWidget(0, 4)

@@ -10,12 +10,12 @@ from __future__ import annotations
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHeaderView,
-    QLabel,
     QTableView,
     QVBoxLayout,
     QWidget,
 )
 
+from desktop_worker.gui.common import plain_label
 from desktop_worker.gui.jobs_table import JobsTableModel
 from desktop_worker.gui.services.earnings import EarningsService
 from desktop_worker.gui.services.worker import JobStart, WorkerController
@@ -28,7 +28,7 @@ class JobsView(QWidget):
         super().__init__(parent)
         self.earnings = earnings
         self.model = JobsTableModel(self)
-        self.summary = QLabel("No jobs yet. Click Start Earning and jobs appear here as the "
+        self.summary = plain_label("No jobs yet. Click Start Earning and jobs appear here as the "
                               "queen sends them.")
         self.table = QTableView()
         self.table.setModel(self.model)

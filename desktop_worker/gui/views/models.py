@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop_worker.gui.common import duration, size, spawn, speed
+from desktop_worker.gui.common import duration, plain_label, size, spawn, speed
 from desktop_worker.gui.services.models import DiskUse, ModelsService, progress_fraction
 from desktop_worker.store import LocalModel, PullProgress
 
@@ -56,11 +56,11 @@ class ModelsView(QWidget):
         self.name.returnPressed.connect(self.add_model)
         self.progress = QProgressBar()
         self.progress.setVisible(False)
-        self.rate = QLabel()
+        self.rate = plain_label()
         self.cancel = QPushButton("Cancel")
         self.cancel.setVisible(False)
         self.cancel.clicked.connect(service.cancel)
-        self.message = QLabel()
+        self.message = plain_label()  # hub and store errors, model names
         self.message.setWordWrap(True)
         self.anyway = QPushButton("Download anyway")
         self.anyway.setVisible(False)

@@ -12,7 +12,6 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QFormLayout,
     QHBoxLayout,
-    QLabel,
     QLineEdit,
     QPushButton,
     QSpinBox,
@@ -21,6 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_worker.errors import WorkerError
+from desktop_worker.gui.common import plain_label
 from desktop_worker.gui.services.settings import SettingsService
 from desktop_worker.settings import WorkerSettings
 from shared_schema.payout_address import check_payout_address
@@ -48,7 +48,7 @@ class PayoutField(QWidget):
         super().__init__(parent)
         self.edit = QLineEdit()
         self.edit.setPlaceholderText("you@wallet.example or lnurl1…  (empty: don't pay me)")
-        self.verdict = QLabel()
+        self.verdict = plain_label()
         self.verdict.setWordWrap(True)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -96,7 +96,7 @@ class SettingsView(QWidget):
         self.at_login = QCheckBox("Open Apiary when I log in")
         self.save = QPushButton("Save")
         self.save.clicked.connect(self.apply)
-        self.message = QLabel()
+        self.message = plain_label()  # error messages, in their own words
         self.message.setWordWrap(True)
 
         form = QFormLayout()

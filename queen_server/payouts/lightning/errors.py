@@ -33,8 +33,10 @@ class InvalidPayoutAddress(LightningError):
 class LnurlError(LightningError):
     """The LNURL-pay service could not give us an invoice.
 
-    ``code`` is one of ``unreachable`` (network error or timeout), ``bad_response`` (not HTTP
-    200, not JSON, not a ``payRequest``, bad callback), ``service_error`` (the service answered
+    ``code`` is one of ``unreachable`` (network error or timeout), ``private_address`` (the
+    service's or its callback's host resolves to a loopback/private/... address: refused before
+    connecting), ``bad_response`` (not HTTP 200, not JSON, not a ``payRequest``, numbers that are
+    not finite whole msat amounts, bad callback), ``service_error`` (the service answered
     ``{"status": "ERROR", "reason": ...}``) or ``amount_out_of_range`` (then ``min_sendable`` and
     ``max_sendable`` say the range, in msat).
     """
@@ -58,7 +60,7 @@ class InvoiceMismatch(LightningError):
     """The service sent an invoice we must not pay.
 
     ``code`` is one of ``invalid`` (not a decodable BOLT11), ``amount``, ``description_hash``,
-    ``expired`` or ``network``.
+    ``expired``, ``expiry`` (dated in the future or valid absurdly long) or ``network``.
     """
 
     code = "invalid"

@@ -7,15 +7,21 @@
    sha256(metadata)`` (the metadata string exactly as received), be unexpired, and be on an
    accepted network.
 
-Redirects are not followed and bodies are capped, so a hostile address cannot make the queen
-wander or read without bound. Timeouts are the client's.
+Redirects are not followed, bodies are capped and every request has a deadline, so a hostile
+address cannot make the queen wander, read without bound or wait forever. Whatever a service
+answers (``1e999``, ``NaN``, JSON nested a million deep, a URL that does not parse, an invoice
+expiring in the year 36869) ends as ``LnurlError`` or ``InvoiceMismatch``, never as another
+exception. Given a client from ``guarded_client``, a service whose host resolves to a private
+address is refused (``code="private_address"``) without a byte sent to it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
+import math
 import time
 from collections.abc import Collection
 from datetime import UTC, datetime
@@ -26,6 +32,7 @@ import httpx
 
 from queen_server.payouts.lightning.addresses import PayoutAddress, check_service_url
 from queen_server.payouts.lightning.errors import InvalidPayoutAddress, InvoiceMismatch, LnurlError
+from queen_server.payouts.lightning.guarded_http import refusal_in
 from queen_server.payouts.lightning.models import Invoice, decode_bolt11
 
 __all__ = ["MAX_RESPONSE_BYTES", "fetch_invoice"]
@@ -34,6 +41,9 @@ logger = logging.getLogger(__name__)
 
 MAX_RESPONSE_BYTES = 256 * 1024
 MAX_COMMENT_CHARS = 640
+MAX_MSAT = 21_000_000 * 100_000_000 * 1000  # every bitcoin there will ever be
+MAX_EXPIRY_S = 31 * 24 * 3600  # longer-lived invoices are refused as absurd
+MAX_CLOCK_SKEW_S = 3600  # an invoice dated further in the future is refused
 
 
 async def fetch_invoice(
@@ -44,17 +54,21 @@ async def fetch_invoice(
     comment: str | None = None,
     currencies: Collection[str] = frozenset({"bc"}),
     min_expiry_s: float = 10.0,
+    deadline_s: float = 30.0,
 ) -> Invoice:
     """Ask ``address``'s LNURL-pay service for an invoice of ``amount_msat`` and check it.
 
     ``comment`` is sent (LUD-12) only if the service allows comments, cut to its limit.
     ``currencies`` are the accepted BOLT11 networks (``bc`` mainnet, ``tb`` testnet, ``tbs``
     signet, ``bcrt`` regtest). An invoice expiring within ``min_expiry_s`` counts as expired.
-    Raises ``LnurlError`` or ``InvoiceMismatch``.
+    Each of the two requests must be over within ``deadline_s`` (a service trickling its answer
+    a byte at a time never trips the client's per-read timeout). Raises ``LnurlError`` or
+    ``InvoiceMismatch``.
     """
     if amount_msat <= 0:
         raise ValueError(f"amount_msat must be positive, not {amount_msat}")
-    params = await _get_json(client, address.url, what="the LNURL-pay service")
+    params = await _get_json(client, address.url, what="the LNURL-pay service",
+                             deadline_s=deadline_s)
     callback, metadata, min_sendable, max_sendable, comment_allowed = _pay_request(params)
     _check_callback(callback, address)
     if not min_sendable <= amount_msat <= max_sendable:
@@ -68,7 +82,8 @@ async def fetch_invoice(
     query: dict[str, str] = {"amount": str(amount_msat)}
     if comment and comment_allowed > 0:
         query["comment"] = comment[: min(comment_allowed, MAX_COMMENT_CHARS)]
-    answer = await _get_json(client, _with_query(callback, query), what="the LNURL-pay callback")
+    answer = await _get_json(client, _with_query(callback, query), what="the LNURL-pay callback",
+                             deadline_s=deadline_s)
     pr = answer.get("pr")
     if not isinstance(pr, str) or not pr.strip():
         raise LnurlError("the LNURL-pay callback sent no invoice ('pr')", code="bad_response")
@@ -97,7 +112,7 @@ def _pay_request(params: dict[str, Any]) -> tuple[str, str, int, int, int]:
         raise LnurlError("the payRequest has no metadata string", code="bad_response")
     try:
         entries = json.loads(metadata)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise LnurlError("the payRequest metadata is not JSON", code="bad_response") from exc
     if not isinstance(entries, list):
         raise LnurlError("the payRequest metadata is not a JSON array", code="bad_response")
@@ -114,8 +129,13 @@ def _pay_request(params: dict[str, Any]) -> tuple[str, str, int, int, int]:
 
 
 def _msat(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+    """A JSON amount in msat as an int: whole, finite, and no more than all bitcoin."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise LnurlError(f"the payRequest {name} is not a whole number", code="bad_response")
+    if isinstance(value, float) and (not math.isfinite(value) or not value.is_integer()):
+        raise LnurlError(f"the payRequest {name} is not a whole number", code="bad_response")
+    if not 0 <= value <= MAX_MSAT:
+        raise LnurlError(f"the payRequest {name} is out of range", code="bad_response")
     return int(value)
 
 
@@ -123,9 +143,12 @@ def _check_callback(callback: str, address: PayoutAddress) -> None:
     """The callback must be https (http only for onion, or on the same plain-http host as the
     address, which only a test's ``insecure_hosts`` or an onion address can produce)."""
     base = urlsplit(address.url)
-    same_insecure_host = (
-        base.scheme == "http" and urlsplit(callback).netloc.lower() == base.netloc.lower()
-    )
+    try:
+        same_insecure_host = (
+            base.scheme == "http" and urlsplit(callback).netloc.lower() == base.netloc.lower()
+        )
+    except ValueError as exc:
+        raise LnurlError("the payRequest callback is not a valid URL", code="bad_response") from exc
     try:
         check_service_url(
             callback,
@@ -144,22 +167,36 @@ def _with_query(url: str, params: dict[str, str]) -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path, query, ""))
 
 
-async def _get_json(client: httpx.AsyncClient, url: str, *, what: str) -> dict[str, Any]:
+async def _get_json(
+    client: httpx.AsyncClient, url: str, *, what: str, deadline_s: float
+) -> dict[str, Any]:
     """GET ``url`` and return its JSON object, or raise ``LnurlError``. An LNURL
-    ``{"status": "ERROR"}`` answer raises ``service_error`` whatever the HTTP status."""
+    ``{"status": "ERROR"}`` answer raises ``service_error`` whatever the HTTP status.
+
+    The messages name the worker's own URL and nothing the queen learnt on the way (no socket
+    error text): they end up on the worker's earnings page."""
     try:
-        async with client.stream(
-            "GET", url, headers={"Accept": "application/json"}, follow_redirects=False
-        ) as response:
-            body = await _read_capped(response)
-            status_code = response.status_code
-    except httpx.TimeoutException as exc:
+        async with asyncio.timeout(deadline_s):
+            async with client.stream(
+                "GET", url, headers={"Accept": "application/json"}, follow_redirects=False
+            ) as response:
+                body = await _read_capped(response)
+                status_code = response.status_code
+    except (TimeoutError, httpx.TimeoutException) as exc:
         raise LnurlError(f"{what} did not answer in time ({url})", code="unreachable") from exc
-    except httpx.HTTPError as exc:
-        raise LnurlError(f"{what} is unreachable ({url}): {exc!r}", code="unreachable") from exc
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        refusal = refusal_in(exc)
+        if refusal is not None:
+            raise LnurlError(
+                f"{what} is on a host that resolves to a {refusal.kind} address, so it was "
+                "refused (payout services must be on the public internet)",
+                code="private_address",
+            ) from exc
+        logger.info("%s at %s is unreachable: %r", what, url, exc)
+        raise LnurlError(f"{what} is unreachable ({url})", code="unreachable") from exc
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         data = None
     if isinstance(data, dict) and str(data.get("status", "")).upper() == "ERROR":
         reason = str(data.get("reason") or "no reason given")[:500]
@@ -207,8 +244,15 @@ def _check_invoice(
             "the invoice's description hash is not sha256 of the service's metadata",
             code="description_hash",
         )
+    now = time.time()
+    if decoded.date > now + MAX_CLOCK_SKEW_S or decoded.expiry > MAX_EXPIRY_S:
+        raise InvoiceMismatch(
+            "the invoice's date or expiry is absurd (dated in the future, or valid for over "
+            f"{MAX_EXPIRY_S // 86400} days)",
+            code="expiry",
+        )
     expires_at = decoded.date + decoded.expiry
-    if expires_at - min_expiry_s <= time.time():
+    if expires_at - min_expiry_s <= now:
         raise InvoiceMismatch("the invoice has expired (or is about to)", code="expired")
     return Invoice(
         bolt11=pr,

@@ -38,12 +38,16 @@ class Invoice:
         decoded = decode_bolt11(text)
         if not decoded.amount_msat:
             raise InvoiceMismatch("the invoice has no amount", code="amount")
+        try:
+            expires_at = datetime.fromtimestamp(decoded.date + decoded.expiry, UTC)
+        except (OverflowError, ValueError, OSError) as exc:  # an expiry past the year 9999
+            raise InvoiceMismatch("the invoice's expiry is absurd", code="expiry") from exc
         return cls(
             bolt11=text.strip(),
             payment_hash=decoded.payment_hash,
             amount_msat=int(decoded.amount_msat),
             description_hash=decoded.description_hash or "",
-            expires_at=datetime.fromtimestamp(decoded.date + decoded.expiry, UTC),
+            expires_at=expires_at,
         )
 
 

@@ -206,9 +206,12 @@ async def test_legacy_worker_serves_plain_and_streamed_chat(queen):
         await legacy.stop()
 
 
-async def test_legacy_worker_gets_no_challenge(queen):
+@pytest.mark.parametrize("registration", [LegacyWorker.REGISTRATION,
+                                          LegacyWorker.WORKERBEE_REGISTRATION],
+                         ids=["wiki", "workerbee"])
+async def test_legacy_worker_gets_no_challenge(queen, registration):
     async with connect(queen.ws_url, proxy=None) as ws:
-        await ws.send(orjson.dumps(LegacyWorker.REGISTRATION).decode())
+        await ws.send(orjson.dumps(registration).decode())
         await queen.wait_until(lambda: len(queen.state.registry) == 1)
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.3):

@@ -88,7 +88,7 @@ async def test_a_job_goes_out_through_the_workers_connection_and_is_reported():
     assert connection.jobs == [("chatcmpl-1.1", "/v1/chat/completions", {"model": MODEL}, None)]
     assert worker.free_slots == 0
     run.handle.feed(Result(id=run.handle.id, usage=USAGE))
-    dispatcher.record_result(run.handle, Result(id=run.handle.id, usage=USAGE), streamed=True)
+    dispatcher.record_result(run.handle, USAGE, streamed=True)
     await run.finish()
     assert stats.done == [("chatcmpl-1.1", "id-w", 3, 2)]
     assert worker.free_slots == 1

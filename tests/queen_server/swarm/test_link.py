@@ -41,7 +41,8 @@ from shared_schema import (
     decode,
     encode,
 )
-from tests.support.workers import new_key, signed_hello
+from shared_schema.protocol import CLOSE_POLICY
+from tests.support.workers import LegacyWorker, new_key, signed_hello
 
 MODEL = "org/repo:Q4_K_M"
 FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "original"
@@ -55,6 +56,7 @@ class Knobs:
     heartbeat_timeout_s: float = 3.0
     max_hello_bytes: int = 4096
     max_bad_frames: int = 3
+    legacy_workers: str = "on"
 
 
 @dataclass
@@ -207,6 +209,59 @@ def test_a_legacy_registration_is_admitted_without_a_welcome():
         True, 1, True, None)
     assert worker.vram_mb == orjson.loads(registration)["vram"]
     assert link.state is State.LEGACY
+
+
+def test_the_real_workerbee_registration_is_admitted_with_its_vram_read_as_bytes():
+    link = new_link(v1=False)
+    [admit] = link.receive(orjson.dumps(LegacyWorker.WORKERBEE_REGISTRATION).decode(), 0.0)
+    assert isinstance(admit, Admit)
+    worker = admit.worker
+    assert worker.vram_mb == LegacyWorker.WORKERBEE_VRAM_BYTES // 2**20 == 26_624
+    assert worker.gpus == ["NVIDIA GeForce RTX 3090"]
+    assert worker.worker_version == "0.2.4"
+    # Its claimed capabilities and models are unverified: it stays a one-slot fetcher, in the
+    # lowest routing tier, credited nothing.
+    assert (worker.legacy, worker.max_jobs, worker.capabilities, worker.models,
+            worker.earnings_key) == (True, 1, frozenset(), {}, None)
+    assert link.state is State.LEGACY
+
+
+@pytest.mark.parametrize("registration", [LegacyWorker.REGISTRATION,
+                                          LegacyWorker.WORKERBEE_REGISTRATION])
+def test_legacy_workers_off_refuses_every_registration_with_a_policy_close(registration):
+    link = new_link(v1=False, legacy_workers="off")
+    [refuse] = link.receive(orjson.dumps(registration).decode(), 0.0)
+    assert isinstance(refuse, Refuse)
+    assert (refuse.code, refuse.close_code) == ("legacy_disabled", CLOSE_POLICY)
+    assert "protocol 1" in refuse.reason
+    assert decode(refuse.frame) == Refused(code="legacy_disabled", reason=refuse.reason)
+    assert link.state is State.CLOSED
+    assert link.worker is None
+
+
+@pytest.mark.parametrize("mode", ["off", "unbilled"])
+def test_the_legacy_setting_leaves_v1_workers_alone(mode):
+    link = new_link(legacy_workers=mode)
+    link.opened()
+    [admit, *_] = link.receive(hello_frame(), 0.0)
+    assert isinstance(admit, Admit)
+    assert not admit.worker.legacy
+
+
+def test_legacy_workers_unbilled_still_admits_them():
+    link = new_link(v1=False, legacy_workers="unbilled")
+    [admit] = link.receive(orjson.dumps(LegacyWorker.WORKERBEE_REGISTRATION).decode(), 0.0)
+    assert isinstance(admit, Admit)
+    assert admit.worker.legacy
+
+
+def test_an_absurd_legacy_vram_is_refused_in_bytes_too():
+    link = new_link(v1=False)
+    registration = {**LegacyWorker.WORKERBEE_REGISTRATION, "vram": 2**44 + 1}  # > 16 TiB
+    [refuse] = link.receive(orjson.dumps(registration).decode(), 0.0)
+    assert isinstance(refuse, Refuse)
+    assert refuse.code == "invalid_message"
+    assert "vram" in refuse.reason
 
 
 @pytest.mark.parametrize(
