@@ -50,6 +50,14 @@ class QueenSettings(BaseSettings):
     first_token_timeout_s: float = Field(default=120.0, gt=0)
     total_timeout_s: float = Field(default=600.0, gt=0)
     retry_after_s: int = Field(default=5, ge=1)
+    # Per caller (an API key; a development key; an open-access client's address), so that one
+    # caller flooding cannot fill the queue or hold every slot while another is refused: at
+    # most this many of its jobs waiting for a worker (a quarter of the default queue, so it
+    # takes four flooding callers to fill it), and at most this many of its requests in flight,
+    # queued or running (enough for a batch client's parallelism, well under the queue). Past
+    # either: 429 before anything is reserved. 0: no limit.
+    max_queued_per_key: int = Field(default=250, ge=0)
+    max_concurrent_per_key: int = Field(default=64, ge=0)
 
     # The /admin API is on only with a token.
     admin_token: str | None = None

@@ -15,10 +15,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from queen_server import __version__
+from queen_server.billing.keys import hash_secret
+from queen_server.billing.service import DEV, Billing, Hold, Principal
 from queen_server.http.deps import json_response, queen
 from queen_server.http.fastpath import HotRoutes
 from queen_server.http.io import ClientGone, DisconnectGuard, parse, read_body
 from queen_server.http.sse import stream_chat
+from queen_server.swarm.admission import Admission
 from queen_server.swarm.jobs import EMBEDDINGS_JOB
 from queen_server.swarm.metering import Meter, content_text
 from queen_server.swarm.relay import CompletionContext, assemble_chat, collect
@@ -37,7 +40,7 @@ from shared_schema import (
 from shared_schema.answers import embeddings_answer
 
 if TYPE_CHECKING:
-    pass
+    from queen_server.runtime import QueenState
 
 router = APIRouter()
 hot = HotRoutes()  # the billed routes, served by the fast path
@@ -50,11 +53,45 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         401: "Missing or wrong API key",
         404: "No connected worker serves the model",
         413: "Request body too large",
+        429: "Too many requests of this caller in flight or queued; retry after Retry-After",
         502: "The worker failed",
         503: "No capacity; retry after the Retry-After header",
         504: "The worker timed out",
     }.items()
 }
+
+
+def caller_of(request: Request, principal: Principal) -> str:
+    """Whom the per-caller limits count a request against: a key by its id, a development key
+    by its hash (each its own caller), anyone else (open access) by the client's address."""
+    if principal.key is not None:
+        return f"key:{principal.key.id}"
+    scheme, _, secret = (request.headers.get("authorization") or "").partition(" ")
+    if principal is DEV and scheme.lower() == "bearer" and secret.strip():
+        return "dev:" + hash_secret(secret.strip())
+    return "addr:" + (request.client.host if request.client is not None else "unknown")
+
+
+async def settle(billing: Billing, hold: Hold | None, admission: Admission,
+                 **kwargs: Any) -> None:
+    """``Billing.finish`` for a streamed answer, which also gives back the caller's place:
+    the stream calls it at the answer's end and again (a no-op) when it closes."""
+    try:
+        await billing.finish(hold, **kwargs)
+    finally:
+        admission.leave()
+
+
+async def admit_and_hold(state: QueenState, request: Request, principal: Principal,
+                         *hold_args: Any, **hold_kwargs: Any) -> tuple[Admission, Hold | None]:
+    """Count the request against its caller (429 past the limits) before reserving anything,
+    then reserve its money; a refused hold gives the place back."""
+    admission = state.dispatcher.admit(caller_of(request, principal))
+    try:
+        return admission, await state.billing.hold(principal, *hold_args, **hold_kwargs)
+    except BaseException:
+        admission.leave()
+        raise
 
 
 def body_schema(name: str) -> dict[str, Any]:
@@ -90,18 +127,20 @@ async def chat_completions(request: Request) -> Response:
     dispatcher, billing = state.dispatcher, state.billing
     dispatcher.require_servable(req.model)
     meter = Meter.for_chat(openai_req, state.settings.template_allowance_tokens)
-    hold = await billing.hold(principal, completion_id, state.registry.parameter_count(req.model),
-                              [content_text(m.content) for m in req.messages], openai_req)
+    admission, hold = await admit_and_hold(
+        state, request, principal, completion_id, state.registry.parameter_count(req.model),
+        [content_text(m.content) for m in req.messages], openai_req)
+    streaming = False
     try:
         async with DisconnectGuard(request):
             run = await dispatcher.start(
                 completion_id, req.model, "/v1/chat/completions", openai_req, stream=req.stream,
-                billed=principal.billed,
+                billed=principal.billed, admission=admission,
             )
-            if req.stream:  # the stream now owns the hold
-                body = stream_chat(run, ctx, dispatcher, functools.partial(billing.finish, hold),
-                                   meter)
-                hold = None
+            if req.stream:  # the stream now owns the hold and the caller's place
+                body = stream_chat(run, ctx, dispatcher,
+                                   functools.partial(settle, billing, hold, admission), meter)
+                hold, streaming = None, True
                 return StreamingResponse(body, media_type="text/event-stream",
                                          headers=SSE_HEADERS)
             collected = await collect(run, dispatcher, meter)
@@ -111,6 +150,9 @@ async def chat_completions(request: Request) -> Response:
     except BaseException:
         await billing.finish(hold)  # a failed job is charged nothing
         raise
+    finally:
+        if not streaming:
+            admission.leave()
     await billing.finish(hold, parts=collected.parts)
     return json_response(assemble_chat(ctx, collected))
 
@@ -131,14 +173,15 @@ async def embeddings(request: Request) -> Response:
     billing = state.billing
     state.dispatcher.require_servable(req.model)
     inputs = [req.input] if isinstance(req.input, str) else req.input
-    hold = await billing.hold(principal, job_id, state.registry.parameter_count(req.model),
-                              [item if isinstance(item, str) else " " * len(str(item))
-                               for item in inputs], openai_req, completion_limit=None)
+    admission, hold = await admit_and_hold(
+        state, request, principal, job_id, state.registry.parameter_count(req.model),
+        [item if isinstance(item, str) else " " * len(str(item)) for item in inputs], openai_req,
+        completion_limit=None)
     try:
         async with DisconnectGuard(request):
             run = await state.dispatcher.start(
                 job_id, req.model, "/v1/embeddings", openai_req, stream=False,
-                billed=principal.billed,
+                billed=principal.billed, admission=admission,
             )
             collected = await collect(run, state.dispatcher, Meter.for_embeddings(openai_req))
     except ClientGone:
@@ -147,6 +190,8 @@ async def embeddings(request: Request) -> Response:
     except BaseException:
         await billing.finish(hold)
         raise
+    finally:
+        admission.leave()
     await billing.finish(hold, parts=collected.parts)
     return json_response(embeddings_answer(collected.result, req.model, req.encoding_format,
                                            collected.usage))

@@ -20,8 +20,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from queen_server.errors import GatewayTimeout, ModelNotFound, NoCapacity, WorkerFailed
-from queen_server.swarm.jobs import JobEvent, JobHandle, WorkerLost
+from queen_server.errors import (
+    GatewayTimeout,
+    ModelNotFound,
+    NoCapacity,
+    RateLimited,
+    WorkerFailed,
+)
+from queen_server.swarm.admission import IN_FLIGHT, Admission, CallerLimits
+from queen_server.swarm.jobs import (
+    DEFAULT_MAX_TOKENS,
+    JobEvent,
+    JobHandle,
+    WorkerLost,
+    answer_budget,
+)
 from queen_server.swarm.registry import Registry
 from queen_server.swarm.routing import rank
 from queen_server.swarm.worker import Connection, Worker
@@ -48,6 +61,16 @@ class DispatchSettings(Protocol):
     def max_queued_jobs(self) -> int: ...
     @property
     def retry_after_s(self) -> int: ...
+    @property
+    def max_queued_per_key(self) -> int:
+        """Jobs one caller may have waiting in the admission queue (0: no limit); read only
+        for a job started with an ``Admission``."""
+        ...
+    @property
+    def max_concurrent_per_key(self) -> int:
+        """Requests one caller may have in flight, queued or running (0: no limit); read
+        only by ``Dispatcher.admit``."""
+        ...
     @property
     def legacy_workers(self) -> str:
         """``"unbilled"`` keeps billed jobs off legacy workers (read for billed jobs only)."""
@@ -157,6 +180,33 @@ class Dispatcher:
         self.stats = stats
         self.size_class_of = size_class_of
         self.rng = rng or random.Random()
+        self.callers = CallerLimits()
+
+    def admit(self, caller: str) -> Admission:
+        """Count one request of ``caller`` (an API key's id, a development key's hash, an
+        open-access client's address) before anything is reserved or sent for it; the caller
+        must ``leave`` the ticket when the request ends. 429 (a ``rate_limit_error``) when the
+        caller already has ``max_concurrent_per_key`` requests in flight or
+        ``max_queued_per_key`` waiting: one caller cannot fill the queue."""
+        settings = self.settings
+        admission = self.callers.try_enter(caller, max_in_flight=settings.max_concurrent_per_key,
+                                           max_queued=settings.max_queued_per_key)
+        if isinstance(admission, Admission):
+            return admission
+        if admission == IN_FLIGHT:
+            raise RateLimited(
+                f"This caller already has {settings.max_concurrent_per_key} requests in "
+                "flight; wait for one to finish before sending more.",
+                code="too_many_concurrent_requests", headers=self._retry_after(),
+            )
+        raise self._queue_limited()
+
+    def _queue_limited(self) -> RateLimited:
+        return RateLimited(
+            f"This caller already has {self.settings.max_queued_per_key} requests waiting for "
+            "a worker; wait for one to start before sending more.",
+            code="too_many_queued_requests", headers=self._retry_after(),
+        )
 
     def _retry_after(self) -> dict[str, str]:
         return {"Retry-After": str(self.settings.retry_after_s)}
@@ -170,14 +220,18 @@ class Dispatcher:
         *,
         stream: bool,
         billed: bool = False,
+        admission: Admission | None = None,
     ) -> JobRun:
         """Send the job to the best worker and wait for the answer's first event. ``billed``:
-        the caller pays for it (``Principal.billed``), which may keep it off legacy workers."""
+        the caller pays for it (``Principal.billed``), which may keep it off legacy workers.
+        ``admission``: the caller's ticket from ``admit``; while the job waits for a worker it
+        holds one of the caller's ``max_queued_per_key`` places (429 when none is left).
+        The ticket stays the caller's to ``leave``."""
         settings = self.settings
         deadline = asyncio.get_running_loop().time() + settings.total_timeout_s
         request = JobRequest(job_id, model, openai_url, openai_req, stream, deadline,
                              legacy_ok=not billed or settings.legacy_workers != "unbilled")
-        return await self._launch(request, settings.max_attempts)
+        return await self._launch(request, settings.max_attempts, admission=admission)
 
     async def fail_over(self, run: JobRun, delivered_text: str, delivered_tokens: int) -> JobRun:
         """Continue an answer whose worker failed mid-way on a twin: a worker that holds the same
@@ -215,9 +269,11 @@ class Dispatcher:
         accept: Callable[[Worker], bool] | None = None,
         continuation: str | None = None,
         openai_req: dict[str, Any] | None = None,
+        admission: Admission | None = None,
     ) -> JobRun:
         """Up to ``attempts`` tries on the best acceptable workers not tried yet, until one
-        sends the answer's first event."""
+        sends the answer's first event. Only a first start passes ``admission``: a failover
+        continues an answer already admitted and is never refused for its caller's queue."""
         loop = asyncio.get_running_loop()
         settings = self.settings
         deadline = request.deadline
@@ -227,11 +283,16 @@ class Dispatcher:
         registry = self.registry
         for _ in range(attempts):
             worker, connection = await self._acquire(request.model, tried, last_error, accept,
-                                                     legacy_ok=request.legacy_ok)
+                                                     legacy_ok=request.legacy_ok,
+                                                     admission=admission)
             request.attempts += 1
+            # What the worker may send for this attempt is tied to its ``max_tokens`` (``body``:
+            # a continuation's is what is left of the answer).
             handle = JobHandle(f"{request.job_id}.{request.attempts}", request.model, worker.key,
                                loop.time(), worker_id=worker.public_id,
-                               cancel=connection.send_cancel)
+                               cancel=connection.send_cancel,
+                               budget=answer_budget(body, getattr(
+                                   settings, "default_max_tokens", DEFAULT_MAX_TOKENS)))
             registry.lease(worker, handle)
             first_deadline = deadline
             if request.stream:
@@ -284,10 +345,29 @@ class Dispatcher:
         accept: Callable[[Worker], bool] | None = None,
         *,
         legacy_ok: bool = True,
+        admission: Admission | None = None,
     ) -> tuple[Worker, Connection]:
         """The best (acceptable) worker with a free slot and the connection that holds it,
         waiting in the admission queue if all are busy. Without ``legacy_ok``, legacy workers
-        are no candidates (a 404 if only they serve the model)."""
+        are no candidates (a 404 if only they serve the model). With an ``admission``, the wait
+        takes one of its caller's queue places, given back however the wait ends."""
+        try:
+            return await self._acquire_slot(model, tried, last_error, accept,
+                                            legacy_ok=legacy_ok, admission=admission)
+        finally:
+            if admission is not None:
+                admission.unqueue()
+
+    async def _acquire_slot(
+        self,
+        model: str,
+        tried: set[str],
+        last_error: str,
+        accept: Callable[[Worker], bool] | None,
+        *,
+        legacy_ok: bool,
+        admission: Admission | None,
+    ) -> tuple[Worker, Connection]:
         registry = self.registry
         loop = asyncio.get_running_loop()
         queue_deadline: float | None = None
@@ -331,6 +411,9 @@ class Dispatcher:
                         "the queue of waiting jobs is full", code="queue_full",
                         headers=self._retry_after(),
                     )
+                if admission is not None and not admission.try_queue(
+                        self.settings.max_queued_per_key):
+                    raise self._queue_limited()
                 queue_deadline = now + self.settings.queue_timeout_s
             if now >= queue_deadline:
                 raise NoCapacity(

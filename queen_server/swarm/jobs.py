@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from shared_schema import Chunk, JobError, Result
 
@@ -21,6 +22,49 @@ from shared_schema import Chunk, JobError, Result
 EMBEDDINGS_JOB = "embd-"
 
 CancelSender = Callable[[str, str], Awaitable[None]]
+
+# --- how much a worker may send for one job -----------------------------------------------------
+#
+# A job's answer is bounded by its ``max_tokens``, so what the worker may send for it is too: the
+# link charges every chunk frame's length (characters of the whole frame, which ``len`` gives in
+# O(1): the content and everything around it, all of which the queen keeps and relays) against
+# the job's budget, and a frame past it fails the job. Since every chunk waiting in the handle's
+# deque was charged, the budget also bounds the deque when the client reads slowly.
+#
+# The allowance per token is generous for an honest worker. The longest token pieces of the
+# vocabularies llama.cpp loads are runs of whitespace or code of a few dozen bytes; 128 bytes is
+# past every one. A byte of content takes at most 6 characters in the frame (a control character
+# escaped as ``\u0001``; other text is sent unescaped), and an honest chunk frame's own JSON (type,
+# ids, object, created, the worker's model name, choice, delta, finish reason) is a few hundred
+# characters: 6 * 128 + 1280 = 2048 characters per token. A checkpoint (a plain answer's text, one
+# every second) holds at least a token, so it fits the same allowance.
+TOKEN_PIECE_BYTES = 128
+FRAME_CHARS_PER_TOKEN = 6 * TOKEN_PIECE_BYTES + 1280
+# Past the tokens: the role chunk, the finish chunk, the usage chunk and a worker's own extras.
+BUDGET_SLACK_CHARS = 64 * 1024
+# No single chunk frame may be larger than this (nor than the job's whole budget): an honest
+# chunk holds a token, a checkpoint a second of tokens.
+MAX_CHUNK_CHARS = 1024 * 1024
+# For a request that names no limit and a handle made without one (tests): the queen's default.
+DEFAULT_MAX_TOKENS = 4096
+# The code of the retryable ``JobError`` a job gets when its worker sent more than its budget.
+ANSWER_TOO_LARGE = "answer_too_large"
+
+
+def completion_limit(openai_req: Mapping[str, Any], default_max_tokens: int) -> int:
+    """The most tokens an answer to ``openai_req`` may have: its ``max_completion_tokens`` or
+    ``max_tokens`` (as the worker reads them), else ``default_max_tokens``."""
+    asked = openai_req.get("max_completion_tokens") or openai_req.get("max_tokens")
+    if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
+        return asked
+    return default_max_tokens
+
+
+def answer_budget(openai_req: Mapping[str, Any], default_max_tokens: int = DEFAULT_MAX_TOKENS
+                  ) -> int:
+    """The characters of chunk frames a worker may send for one job of ``openai_req``."""
+    return completion_limit(openai_req, default_max_tokens) * FRAME_CHARS_PER_TOKEN + (
+        BUDGET_SLACK_CHARS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,18 +102,26 @@ class JobHandle:
 
     ``worker_key`` and ``worker_id`` (the public id) name the worker for the registry, the stats
     and the logs; ``cancel`` sends the job's cancel through whatever connection holds it.
+
+    ``budget`` is the characters of frames the worker may send for the job (``answer_budget``):
+    the link takes each chunk's length from ``room`` and fails the job once a chunk would take
+    more than is left, or more than ``chunk_cap``; a whole answer (a result) may be as large as
+    the budget. Every event in the deque was charged, so the deque never holds more than it.
     """
 
     __slots__ = (
         "_cancel",
         "_items",
         "_waiter",
+        "budget",
         "cancelling",
+        "chunk_cap",
         "finished",
         "first_at",
         "id",
         "model",
         "on_end",
+        "room",
         "started_at",
         "worker_id",
         "worker_key",
@@ -84,6 +136,7 @@ class JobHandle:
         *,
         worker_id: str = "",
         cancel: CancelSender = _no_cancel,
+        budget: int | None = None,
     ) -> None:
         self.id = job_id
         self.model = model
@@ -94,6 +147,9 @@ class JobHandle:
         self.cancelling = False
         self.first_at: float | None = None
         self.on_end: Callable[[JobHandle], None] | None = None
+        self.budget = answer_budget({}) if budget is None else budget
+        self.room = self.budget  # what is left of the budget (the link takes from it)
+        self.chunk_cap = min(self.budget, MAX_CHUNK_CHARS)
         self._cancel = cancel
         self._items: deque[JobEvent] = deque()
         self._waiter: asyncio.Future[None] | None = None

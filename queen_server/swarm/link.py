@@ -13,7 +13,10 @@ bad frames or missed heartbeats end in ``CLOSED``.
 Once admitted, job frames go straight to their job's ``JobHandle`` (feeding a mailbox is no
 I/O), among the leases the registry holds for this worker (``registered``); a job frame for any
 other job is answered ``unknown_job`` and not counted, since an honest worker's frame can cross a
-cancel. Every other bad frame is answered with a typed ``error`` and counted; ``max_bad_frames``
+cancel. Each job frame is charged against its job's budget (``JobHandle.budget``, tied to the
+job's ``max_tokens``): a frame past it fails the job (retryable, ``answer_too_large``) and is a
+bad frame, so a worker cannot make the queen hold more than an honest answer's worth per job.
+Every other bad frame is answered with a typed ``error`` and counted; ``max_bad_frames``
 of them close the connection. Writing to the worker is encoding too: ``job_frame`` and
 ``cancel_frame`` give the text the edge sends.
 
@@ -29,10 +32,10 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from queen_server.errors import HandshakeRefused
-from queen_server.swarm.jobs import EMBEDDINGS_JOB, JobHandle
+from queen_server.swarm.jobs import ANSWER_TOO_LARGE, EMBEDDINGS_JOB, JobHandle
 from queen_server.swarm.worker import NO_LEASES, Worker
 from shared_schema import (
     PROTOCOL_VERSION,
@@ -245,7 +248,15 @@ class QueenLink:
                         f"job {message.id[:64]!r} is not in flight on this worker; its "
                         f"{message.type} was dropped",
                     )
-                problem = answer_problem(message, embeddings=message.id.startswith(EMBEDDINGS_JOB))
+                embeddings = message.id.startswith(EMBEDDINGS_JOB)
+                size = len(frame)
+                if type(message) is Chunk:
+                    if size > handle.room or size > handle.chunk_cap:
+                        _too_large(handle, message.type, size)
+                    handle.room -= size
+                elif size > handle.budget and type(message) is Result and not embeddings:
+                    _too_large(handle, message.type, size)
+                problem = answer_problem(message, embeddings=embeddings)
                 if problem is not None:
                     # The job fails (retryable: another worker may answer it); the worker is told.
                     handle.feed(JobError(id=message.id, code="invalid_answer", retryable=True,
@@ -421,8 +432,11 @@ class QueenLink:
             return NOTHING
         if not isinstance(body.get("choices") or body.get("data"), list):
             raise ProtocolError("invalid_message", "legacy answer has neither choices nor data")
+        embeddings = handle.id.startswith(EMBEDDINGS_JOB)
+        if len(frame) > handle.budget and not embeddings:
+            _too_large(handle, "answer", len(frame))
         result = Result(id=handle.id, data=body, usage=legacy_usage(body))
-        problem = answer_problem(result, embeddings=handle.id.startswith(EMBEDDINGS_JOB))
+        problem = answer_problem(result, embeddings=embeddings)
         if problem is not None:
             handle.feed(JobError(id=handle.id, code="invalid_answer", retryable=True,
                                  message=f"the legacy worker's answer was malformed: {problem}"))
@@ -453,6 +467,17 @@ class QueenLink:
         if self.legacy:
             return None
         return encode(Cancel(id=job_id, reason=reason))
+
+
+def _too_large(handle: JobHandle, kind: str, size: int) -> NoReturn:
+    """A frame of ``size`` characters is past what is left of its job's budget (or past the cap
+    on one chunk): the job fails, retryable (another worker may answer it within its budget),
+    and the frame is a bad one. Raises the ``ProtocolError`` the worker is answered with."""
+    message = (f"the worker's {kind} of {size} characters is past the job's limit (budget "
+               f"{handle.budget}, {max(handle.room, 0)} left, at most {handle.chunk_cap} per "
+               "chunk)")
+    handle.feed(JobError(id=handle.id, code=ANSWER_TOO_LARGE, retryable=True, message=message))
+    raise ProtocolError(ANSWER_TOO_LARGE, message)
 
 
 def _job_id(frame: str | None) -> str:

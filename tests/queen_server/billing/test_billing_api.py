@@ -114,6 +114,7 @@ async def test_an_unset_max_tokens_is_capped_to_what_the_balance_covers(billed):
 async def test_200_concurrent_requests_never_overspend(billed):
     queen, worker = billed
     worker.behaviour = "gated"  # hold every job open so the reservations pile up
+    queen.state.settings.max_concurrent_per_key = 0  # 200 in flight from one key, on purpose
     secret, key_id = await funded_key(queen, 0)
     reservation = TINY.cost_msat(len("hi there") + 8, 1000)
     funded = 50 * reservation + reservation // 2
