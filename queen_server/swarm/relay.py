@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from queen_server.errors import WorkerFailed
 from queen_server.swarm.dispatch import Dispatcher, JobRun, can_fail_over
 from queen_server.swarm.jobs import Part, WorkerLost
-from queen_server.swarm.metering import UNBOUNDED, Meter, content_text, utf8_bytes
+from queen_server.swarm.metering import UNBOUNDED, Meter, content_text, counted, utf8_bytes
 from shared_schema import Chunk, JobError, Result, Usage
 from shared_schema.answers import CHAT_ANSWER, STOP, AnswerStamp, message_choice
 
@@ -138,8 +138,7 @@ class Delivered:
         ]
         prompt = parts[0].prompt_tokens
         completion = sum(part.completion_tokens for part in parts)
-        return parts, Usage(prompt_tokens=prompt, completion_tokens=completion,
-                            total_tokens=prompt + completion)
+        return parts, counted(prompt, completion)
 
     def last_worker_usage(self, claimed: Usage, parts: list[Part]) -> Usage:
         """What the worker that ended the answer did, as its speed record counts it: its
@@ -147,8 +146,7 @@ class Delivered:
         completion = parts[-1].completion_tokens
         before = sum(part.completion_tokens for part in parts[:-1])
         prompt = min(claimed.prompt_tokens, self.meter.prompt_bound + before)
-        return Usage(prompt_tokens=prompt, completion_tokens=completion,
-                     total_tokens=prompt + completion)
+        return counted(prompt, completion)
 
     def broken(self, worker_key: str | None, *, client_left: bool = False) -> list[Part]:
         """The parts of an answer that ended early (client gone, no twin, timeout): the tokens
