@@ -84,9 +84,9 @@ async def stream_chat(
                     parts, usage = answer.done(
                         run.worker.earnings_key, item.usage,
                         None if answer.saw_chunk else message_text(item.data))
-                    dispatcher.record_result(run.handle, answer.last_worker_usage(item.usage,
-                                                                                  parts),
-                                             streamed=True)
+                    dispatcher.record_result(
+                        run.handle, answer.last_worker_usage(item.usage, parts, usage),
+                        streamed=True)
                     await finish(parts=parts)
                     if not answer.saw_chunk:
                         out.extend(answer_events(ctx, item.data))

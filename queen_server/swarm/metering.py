@@ -71,15 +71,21 @@ class Meter:
     @classmethod
     def for_chat(cls, request: Mapping[str, Any], template_allowance: int) -> Meter:
         messages = request.get("messages") or []
-        texts = [content_text(message.get("content")) for message in messages
-                 if isinstance(message, Mapping)]
-        framing = sum(
-            utf8_bytes(str(message.get("role") or "")) + utf8_bytes(str(message.get("name") or ""))
-            for message in messages if isinstance(message, Mapping))
-        bound = (sum(utf8_bytes(text) for text in texts) + framing
-                 + PER_MESSAGE_TOKENS * len(messages) + template_allowance)
-        return cls(bound, min(bound, estimate_prompt_tokens(texts)),
-                   stop_bytes(request.get("stop")) + END_TOKENS)
+        bound = template_allowance
+        estimate = 0
+        for message in messages:  # one pass: this runs for every request
+            if not isinstance(message, Mapping):
+                continue
+            text = content_text(message.get("content"))
+            framing = utf8_bytes(str(message.get("role") or ""))
+            name = message.get("name")
+            if name:
+                framing += utf8_bytes(str(name))
+            bound += utf8_bytes(text) + framing + PER_MESSAGE_TOKENS
+            estimate += len(text) + PER_MESSAGE_TOKENS
+        stop = request.get("stop")
+        end = END_TOKENS if stop is None else stop_bytes(stop) + END_TOKENS
+        return cls(bound, min(bound, estimate), end)
 
     @classmethod
     def for_embeddings(cls, request: Mapping[str, Any]) -> Meter:
@@ -97,7 +103,12 @@ class Meter:
         return delivered_bytes + self.end_allowance
 
     def bill(self, claimed: Usage, delivered_bytes: int) -> Usage:
-        """The usage charged for a worker's claim: never more than the bounds."""
+        """The usage charged for a worker's claim: never more than the bounds (the claim
+        itself when it is within them, as an honest worker's is)."""
+        if (claimed.prompt_tokens <= self.prompt_bound
+                and claimed.completion_tokens <= delivered_bytes + self.end_allowance
+                and claimed.total_tokens == claimed.prompt_tokens + claimed.completion_tokens):
+            return claimed
         prompt = min(claimed.prompt_tokens, self.prompt_bound)
         completion = min(claimed.completion_tokens, self.completion_bound(delivered_bytes))
         return counted(prompt, completion)

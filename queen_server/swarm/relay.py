@@ -140,9 +140,14 @@ class Delivered:
         completion = sum(part.completion_tokens for part in parts)
         return parts, counted(prompt, completion)
 
-    def last_worker_usage(self, claimed: Usage, parts: list[Part]) -> Usage:
+    def last_worker_usage(
+        self, claimed: Usage, parts: list[Part], billed: Usage | None = None
+    ) -> Usage:
         """What the worker that ended the answer did, as its speed record counts it: its
-        billed part, with the prompt it read (the continuation too, after a failover)."""
+        billed part, with the prompt it read (the continuation too, after a failover).
+        ``billed``: the answer's billed usage, which it is when one worker served it all."""
+        if billed is not None and len(parts) == 1:
+            return billed
         completion = parts[-1].completion_tokens
         before = sum(part.completion_tokens for part in parts[:-1])
         prompt = min(claimed.prompt_tokens, self.meter.prompt_bound + before)
@@ -229,8 +234,9 @@ async def collect(run: JobRun, dispatcher: Dispatcher, meter: Meter = UNBOUNDED)
             if isinstance(event, Result):
                 parts, usage = answer.done(run.worker.earnings_key, event.usage,
                                            message_text(event.data))
-                dispatcher.record_result(run.handle, answer.last_worker_usage(event.usage, parts),
-                                         streamed=False)
+                dispatcher.record_result(
+                    run.handle, answer.last_worker_usage(event.usage, parts, usage),
+                    streamed=False)
                 return Collected(event, answer, parts, usage)
             if isinstance(event, Chunk):
                 answer.take(event.data)
