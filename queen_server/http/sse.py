@@ -19,7 +19,7 @@ import orjson
 from queen_server.errors import ApiError
 from queen_server.swarm.dispatch import Dispatcher, JobRun, can_fail_over
 from queen_server.swarm.jobs import JobEvent, WorkerLost
-from queen_server.swarm.metering import UNBOUNDED, Meter
+from queen_server.swarm.metering import Meter
 from queen_server.swarm.relay import (
     CompletionContext,
     Delivered,
@@ -53,7 +53,7 @@ async def stream_chat(
     ctx: CompletionContext,
     dispatcher: Dispatcher,
     finish: Callable[..., Awaitable[None]],
-    meter: Meter = UNBOUNDED,
+    meter: Meter,
 ) -> AsyncIterator[bytes]:
     """The SSE body of a streamed chat completion. If the worker is lost mid-answer, the
     answer goes on on a twin worker (``Dispatcher.fail_over``) with no break in the stream.

@@ -29,7 +29,6 @@ from queen_server.errors import (
 )
 from queen_server.swarm.admission import IN_FLIGHT, Admission, CallerLimits
 from queen_server.swarm.jobs import (
-    DEFAULT_MAX_TOKENS,
     JobEvent,
     JobHandle,
     WorkerLost,
@@ -61,6 +60,10 @@ class DispatchSettings(Protocol):
     def max_queued_jobs(self) -> int: ...
     @property
     def retry_after_s(self) -> int: ...
+    @property
+    def default_max_tokens(self) -> int:
+        """The completion limit of a job that gives none (its answer's byte budget)."""
+        ...
     @property
     def max_queued_per_key(self) -> int:
         """Jobs one caller may have waiting in the admission queue (0: no limit); read only
@@ -291,8 +294,7 @@ class Dispatcher:
             handle = JobHandle(f"{request.job_id}.{request.attempts}", request.model, worker.key,
                                loop.time(), worker_id=worker.public_id,
                                cancel=connection.send_cancel,
-                               budget=answer_budget(body, getattr(
-                                   settings, "default_max_tokens", DEFAULT_MAX_TOKENS)))
+                               budget=answer_budget(body, settings.default_max_tokens))
             registry.lease(worker, handle)
             first_deadline = deadline
             if request.stream:
@@ -351,76 +353,63 @@ class Dispatcher:
         waiting in the admission queue if all are busy. Without ``legacy_ok``, legacy workers
         are no candidates (a 404 if only they serve the model). With an ``admission``, the wait
         takes one of its caller's queue places, given back however the wait ends."""
-        try:
-            return await self._acquire_slot(model, tried, last_error, accept,
-                                            legacy_ok=legacy_ok, admission=admission)
-        finally:
-            if admission is not None:
-                admission.unqueue()
-
-    async def _acquire_slot(
-        self,
-        model: str,
-        tried: set[str],
-        last_error: str,
-        accept: Callable[[Worker], bool] | None,
-        *,
-        legacy_ok: bool,
-        admission: Admission | None,
-    ) -> tuple[Worker, Connection]:
         registry = self.registry
         loop = asyncio.get_running_loop()
         queue_deadline: float | None = None
-        while True:
-            candidates = registry.candidates(model)
-            if not legacy_ok:  # a billed job under legacy_workers="unbilled" only
-                candidates = [worker for worker in candidates if not worker.legacy]
-                if not candidates and not tried:
-                    raise ModelNotFound(
-                        f"The model '{model}' is not served by any connected worker that takes "
-                        "billed requests.", param="model",
-                    )
-            if accept is not None:
-                candidates = [worker for worker in candidates if accept(worker)]
-                if not candidates or all(worker.key in tried for worker in candidates):
+        try:
+            while True:
+                candidates = registry.candidates(model)
+                if not legacy_ok:  # a billed job under legacy_workers="unbilled" only
+                    candidates = [worker for worker in candidates if not worker.legacy]
+                    if not candidates and not tried:
+                        raise ModelNotFound(
+                            f"The model '{model}' is not served by any connected worker that takes "
+                            "billed requests.", param="model",
+                        )
+                if accept is not None:
+                    candidates = [worker for worker in candidates if accept(worker)]
+                    if not candidates or all(worker.key in tried for worker in candidates):
+                        raise WorkerFailed(
+                            "the worker was lost mid-answer and no other connected worker holds "
+                            f"the same model file to continue it; last error: {last_error}",
+                            code="worker_lost",
+                        )
+                if not candidates:
+                    if tried:
+                        raise WorkerFailed(
+                            f"no other worker can serve this model; last error: {last_error}"
+                        )
+                    self.require_servable(model)
+                speeds = self.stats.speeds_for(self.size_class_of(model))
+                for worker in rank(model, candidates, speeds, self.rng, exclude=tried):
+                    if worker.free_slots > 0:
+                        connection = registry.connection(worker.key)
+                        if connection is not None:
+                            return worker, connection
+                if all(worker.key in tried for worker in candidates):
                     raise WorkerFailed(
-                        "the worker was lost mid-answer and no other connected worker holds "
-                        f"the same model file to continue it; last error: {last_error}",
-                        code="worker_lost",
+                        f"every worker serving '{model}' failed this job; last error: {last_error}"
                     )
-            if not candidates:
-                if tried:
-                    raise WorkerFailed(
-                        f"no other worker can serve this model; last error: {last_error}"
-                    )
-                self.require_servable(model)
-            speeds = self.stats.speeds_for(self.size_class_of(model))
-            for worker in rank(model, candidates, speeds, self.rng, exclude=tried):
-                if worker.free_slots > 0:
-                    connection = registry.connection(worker.key)
-                    if connection is not None:
-                        return worker, connection
-            if all(worker.key in tried for worker in candidates):
-                raise WorkerFailed(
-                    f"every worker serving '{model}' failed this job; last error: {last_error}"
-                )
-            now = loop.time()
-            if queue_deadline is None:
-                if registry.waiting >= self.settings.max_queued_jobs:
+                now = loop.time()
+                if queue_deadline is None:
+                    if registry.waiting >= self.settings.max_queued_jobs:
+                        raise NoCapacity(
+                            "the queue of waiting jobs is full", code="queue_full",
+                            headers=self._retry_after(),
+                        )
+                    if admission is not None and not admission.try_queue(
+                            self.settings.max_queued_per_key):
+                        raise self._queue_limited()
+                    queue_deadline = now + self.settings.queue_timeout_s
+                if now >= queue_deadline:
                     raise NoCapacity(
-                        "the queue of waiting jobs is full", code="queue_full",
+                        f"every worker serving '{model}' is busy; try again shortly",
                         headers=self._retry_after(),
                     )
-                if admission is not None and not admission.try_queue(
-                        self.settings.max_queued_per_key):
-                    raise self._queue_limited()
-                queue_deadline = now + self.settings.queue_timeout_s
-            if now >= queue_deadline:
-                raise NoCapacity(
-                    f"every worker serving '{model}' is busy; try again shortly",
-                    headers=self._retry_after(),
-                )
-            await registry.wait_for_change(queue_deadline - now)
+                await registry.wait_for_change(queue_deadline - now)
+        finally:
+            if admission is not None:
+                admission.unqueue()
 
     async def end(self, handle: JobHandle, reason: str) -> None:
         """Release a job's lease. An unfinished job is cancelled on its worker first, and its

@@ -222,10 +222,11 @@ def assemble_chat(ctx: CompletionContext, collected: Collected) -> dict[str, Any
     return answer
 
 
-async def collect(run: JobRun, dispatcher: Dispatcher, meter: Meter = UNBOUNDED) -> Collected:
+async def collect(run: JobRun, dispatcher: Dispatcher, meter: Meter) -> Collected:
     """Every chunk of a job and its result, continuing on a twin worker if the worker is lost
     mid-answer. Ends every lease it holds. Raises the job's failure as an ``ApiError``.
-    The usage is billed through ``meter`` (``Delivered``)."""
+    The usage is billed through ``meter`` (``Delivered``): required, so that no caller bills
+    a worker's claim by forgetting it (tests of the books alone pass ``UNBOUNDED``)."""
     answer = Delivered(meter)
     current: JobRun | None = run
     event = run.first

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 from openai import AsyncOpenAI
 
 from queen_server.app import create_app
@@ -21,9 +22,10 @@ log = logging.getLogger(__name__)
 
 
 class QueenHarness:
-    def __init__(self, server: uvicorn.Server, state: QueenState, port: int) -> None:
+    def __init__(self, server: uvicorn.Server, app: FastAPI, port: int) -> None:
         self.server = server
-        self.state = state
+        self.app = app
+        self.state: QueenState = app.state.queen
         self.port = port
         self.base_url = f"http://127.0.0.1:{port}"
         self.ws_url = f"ws://127.0.0.1:{port}/worker"
@@ -48,7 +50,11 @@ class QueenHarness:
 
 
 @contextlib.asynccontextmanager
-async def running_queen(tmp_path: Path, **overrides: Any) -> AsyncIterator[QueenHarness]:
+async def running_queen(
+    tmp_path: Path, *, prepare: Callable[[FastAPI], None] | None = None, **overrides: Any
+) -> AsyncIterator[QueenHarness]:
+    """A queen with test-friendly timeouts and ``overrides`` as settings; ``prepare(app)`` runs
+    after ``create_app`` and before the app starts (to add a middleware, say)."""
     values: dict[str, Any] = {
         "db": f"sqlite+aiosqlite:///{tmp_path / 'queen.sqlite3'}",
         "heartbeat_interval_s": 0.5,
@@ -60,6 +66,8 @@ async def running_queen(tmp_path: Path, **overrides: Any) -> AsyncIterator[Queen
     values.update(overrides)
     settings = QueenSettings(**values)
     app = create_app(settings)
+    if prepare is not None:
+        prepare(app)
     config = uvicorn.Config(
         app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
         ws_max_size=settings.max_frame_bytes, ws_per_message_deflate=False,
@@ -72,7 +80,7 @@ async def running_queen(tmp_path: Path, **overrides: Any) -> AsyncIterator[Queen
                 task.result()
             await asyncio.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
-    harness = QueenHarness(server, app.state.queen, port)
+    harness = QueenHarness(server, app, port)
     try:
         yield harness
     finally:

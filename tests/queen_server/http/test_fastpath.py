@@ -8,7 +8,6 @@ a hot route is rendered and counted exactly as one on any other route.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 from collections import Counter
@@ -18,15 +17,13 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from fastapi.routing import iter_route_contexts
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from queen_server.app import create_app
 from queen_server.http.fastpath import FastPath
-from queen_server.settings import QueenSettings
+from tests.support.queen import running_queen
 from tests.support.workers import ECHO_MODEL, ScriptedWorker
 
 HOT = ("/v1/chat/completions", "/v1/embeddings")
@@ -75,28 +72,10 @@ def add_http_middleware(app: FastAPI, seen: list[tuple[str, str, int]]) -> None:
 @contextlib.asynccontextmanager
 async def serving(tmp_path: Path, prepare: Callable[[FastAPI], None] = lambda app: None,
                   **overrides: Any) -> AsyncIterator[tuple[FastAPI, str]]:
-    """``create_app``, then ``prepare(app)`` (before it starts), served by uvicorn on a free
-    port in this event loop. Yields the app and its base URL."""
-    values: dict[str, Any] = {"db": f"sqlite+aiosqlite:///{tmp_path / 'queen.sqlite3'}",
-                              "auth": "open", "queue_timeout_s": 1.0, "total_timeout_s": 10.0}
-    settings = QueenSettings(**{**values, **overrides})
-    app = create_app(settings)
-    prepare(app)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           lifespan="on", ws_per_message_deflate=False))
-    task = asyncio.create_task(server.serve())
-    try:
-        async with asyncio.timeout(10):
-            # uvicorn has no started event to await; it sets a flag.
-            while not server.started:
-                if task.done():
-                    task.result()
-                await asyncio.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield app, f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
+    """``create_app``, then ``prepare(app)`` (before it starts), served on a free port in this
+    event loop (``tests.support.queen``). Yields the app and its base URL."""
+    async with running_queen(tmp_path, prepare=prepare, **overrides) as queen:
+        yield queen.app, queen.base_url
 
 
 def error_counts(metrics: str) -> Counter[str]:

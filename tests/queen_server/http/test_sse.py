@@ -12,6 +12,7 @@ import pytest
 from queen_server.errors import GatewayTimeout, WorkerFailed
 from queen_server.http.sse import DONE, answer_events, error_event, sse, stream_chat
 from queen_server.swarm.jobs import WorkerLost
+from queen_server.swarm.metering import UNBOUNDED
 from queen_server.swarm.relay import CompletionContext
 from shared_schema import JobError
 from tests.support.job_runs import Charges, FakeDispatcher, FakeRun, chunk, result
@@ -27,7 +28,8 @@ def context(include_usage: bool = False) -> CompletionContext:
 async def body_of(run: FakeRun, ctx: CompletionContext, dispatcher: FakeDispatcher,
                   charges: Charges) -> list[bytes]:
     async with asyncio.timeout(5):
-        return [part async for part in stream_chat(run, ctx, dispatcher, charges)]  # type: ignore[arg-type]
+        body = stream_chat(run, ctx, dispatcher, charges, UNBOUNDED)  # type: ignore[arg-type]
+        return [part async for part in body]
 
 
 def test_an_event_is_one_data_line_and_a_blank_line():
@@ -142,7 +144,8 @@ async def test_a_client_gone_mid_stream_is_charged_what_it_got_and_the_lease_end
         async with anyio.create_task_group() as group:
 
             async def client() -> None:
-                async for part in stream_chat(run, context(), FakeDispatcher(), charges):  # type: ignore[arg-type]
+                async for part in stream_chat(run, context(), FakeDispatcher(), charges,
+                                               UNBOUNDED):  # type: ignore[arg-type]
                     received.append(part)
 
             group.start_soon(client)

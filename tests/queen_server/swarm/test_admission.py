@@ -95,6 +95,7 @@ def test_a_left_ticket_takes_no_queue_place():
 @dataclass
 class Knobs:
     total_timeout_s: float = 5.0
+    default_max_tokens: int = 4096
     first_token_timeout_s: float = 5.0
     max_attempts: int = 3
     queue_timeout_s: float = 5.0

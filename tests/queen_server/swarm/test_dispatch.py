@@ -24,6 +24,7 @@ USAGE = Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5)
 @dataclass
 class Knobs:
     total_timeout_s: float = 5.0
+    default_max_tokens: int = 4096
     first_token_timeout_s: float = 5.0
     max_attempts: int = 3
     queue_timeout_s: float = 0.2

@@ -11,6 +11,7 @@ import pytest
 
 from queen_server.errors import WorkerFailed
 from queen_server.swarm.jobs import WorkerLost
+from queen_server.swarm.metering import UNBOUNDED
 from queen_server.swarm.relay import CompletionContext, assemble_chat, collect, run_to_end
 from shared_schema import JobError
 from tests.support.job_runs import FakeDispatcher, FakeRun, chunk, result
@@ -141,7 +142,7 @@ async def test_collect_gathers_the_chunks_and_ends_the_lease_once():
     run = FakeRun(chunk("Hel", role="assistant"))
     run.feed(chunk("lo"), chunk(finish_reason="length"), result(5, 2))
     dispatcher = FakeDispatcher()
-    collected = await collect(run, dispatcher)  # type: ignore[arg-type]
+    collected = await collect(run, dispatcher, UNBOUNDED)  # type: ignore[arg-type]
     assert collected.answer.text == "Hello"
     assert collected.usage.completion_tokens == 2
     assert [(p.worker_key, p.prompt_tokens, p.completion_tokens) for p in collected.parts] == [
@@ -153,7 +154,7 @@ async def test_collect_gathers_the_chunks_and_ends_the_lease_once():
 async def test_collect_ends_the_lease_even_when_cancelled_while_ending_it():
     run = FakeRun(chunk("Hel", role="assistant"))
     run.finish_gate = asyncio.Event()
-    task = asyncio.create_task(collect(run, FakeDispatcher()))  # type: ignore[arg-type]
+    task = asyncio.create_task(collect(run, FakeDispatcher(), UNBOUNDED))  # type: ignore[arg-type]
     async with asyncio.timeout(5):
         await run.waiting.wait()
     task.cancel()  # the client went away
@@ -171,7 +172,7 @@ async def test_collect_ends_the_lease_even_when_cancelled_while_ending_it():
 async def test_collect_raises_a_failure_that_cannot_fail_over_and_ends_the_lease():
     run = FakeRun(JobError(id="job", code="invalid_request", message="bad", retryable=False))
     with pytest.raises(WorkerFailed, match="bad"):
-        await collect(run, FakeDispatcher())  # type: ignore[arg-type]
+        await collect(run, FakeDispatcher(), UNBOUNDED)  # type: ignore[arg-type]
     assert run.failures == ["invalid_request"]
     assert run.finished == ["client went away"]
 
@@ -183,7 +184,7 @@ async def test_a_plain_answer_goes_on_on_a_twin_and_reads_as_one():
         {"index": 0, "message": {"role": "assistant", "content": " world"},
          "finish_reason": "length"}]}), worker="worker-b")
     dispatcher = FakeDispatcher(twin)
-    collected = await collect(first, dispatcher)  # type: ignore[arg-type]
+    collected = await collect(first, dispatcher, UNBOUNDED)  # type: ignore[arg-type]
     assert dispatcher.continued == [("Hello", 1)]
     assert first.finished == ["continuing on another worker"]
     assert twin.finished == ["client went away"]
@@ -201,7 +202,8 @@ async def test_a_plain_answer_goes_on_on_a_twin_and_reads_as_one():
 async def test_a_workers_whole_answer_is_relayed_with_the_queens_stamp():
     whole = {"object": "chat.completion", "id": "w", "model": "w", "choices": [
         {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Hi"}}]}
-    collected = await collect(FakeRun(result(5, 1, data=whole)), FakeDispatcher())  # type: ignore[arg-type]
+    collected = await collect(FakeRun(result(5, 1, data=whole)), FakeDispatcher(),  # type: ignore[arg-type]
+                              UNBOUNDED)
     answer = assemble_chat(CTX, collected)
     assert orjson.dumps(answer) == (
         b'{"object":"chat.completion","id":"chatcmpl-q","model":"org/repo:Q4_K_M","choices":'
@@ -214,7 +216,7 @@ async def test_a_workers_whole_answer_is_relayed_with_the_queens_stamp():
 async def test_an_answer_sent_only_in_chunks_is_assembled_and_stops_by_default():
     run = FakeRun(chunk("Hi", role="assistant"))
     run.feed(result(5, 1))
-    answer = assemble_chat(CTX, await collect(run, FakeDispatcher()))  # type: ignore[arg-type]
+    answer = assemble_chat(CTX, await collect(run, FakeDispatcher(), UNBOUNDED))  # type: ignore[arg-type]
     assert answer["choices"] == [
         {"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}]
     assert answer["object"] == "chat.completion"
