@@ -124,3 +124,11 @@ class ConfigError(WorkerError):
 
 class AutostartError(WorkerError):
     """"Run at login" could not be turned on or off (a file or registry write failed)."""
+
+
+# --- the queen's address ------------------------------------------------------------------------
+
+
+class QueenAddressError(WorkerError):
+    """What the owner typed cannot be read as a queen's address; ``str()`` says the expected
+    form (``desktop_worker/queen_url.py``)."""

@@ -110,8 +110,11 @@ class WorkerIdentity:
     def sign(self, payload: bytes) -> str:
         return self._key.sign(payload).hex()
 
-    def sign_hello(self, nonce: str, ln_url: str | None) -> str:
-        return self.sign(hello_signing_payload(nonce, self.pubkey, ln_url))
+    def sign_hello(self, nonce: str, ln_url: str | None, *, origin: str) -> str:
+        """The hello's signature over the queen's ``nonce``, the payout address and ``origin``:
+        ``queen_origin`` of the URL this worker dialled, never an origin a queen names (that
+        would let a hostile queen relay another queen's challenge to impersonate us there)."""
+        return self.sign(hello_signing_payload(nonce, self.pubkey, ln_url, origin))
 
 
 class _Keyring:

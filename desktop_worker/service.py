@@ -127,19 +127,19 @@ class WorkerService:
         self.hardware = await asyncio.to_thread(self.detector, self.settings.models_dir)
         return self.hardware
 
-    async def hello_factory(self) -> tuple[Callable[[str], Hello], int]:
+    async def hello_factory(self) -> tuple[Callable[[str, str], Hello], int]:
         """Fresh hardware and model facts for the next hello (called on every connect)."""
         report = await self.detect()
         fields = report.registration_fields()
         models = self.store.descriptors(self.pool.loaded())
         settings = self.settings
 
-        def hello_for(nonce: str) -> Hello:
+        def hello_for(nonce: str, origin: str) -> Hello:  # origin: of the URL dialled
             return Hello(
                 protocol=PROTOCOL_VERSION,
                 worker_version=__version__,
                 pubkey=self.identity.pubkey,
-                signature=self.identity.sign_hello(nonce, settings.ln_url),
+                signature=self.identity.sign_hello(nonce, settings.ln_url, origin=origin),
                 ln_url=settings.ln_url,
                 models=models,
                 capabilities=CAPABILITIES,

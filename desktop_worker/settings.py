@@ -29,6 +29,10 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from desktop_worker.errors import QueenAddressError
+from desktop_worker.queen_url import normalise_queen_url
+from desktop_worker.resources import resources_dir
+
 log = logging.getLogger(__name__)
 
 CONFIG_DIR_ENV = "APIARY_CONFIG_DIR"
@@ -85,6 +89,35 @@ def load_saved() -> dict[str, Any]:
     return {}
 
 
+DEVELOPER_QUEEN_URL = "ws://127.0.0.1:8000/worker"
+DEFAULT_QUEEN_FILE = "default-queen.txt"
+
+
+def default_queen_url() -> str:
+    """The queen a fresh install joins: the one a build or installer names in
+    ``resources/default-queen.txt`` (its first line that is not blank or a ``#`` comment, in
+    any form ``queen_url.normalise_queen_url`` reads, e.g. ``https://queen.example``), else a
+    queen on this machine (a developer's setup). The wizard shows it, and the owner can change
+    it; ``APIARY_QUEEN_URL`` and settings.json still come first."""
+    path = resources_dir() / DEFAULT_QUEEN_FILE
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return DEVELOPER_QUEEN_URL
+    except (OSError, UnicodeDecodeError) as exc:
+        log.warning("cannot read %s (%s); using %s", path, exc, DEVELOPER_QUEEN_URL)
+        return DEVELOPER_QUEEN_URL
+    for line in lines:
+        line = line.strip()
+        if line and not line.startswith("#"):
+            try:
+                return normalise_queen_url(line)
+            except QueenAddressError as exc:
+                log.warning("ignoring %s: %s", path, exc)
+                return DEVELOPER_QUEEN_URL
+    return DEVELOPER_QUEEN_URL
+
+
 def default_models_dir() -> Path:
     return Path(platformdirs.user_data_dir("apiary", appauthor=False)) / "models"
 
@@ -96,7 +129,7 @@ def default_key_path() -> Path:
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="APIARY_", extra="ignore")
 
-    queen_url: str = "ws://127.0.0.1:8000/worker"
+    queen_url: str = Field(default_factory=default_queen_url)
     ln_url: str | None = None
     models: Annotated[list[str], NoDecode] = Field(default_factory=list)
     models_dir: Path = Field(default_factory=default_models_dir)

@@ -15,12 +15,15 @@ from starlette.middleware import Middleware
 
 from queen_server import __version__, web
 from queen_server.billing.service import Billing
+from queen_server.catalog import ModelCatalog
+from queen_server.catalog.hub import HubFiles
 from queen_server.errors import ApiError
 from queen_server.http import admin, earnings, openai, worker_ws
 from queen_server.http import stats as stats_routes
 from queen_server.http.error_handlers import error_response, install_error_handlers
 from queen_server.http.fastpath import FastPath
-from queen_server.http.spec import publish_request_schemas
+from queen_server.http.spec import install_docs, publish_request_schemas
+from queen_server.identity import QueenOrigins
 from queen_server.payouts.runner import PayoutRunner, make_backend
 from queen_server.runtime import DispatchStats, QueenState
 from queen_server.settings import QueenSettings
@@ -43,8 +46,14 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     stats = SwarmStats()
     metrics = Metrics(workers=lambda: len(registry), queued=lambda: registry.waiting)
 
+    hub = HubFiles(settings.hub_endpoint,
+                   settings.hub_token.get_secret_value() if settings.hub_token else None,
+                   settings.hub_timeout_s)
+    catalog = ModelCatalog(hub, ttl_s=settings.catalog_ttl_s, retry_s=settings.catalog_retry_s,
+                           wait_s=settings.price_wait_s, max_header_bytes=settings.max_header_bytes)
+
     def size_class_of(model: str) -> str:
-        return billing.prices.for_parameters(registry.parameter_count(model)).size_class
+        return state.price_of(model).size_class
 
     state = QueenState(
         settings=settings,
@@ -54,11 +63,15 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
         db=db,
         stats=stats,
         metrics=metrics,
+        catalog=catalog,
     )
     stats_store = StatsStore(db.engine, stats) if db is not None else None
+    origins = QueenOrigins(settings)  # what workers' signatures must name
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if (warning := origins.startup_warning()) is not None:
+            log.warning("%s", warning)
         if state.db is not None:
             await state.db.start()
         if stats_store is not None:
@@ -81,6 +94,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
             if payouts is not None:
                 await payouts.stop()
             await http.aclose()
+            await catalog.close()
             await state.billing.stop()
             if stats_store is not None:
                 await stats_store.stop()
@@ -93,6 +107,8 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
 
     app = FastAPI(
         title="Apiary queen",
+        docs_url=None,  # served by install_docs, from local files
+        redoc_url=None,
         version=__version__,
         description="An OpenAI-compatible API served by a swarm of volunteer GPUs.",
         lifespan=lifespan,
@@ -102,6 +118,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
                                observe=metrics.observe_http)],
     )
     app.state.queen = state
+    app.state.origins = origins
     app.include_router(openai.hot.router)
     app.include_router(openai.router)
     app.include_router(earnings.router)
@@ -112,4 +129,5 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     app.add_api_websocket_route("/worker", worker_ws.worker_endpoint)
     install_error_handlers(app, render_error)
     publish_request_schemas(app, openai.SCHEMAS)
+    install_docs(app)
     return app

@@ -125,3 +125,14 @@ class HandshakeRefused(QueenError):
         self.code = code
         self.reason = reason
         self.close_code = close_code
+
+
+class ModelUnverified(QueenError):
+    """The queen could not read a model's header from the hub (it is priced as unverified).
+
+    ``lasting``: the hub answered and the name cannot be read (no such repo, no single GGUF
+    file); otherwise the hub was out of reach or failed, and a later try may work."""
+
+    def __init__(self, message: str, *, lasting: bool) -> None:
+        super().__init__(message)
+        self.lasting = lasting

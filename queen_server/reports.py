@@ -52,12 +52,13 @@ def swarm_totals(state: QueenState) -> dict[str, Any]:
     p50, p95 = swarm.ttft_percentiles()
     models = []
     for name in registry.model_names():
-        price = state.billing.prices.for_parameters(registry.parameter_count(name))
+        price = state.price_of(name)
         models.append({"id": name, "workers": len(registry.holders(name)), "price": {
             "size_class": price.size_class, "prompt_msat_per_1k": price.prompt_msat_per_1k,
             "completion_msat_per_1k": price.completion_msat_per_1k}})
     return {
         "workers_online": len(sessions),
+        "workers_with_gpu": sum(1 for session in sessions if session.gpus),
         "gpus": sum(len(session.gpus) for session in sessions),
         "vram_total_mb": sum(session.vram_mb for session in sessions),
         "models": models,
@@ -126,6 +127,18 @@ async def stats(state: QueenState) -> dict[str, Any]:
     return swarm_totals(state)
 
 
+def worker_terms(state: QueenState) -> dict[str, Any]:
+    """What this queen offers a worker, for the landing page's "Run a worker" part: whether it
+    pays (keys required and a ledger kept; an open queen serves for free and pays nothing),
+    the workers' share of a job's price, and the payout threshold."""
+    settings = state.settings
+    pays = settings.auth == "keys" and state.billing.ledger is not None
+    return {"pays": pays, "open": settings.auth == "open",
+            "worker_share": settings.worker_share,
+            "payout_threshold_sats": settings.payout_threshold_sats,
+            "escrow_jobs": settings.escrow_jobs}
+
+
 async def worker_stats(state: QueenState, key: str) -> dict[str, Any]:
     """``/worker/stats``: one worker, by its key, for its owner."""
     found = state.stats.workers.get(key)
@@ -171,7 +184,10 @@ async def models(state: QueenState) -> list[dict[str, Any]]:
     for model in swarm_totals(state)["models"]:
         holders = registry.holders(model["id"])
         rows.append({**model, "loaded_on": sum(model["id"] in s.loaded for s in holders),
-                     "parameter_count": registry.parameter_count(model["id"])})
+                     "parameter_count": state.catalog.parameter_count(model["id"]),
+                     "verified": state.catalog.status(model["id"]),
+                     "sha256": facts.sha256 if (facts := state.catalog.facts(model["id"]))
+                     else None})
     return rows
 
 
@@ -215,6 +231,7 @@ async def worker_earnings(state: QueenState, pubkey: str, now: datetime) -> Work
         store.engine, [ledger.worker_pending(pubkey), ledger.worker_available(pubkey)],
         datetime(first.year, first.month, first.day, tzinfo=UTC))
     daily, recent = earnings_history(credits, midnight.date())
+    terms = worker_terms(state)
     return WorkerEarnings(
         worker_id=public_id(pubkey),
         jobs_settled=settled,
@@ -229,6 +246,9 @@ async def worker_earnings(state: QueenState, pubkey: str, now: datetime) -> Work
         week_msat=sum(d.earned_msat for d in daily[-7:]),
         daily=daily,
         recent_jobs=recent,
+        pays_workers=terms["pays"],
+        payout_threshold_msat=int(terms["payout_threshold_sats"]) * 1000 if terms["pays"]
+        else None,
     )
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from queen_server.billing.pricing import Price
 from queen_server.billing.service import Billing
+from queen_server.catalog import ModelCatalog
 from queen_server.settings import QueenSettings
 from queen_server.stats.metrics import Metrics
 from queen_server.stats.swarm import SwarmStats
@@ -24,6 +26,14 @@ class QueenState:
     db: Database | None
     stats: SwarmStats
     metrics: Metrics
+    catalog: ModelCatalog
+
+    def price_of(self, model: str) -> Price:
+        """The model's price: the operator's class for it, else by the size the queen read
+        itself (``catalog``), else the class for unverified models. Starts a reading of a hub
+        model that has no fresh one; a billed request ``settle``s the catalog first."""
+        self.catalog.refresh(model)
+        return self.billing.prices.for_model(model, self.catalog.parameter_count(model))
 
 
 class DispatchStats:

@@ -6,8 +6,10 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import platformdirs
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from shared_schema import queen_origin
 
 
 def default_db_url() -> str:
@@ -20,6 +22,13 @@ class QueenSettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
+    # The URL(s) workers dial to reach this queen (comma-separated; ws/wss/http/https, paths
+    # ignored): what their hello and earnings signatures must name (``queen_origin``), so that
+    # a signature made for another queen is never accepted here. Set it when the queen sits
+    # behind a proxy or is reached by a DNS name. Unset: derived from ``host`` and the port
+    # (127.0.0.1 and localhost both); on a wildcard host (0.0.0.0, ::) each request's Host
+    # header is taken as the origin, which gives no relay protection (warned at start).
+    public_url: Annotated[list[str], NoDecode] = Field(default_factory=list)
     db: str = Field(default_factory=default_db_url, description="SQLAlchemy async URL.")
     log_level: str = "info"
 
@@ -42,6 +51,9 @@ class QueenSettings(BaseSettings):
     # job; "unbilled": only jobs of unbilled callers (open access, development keys), so no
     # billed job reaches a worker the queen cannot verify; "off": they are refused.
     legacy_workers: Literal["on", "unbilled", "off"] = "on"
+    # Where the landing page sends people for the desktop worker app (its "Run a worker" part):
+    # the project's releases page (its homepage, as the installers name it) by default.
+    worker_download_url: str = "https://apiary.net/releases"
 
     # Jobs.
     queue_timeout_s: float = Field(default=30.0, ge=0)
@@ -73,6 +85,22 @@ class QueenSettings(BaseSettings):
 
     # Billing.
     prices_file: Path | None = None
+    # The size class of a model the queen cannot read itself (not on the hub, or the hub is
+    # out of reach) and the price file does not name. None: the largest class.
+    unverified_price_class: str | None = None
+    # Where the queen reads hub models' GGUF headers to price them (None: HF_ENDPOINT, else
+    # huggingface.co), with an optional token for gated repos.
+    hub_endpoint: str | None = None
+    hub_token: SecretStr | None = None
+    hub_timeout_s: float = Field(default=10.0, gt=0)
+    # How long a model's reading is trusted before the hub is asked again (a repo may change),
+    # how soon a failed reading is retried, and how long a billed request waits for the first
+    # reading of its model before it is priced as unverified.
+    catalog_ttl_s: float = Field(default=3600.0, gt=0)
+    catalog_retry_s: float = Field(default=300.0, gt=0)
+    price_wait_s: float = Field(default=10.0, ge=0)
+    # The most of a file the queen reads for its header (vocabularies make some headers MBs).
+    max_header_bytes: int = Field(default=64 << 20, ge=1 << 16, le=1 << 30)
     worker_share: float = Field(default=0.8, ge=0, le=1)
     escrow_jobs: int = Field(default=10, ge=0)
     default_max_tokens: int = Field(default=4096, ge=1)
@@ -100,6 +128,16 @@ class QueenSettings(BaseSettings):
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
             return [key.strip() for key in value.split(",") if key.strip()]
+        return value
+
+    @field_validator("public_url", mode="before")
+    @classmethod
+    def _split_urls(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [url.strip() for url in value.split(",") if url.strip()]
+        if isinstance(value, list):
+            for url in value:
+                queen_origin(url)  # InvalidQueenUrl is a ValueError: a clear start-up error
         return value
 
     @property

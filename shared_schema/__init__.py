@@ -1,6 +1,6 @@
 """Apiary's wire types: protocol v1 between queen and workers, and the OpenAI API shapes."""
 
-from shared_schema.errors import ProtocolError, SchemaError
+from shared_schema.errors import InvalidQueenUrl, ProtocolError, SchemaError
 from shared_schema.hardware import ClGpu, DownloadProgress, ModelDescriptor, NvGpu
 from shared_schema.legacy import LegacyRegistration, LegacyRequest, looks_like_registration
 from shared_schema.openai_types import (
@@ -48,6 +48,7 @@ from shared_schema.protocol import (
     encode,
     hello_signing_payload,
     loads_object,
+    queen_origin,
 )
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "ErrorResponse",
     "Hello",
     "InvalidPayoutAddress",
+    "InvalidQueenUrl",
     "Job",
     "JobError",
     "LegacyRegistration",
@@ -100,4 +102,5 @@ __all__ = [
     "loads_object",
     "looks_like_registration",
     "parse_payout_address",
+    "queen_origin",
 ]

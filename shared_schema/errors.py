@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class SchemaError(Exception):
     """Base class for errors in ``shared_schema``."""
@@ -18,3 +20,52 @@ class ProtocolError(SchemaError):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class InvalidGgufFile(SchemaError):
+    """Bytes that are not a readable GGUF header."""
+
+
+class GgufTruncated(InvalidGgufFile):
+    """The header goes on past the bytes given: read at least ``needed`` bytes and try again."""
+
+    def __init__(self, message: str, needed: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+
+
+class InvalidQueenUrl(SchemaError, ValueError):
+    """A queen URL that names no origin (``queen_origin``): not ws/wss/http/https, no host, a
+    bad port or characters no host name may hold. The message says which, for the owner."""
+
+
+class ModelNameError(SchemaError):
+    """Base class for model names and picking a model file out of a repo's listing."""
+
+
+class InvalidModelName(ModelNameError):
+    """A model name is not of the form ``hf-user/hf-repo:filter`` (or a valid local name)."""
+
+
+class UnsafeRepoPath(ModelNameError):
+    """A hub listing names a file path that is not safe on POSIX and Windows alike."""
+
+
+class NoMatchingFile(ModelNameError):
+    """The filter matched no ``.gguf`` file in the repo."""
+
+    def __init__(self, message: str, candidates: Sequence[str]) -> None:
+        super().__init__(message)
+        self.candidates = list(candidates)
+
+
+class AmbiguousFilter(ModelNameError):
+    """The filter matched several ``.gguf`` files (or split groups) in the repo."""
+
+    def __init__(self, message: str, candidates: Sequence[str]) -> None:
+        super().__init__(message)
+        self.candidates = list(candidates)
+
+
+class IncompleteSplitModel(ModelNameError):
+    """The filter matched a split model with parts missing from the repo."""

@@ -168,8 +168,14 @@ class ModelAvailability(WireModel):
 
     workers: int = Field(ge=0)
     loaded_on: int = Field(ge=0)
-    parameter_count: int | None = None
+    parameter_count: int | None = Field(
+        default=None, description="As the queen read it from the model file's GGUF header on "
+        "the hub; null until it has (workers' own counts are never shown or used).")
     size_bytes: int | None = None
+    sha256: str | None = Field(default=None, description="The file the queen read (the first "
+                               "part of a split model).")
+    verified: bool = Field(default=False, description="Whether the size and price come from "
+                           "the queen's own reading of the file.")
     price: ModelPrice | None = None
 
 
@@ -237,3 +243,9 @@ class WorkerEarnings(WireModel):
         "first, days with nothing included.")
     recent_jobs: list[JobEarning] = Field(
         default_factory=list, description="What the latest settled jobs earned, newest first.")
+    pays_workers: bool | None = Field(
+        default=None, description="Whether this queen pays its workers (keys required and a "
+        "ledger kept); null from an older queen.")
+    payout_threshold_msat: int | None = Field(
+        default=None, ge=0, le=2**63 - 1, description="A payout is sent once a worker is owed "
+        "this much; null when the queen does not say.")

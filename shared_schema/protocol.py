@@ -3,17 +3,24 @@
 Every message is a pydantic model with a ``type`` literal; ``Message`` is their discriminated
 union. ``encode`` turns a message into a frame, ``decode`` turns a frame into a message and raises
 ``ProtocolError`` for anything else. See docs/ARCHITECTURE.md for the sequence.
+
+The framing is still the ``apiary.v1`` subprotocol; ``PROTOCOL_VERSION`` (2) counts changes
+to what is signed: since 2, the hello and the earnings header name the queen's origin
+(``queen_origin``), and a queen refuses older workers with a reason that says to upgrade.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import orjson
 from pydantic import Field, TypeAdapter, ValidationError, field_validator
 
 from shared_schema.base import WireModel
-from shared_schema.errors import ProtocolError
+from shared_schema.errors import InvalidQueenUrl, ProtocolError
 from shared_schema.hardware import (
     MAX_CPUS,
     MAX_DISK_GB,
@@ -27,8 +34,11 @@ from shared_schema.hardware import (
 )
 from shared_schema.openai_types import Usage
 
-PROTOCOL_VERSION = 1
-HELLO_SIGNATURE_CONTEXT = b"apiary-hello/1"
+# 2: the hello and earnings signatures name the queen's origin (``queen_origin``), so neither
+# can be relayed to another queen. A queen refuses a hello of any other version.
+PROTOCOL_VERSION = 2
+HELLO_SIGNATURE_CONTEXT = b"apiary-hello/2"
+EARNINGS_SIGNATURE_CONTEXT = b"apiary-earnings/2"
 # v1 workers offer this websocket subprotocol. A connection without it is a legacy worker: the
 # queen sends it no challenge and waits for its bare registration, as the original server did.
 SUBPROTOCOL = "apiary.v1"
@@ -110,6 +120,10 @@ class Welcome(WireModel):
     worker_id: str = Field(description="The worker's short public id.")
     heartbeat_interval_s: float = Field(gt=0)
     protocol: int = PROTOCOL_VERSION
+    # Whether this queen pays its workers (billing on), and from what balance it pays out.
+    # None: an older queen that does not say.
+    pays_workers: bool | None = None
+    payout_threshold_msat: int | None = Field(default=None, ge=0, le=2**63 - 1)
 
 
 class Refused(WireModel):
@@ -228,27 +242,105 @@ def _protocol_error(frame: str | bytes, exc: ValidationError) -> ProtocolError:
     return ProtocolError("invalid_message", f"{where}: {first['msg']}")
 
 
-def hello_signing_payload(nonce: str, pubkey: str, ln_url: str | None) -> bytes:
-    """The bytes a worker signs: the queen's nonce, its own key and its payout address.
+# --- the queen's origin and what workers sign ------------------------------------------------
 
-    Signing the payout address means only the holder of the key can change where it is paid.
+_SCHEMES = {"ws": "http", "wss": "https", "http": "http", "https": "https"}
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_HOST_NAME = re.compile(r"^[a-z0-9_]([a-z0-9_-]{0,62})(\.[a-z0-9_]([a-z0-9_-]{0,62}))*$")
+
+
+def queen_origin(url: str) -> str:
+    """The origin a queen URL names, the one string both sides sign and check.
+
+    ``ws`` becomes ``http`` and ``wss`` ``https`` (a queen serves its websocket and its HTTP
+    routes on one origin); the host is lower-cased (IDNA-encoded if it is not ASCII, IPv6 in
+    brackets in its compressed form); the scheme's default port (80, 443) is dropped; user
+    info, path, query and fragment are dropped. ``wss://Queen.Example:443/worker`` ->
+    ``https://queen.example``. Raises ``InvalidQueenUrl`` (a ``ValueError``) for anything else.
     """
-    return b"\n".join(
-        [HELLO_SIGNATURE_CONTEXT, nonce.encode(), pubkey.encode(), (ln_url or "").encode()]
-    )  # no address and an empty one sign alike: both mean "don't pay me"
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidQueenUrl("the queen URL is empty")
+    text = url.strip()
+    if any(ord(c) < 0x21 or c == "\x7f" for c in text):
+        raise InvalidQueenUrl(f"the queen URL {text[:200]!r} holds spaces or control characters")
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidQueenUrl(f"the queen URL {text[:200]!r} is not a URL: {exc}") from exc
+    scheme = _SCHEMES.get(parts.scheme.lower())
+    if scheme is None:
+        raise InvalidQueenUrl(f"the queen URL {text[:200]!r} must start with ws://, wss://, "
+                              "http:// or https://")
+    host = _origin_host(parts.hostname or "", text)
+    if port == 0:
+        raise InvalidQueenUrl(f"the queen URL {text[:200]!r} has port 0")
+    if port is None or port == _DEFAULT_PORTS[scheme]:
+        return f"{scheme}://{host}"
+    return f"{scheme}://{host}:{port}"
+
+
+def _origin_host(host: str, url: str) -> str:
+    """``urlsplit``'s host (lower-cased, brackets gone) as an origin writes it, or
+    ``InvalidQueenUrl``."""
+    if not host:
+        raise InvalidQueenUrl(f"the queen URL {url[:200]!r} names no host")
+    if ":" in host:
+        try:
+            return f"[{ipaddress.IPv6Address(host).compressed}]"
+        except ValueError as exc:
+            raise InvalidQueenUrl(f"the queen URL {url[:200]!r} has a bad IPv6 address") from exc
+    host = host.removesuffix(".")
+    if not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError as exc:
+            raise InvalidQueenUrl(f"the queen URL {url[:200]!r} has a host name that IDNA "
+                                  f"cannot encode: {exc}") from exc
+    if len(host) > 253 or not _HOST_NAME.match(host):
+        raise InvalidQueenUrl(f"the queen URL {url[:200]!r} has a host name with characters no "
+                              "host name may hold")
+    return host
+
+
+def _checked_origin(origin: str) -> bytes:
+    """An origin as it goes into a signed payload: it must already be ``queen_origin``'s
+    form, so no two spellings of one queen ever sign differently."""
+    if queen_origin(origin) != origin:
+        raise InvalidQueenUrl(f"{origin[:200]!r} is not a normalised origin; pass it through "
+                              "queen_origin() first")
+    return origin.encode()
+
+
+def hello_signing_payload(nonce: str, pubkey: str, ln_url: str | None, origin: str) -> bytes:
+    """The bytes a worker signs: the queen it dialled, the queen's nonce, its own key and its
+    payout address.
+
+    ``origin`` is ``queen_origin`` of the URL the worker itself dialled (never one a queen
+    tells it): a hostile queen that passes another queen's challenge to a worker gets back a
+    signature for its own origin, which the other queen refuses. Signing the payout address
+    means only the holder of the key can change where it is paid. The context string changed
+    with the origin (``apiary-hello/2``), so no signature of the old, unbound form verifies.
+    """
+    # No address and an empty one sign alike: both mean "don't pay me".
+    return b"\n".join([HELLO_SIGNATURE_CONTEXT, _checked_origin(origin), nonce.encode(),
+                       pubkey.encode(), (ln_url or "").encode()])
 
 
 EARNINGS_AUTH_SCHEME = "Apiary-Worker"
 EARNINGS_AUTH_MAX_SKEW_S = 300
 
 
-def earnings_auth_payload(pubkey: str, timestamp: int) -> bytes:
-    """What a worker signs to read its own earnings over HTTP: its key and the current time.
+def earnings_auth_payload(pubkey: str, timestamp: int, origin: str) -> bytes:
+    """What a worker signs to read its own earnings over HTTP: the queen's origin (as for the
+    hello), its key and the current time.
 
     The header is ``Authorization: Apiary-Worker <pubkey>.<unix time>.<signature hex>``; the
-    queen accepts a time within ``EARNINGS_AUTH_MAX_SKEW_S`` of its own.
+    queen accepts a time within ``EARNINGS_AUTH_MAX_SKEW_S`` of its own, signed for one of its
+    own origins (so a header sent to one queen cannot be replayed at another).
     """
-    return b"\n".join([b"apiary-earnings/1", pubkey.encode(), str(timestamp).encode()])
+    return b"\n".join([EARNINGS_SIGNATURE_CONTEXT, _checked_origin(origin), pubkey.encode(),
+                       str(timestamp).encode()])
 
 
 def loads_object(frame: str | bytes) -> dict[str, Any]:

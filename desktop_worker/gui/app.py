@@ -4,6 +4,11 @@
 ``run_app`` adds the QApplication, the single-instance guard and the event loop. Closing the
 window keeps earning in the tray; Quit stops the worker cleanly (jobs finish or are cancelled,
 the link closes) before the loop ends.
+
+The first-run wizard's Finish is ``finish_setup``: save the choices, get the model (download or
+import), start; a failure goes back to the wizard in plain words. When Start is skipped or
+fails, the header says why and offers the fix (``Header.fix_requested``: Choose a model,
+Retry download, Open Settings).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QApplication
@@ -23,8 +30,8 @@ from desktop_worker import __version__
 from desktop_worker.errors import WorkerError
 from desktop_worker.gui.common import Icons, spawn
 from desktop_worker.gui.notify import Notice, NotificationPolicy
-from desktop_worker.gui.services.advice import CatalogModel
 from desktop_worker.gui.services.earnings import EarningsService
+from desktop_worker.gui.services.logs import OncePerRun
 from desktop_worker.gui.services.models import ModelsService
 from desktop_worker.gui.services.settings import AutostartLike, SettingsService
 from desktop_worker.gui.services.worker import LogBridge, WorkerController
@@ -36,16 +43,23 @@ from desktop_worker.gui.views.logs import LogsView
 from desktop_worker.gui.views.models import ModelsView
 from desktop_worker.gui.views.settings import SettingsView
 from desktop_worker.gui.window import Header, MainWindow
-from desktop_worker.gui.wizard import FirstRunWizard
+from desktop_worker.gui.wizard import FirstRunWizard, WizardChoices
 from desktop_worker.hardware import HardwareReport
 from desktop_worker.identity import WorkerIdentity
-from desktop_worker.service import Detector
+from desktop_worker.link.backoff import Backoff
+from desktop_worker.link_probe import ProbeResult, probe_queen
+from desktop_worker.service import Detector, WorkerService
 from desktop_worker.settings import WorkerSettings, config_dir
 from shared_schema import WorkerEarnings
+from shared_schema.protocol import Welcome
 
 log = logging.getLogger(__name__)
 
 TICK_MS = 5000
+PROBE_TIMEOUT_S = 10.0
+# Loggers whose warnings are about the machine, not the moment: said once per run, not at
+# every Start (the keyring's "keeping the key in a file instead").
+ONCE_PER_RUN_LOGGERS = ("desktop_worker.identity",)
 
 
 class ApiaryApp(QObject):
@@ -56,6 +70,7 @@ class ApiaryApp(QObject):
         detector: Detector | None = None,
         autostart: AutostartLike | None = None,
         earnings_interval_s: float = 30.0,
+        backoff: Callable[[], Backoff] | None = None,
     ) -> None:
         super().__init__()
         qt_app = QApplication.instance()
@@ -66,21 +81,28 @@ class ApiaryApp(QObject):
         self._identity: WorkerIdentity | None = None
         self.settings_service = SettingsService(settings, autostart)
         self.models = ModelsService(settings, hardware=lambda: self.hardware)
+        self.detector = detector
         self.controller = WorkerController(settings, store=lambda: self.models.store,
-                                           detector=detector)
+                                           detector=detector, backoff=backoff)
         self.earnings = EarningsService(lambda: self.settings.queen_url, self.identity,
-                                        interval_s=earnings_interval_s)
+                                        interval_s=earnings_interval_s,
+                                        payout_address=lambda: self.settings.ln_url)
         self.logs = LogBridge()
         self.logs.attach(logging.getLogger("desktop_worker"))
+        self._once = OncePerRun()
+        for name in ONCE_PER_RUN_LOGGERS:
+            logging.getLogger(name).addFilter(self._once)
         self.policy = NotificationPolicy()
         self.wizard: FirstRunWizard | None = None
+        self._retry: WizardChoices | None = None  # what to fetch again ("Retry download")
 
         self.header = Header(self.controller, self.icons)
         self.hardware_view = HardwareView()
         self.window = MainWindow(
             self.header, self.hardware_view, ModelsView(self.models),
             JobsView(self.controller, self.earnings), EarningsView(self.earnings),
-            SettingsView(self.settings_service), LogsView(self.logs),
+            SettingsView(self.settings_service, earning=lambda: self.controller.running),
+            LogsView(self.logs),
             on_hidden=self._hidden,
         )
         self.window.setWindowIcon(self.icons.app())
@@ -99,8 +121,14 @@ class ApiaryApp(QObject):
             lambda state, _d: self._notify(self.policy.link(state, time.monotonic())))
         self.controller.failed.connect(lambda message: self._notify(self.policy.error(message)))
         self.earnings.updated.connect(self._on_earnings)
+        self.controller.welcomed.connect(self._on_welcome)
+        self.window.earnings.add_address_requested.connect(self.open_payout_setting)
         self.settings_service.changed.connect(self._on_settings)
         self.hardware_view.refresh_button.clicked.connect(lambda: spawn(self.detect()))
+        self.header.fix_requested.connect(self.fix)
+        self.window.settings.reconnect.connect(lambda: spawn(self.controller.restart()))
+        self.window.settings.restart_requested.connect(
+            lambda: spawn(self.controller.restart()))
 
     @property
     def settings(self) -> WorkerSettings:
@@ -155,9 +183,13 @@ class ApiaryApp(QObject):
 
     async def shutdown(self) -> None:
         self._ticker.stop()
+        self.header.ticker.stop()
         await self.controller.stop_and_wait()
+        self.header.ticker.stop()
         await self.earnings.stop()
         self.logs.detach(logging.getLogger("desktop_worker"))
+        for name in ONCE_PER_RUN_LOGGERS:
+            logging.getLogger(name).removeFilter(self._once)
         self.tray.hide()
         if self.wizard is not None:
             self.wizard.close()
@@ -167,28 +199,105 @@ class ApiaryApp(QObject):
     # --- first run --------------------------------------------------------------------------------
 
     def open_wizard(self) -> FirstRunWizard:
-        self.wizard = FirstRunWizard(self.settings.ln_url, self._wizard_done, self.window,
-                                     logo=self.icons.pixmap("app", 48))
+        self.wizard = FirstRunWizard(self.settings.ln_url, self.settings.queen_url,
+                                     self.finish_setup, self.window,
+                                     logo=self.icons.pixmap("app", 48), tester=self.test_queen,
+                                     cancel_work=self.models.cancel)
         self.wizard.show_hardware(self.hardware, self.settings.vram_cap_mb)
+        self.models.progress.connect(self.wizard.ready.show_progress)
+        self.wizard.rejected.connect(self._wizard_closed)
         self.wizard.show()
         return self.wizard
 
-    def _wizard_done(self, ln_url: str | None, model: CatalogModel | None, start: bool) -> None:
+    async def test_queen(self, url: str) -> ProbeResult:
+        """The wizard's "Test connection": the real handshake, with the hello a Start sends
+        (this worker's key, hardware and models, and the payout address typed)."""
+        service = self.controller.service
+        if (self.controller.link_state == "connected" and service is not None
+                and url == self.settings.queen_url):
+            # Connected to it now: a second session of the same key would replace this one.
+            welcome = getattr(service.link, "welcome", None)
+            who = f" (worker id {welcome.worker_id})" if welcome is not None else ""
+            return ProbeResult(True, f"connected: this worker is earning on this queen now{who}",
+                               "ok", welcome.worker_id if welcome is not None else None)
+        settings = self.settings.model_copy(update={"queen_url": url})
+        if self.wizard is not None:
+            settings = settings.model_copy(update={"ln_url": self.wizard.payout.field.value()})
         try:
-            self.settings_service.update(ln_url=ln_url, first_run_done=True)
+            service = WorkerService(settings, store=self.models.store, detector=self.detector)
         except WorkerError as exc:
-            self._notify(self.policy.error(f"could not save your settings: {exc}"))
-            return
-        spawn(self._first_start(model, start))
+            return ProbeResult(False, str(exc), "error")
+        try:
+            return await probe_queen(url, service.hello_factory, timeout_s=PROBE_TIMEOUT_S)
+        finally:
+            await service.pool.close()
 
-    async def _first_start(self, model: CatalogModel | None, start: bool) -> None:
-        if model is not None and model.name not in self.models.store:
-            self.window.show_tab("Models")
-            outcome = await self.models.pull(model.name, force=True)
-            if outcome != "done":
-                return
-        if start:
+    async def finish_setup(self, choices: WizardChoices) -> str | None:
+        """The wizard's Finish: save, get the model, start (if asked). None when it all
+        worked, else why not, in plain words (the wizard shows it with Retry)."""
+        try:
+            self.settings_service.update(ln_url=choices.ln_url, queen_url=choices.queen_url,
+                                         first_run_done=True)
+        except WorkerError as exc:
+            return f"Could not save your settings: {exc}"
+        problem = await self._get_model(choices)
+        if problem is not None:
+            self._retry = choices
+            return problem
+        self._retry = None
+        self.header.clear_problem()
+        if choices.start:
             self.controller.start()
+        return None
+
+    async def _get_model(self, choices: WizardChoices) -> str | None:
+        if choices.local_file is not None:
+            self._say_in_wizard(f"Importing {choices.local_file.name} (copying and hashing)…")
+            error = await self.models.import_file(Path(choices.local_file))
+            return None if error is None else \
+                f"Could not use {choices.local_file.name}: {error}"
+        model = choices.model
+        if model is None or model.name in self.models.store:
+            return None
+        self._say_in_wizard(f"Downloading {model.label}…")
+        outcome = await self.models.pull(model.name, force=True)
+        if outcome == "done":
+            return None
+        if outcome == "cancelled":
+            return "The download was cancelled. What was downloaded is kept: Retry goes on " \
+                   "from there."
+        return f"The model download failed: {self.models.last_message}."
+
+    def _say_in_wizard(self, text: str) -> None:
+        if self.wizard is not None:
+            self.wizard.ready.working(text)
+
+    def _wizard_closed(self) -> None:
+        """Closed with a failure on show: Start was skipped, and the header says so."""
+        wizard = self.wizard
+        if wizard is not None and wizard.failure is not None and self._retry is not None:
+            self.header.show_problem(f"Start was skipped: {wizard.failure}", "retry_download")
+
+    async def retry_download(self) -> str | None:
+        """The header's "Retry download": fetch the wizard's model again, then start."""
+        choices = self._retry
+        if choices is None:
+            return None
+        self.header.show_problem("Downloading the model again…", None)
+        problem = await self.finish_setup(choices)
+        if problem is not None:
+            self.header.show_problem(f"Start was skipped: {problem}", "retry_download")
+        return problem
+
+    def fix(self, key: str) -> None:
+        """A click on the header's fix button."""
+        self.show_window()
+        if key == "models":
+            self.window.show_tab("Models")
+        elif key == "settings":
+            self.window.show_tab("Settings")
+        elif key == "retry_download":
+            spawn(self.retry_download())
 
     # --- reactions --------------------------------------------------------------------------------
 
@@ -198,9 +307,25 @@ class ApiaryApp(QObject):
         if self.wizard is not None and self.wizard.isVisible():
             self.wizard.show_hardware(report, self.settings.vram_cap_mb)
 
+    def open_payout_setting(self) -> None:
+        """The Earnings tab's nudge: Settings, with the payout address field focused."""
+        self.show_window()
+        self.window.show_tab("Settings")
+        self.window.settings.payout.edit.setFocus()
+
+    def _on_welcome(self, welcome: Welcome) -> None:
+        self.policy.queen_pays(welcome.pays_workers)
+        self.earnings.set_welcome(welcome)
+
     def _on_earnings(self, earnings: WorkerEarnings) -> None:
-        self.header.show_today(earnings.today_msat)
+        pays = self.earnings.pays
+        self.policy.queen_pays(pays)
+        self.header.show_today(earnings.today_msat, pays)
         self.policy.already_served(earnings.jobs_settled)
+        if self.earnings.fresh and pays is not False:
+            self._notify(self.policy.sats_waiting(
+                earnings.available_msat + earnings.pending_msat,
+                bool(self.settings.ln_url)))
         for notice in self.policy.payouts(earnings.recent_payouts):
             self._notify(notice)
 
@@ -209,6 +334,7 @@ class ApiaryApp(QObject):
         self.models.apply_settings(settings)
         self.header.show_queen(settings.queen_url)
         self.window.settings.load(settings)
+        self.earnings.republish()  # the payout nudge follows the address at once
         self.earnings.poke()
 
     def _tick(self) -> None:

@@ -4,7 +4,12 @@
 * a payout sent (a payout seen as ``paid`` that was not paid at the last look; the first look
   only takes note of what is there);
 * disconnected from the queen for over a minute (once per outage);
-* errors that need the owner (always).
+* errors that need the owner (always);
+* sats waiting with no payout address set (once per app run: the policy lives as long as the
+  app, and a reminder at each launch is wanted until the owner sets one).
+
+On a queen that says it does not pay (``queen_pays(False)``), the first-job notice promises no
+earnings; ``None`` (an older queen that does not say) keeps the usual wording.
 """
 
 from __future__ import annotations
@@ -22,6 +27,13 @@ class Notice:
     level: str = "info"  # info, warning, error
 
 
+def _sats(msat: int) -> str:
+    """Sats as the app writes them (kept here so the policy needs no Qt import)."""
+    if msat % 1000 == 0 or msat >= 100_000:
+        return f"{msat // 1000:,} sats"
+    return f"{msat / 1000:,.3f}".rstrip("0").rstrip(".") + " sats"
+
+
 class NotificationPolicy:
     def __init__(self, disconnect_after_s: float = 60.0) -> None:
         self.disconnect_after_s = disconnect_after_s
@@ -30,6 +42,12 @@ class NotificationPolicy:
         self._connected_once = False
         self._lost_since: float | None = None
         self._lost_told = False
+        self._pays: bool | None = None
+        self._address_told = False
+
+    def queen_pays(self, pays: bool | None) -> None:
+        """What the queen said in its welcome (None: an older queen that does not say)."""
+        self._pays = pays
 
     def already_served(self, jobs_settled: int) -> None:
         """The queen's count of settled jobs: a worker with some has served its first job."""
@@ -40,8 +58,21 @@ class NotificationPolicy:
         if outcome != "ok" or self._served:
             return None
         self._served = True
+        if self._pays is False:
+            return Notice("First job served", "Your computer just answered its first request. "
+                          "This queen does not pay its workers, so it earns nothing here.")
         return Notice("First job served", "Your computer just answered its first request. "
                       "Earnings show in the Earnings tab once the queen settles them.")
+
+    def sats_waiting(self, owed_msat: int, has_payout_address: bool) -> Notice | None:
+        """Sats are owed (pending or available) but there is nowhere to send them: told once."""
+        if (owed_msat <= 0 or has_payout_address or self._pays is False
+                or self._address_told):
+            return None
+        self._address_told = True
+        return Notice("Add a payout address", f"The queen owes you {_sats(owed_msat)} but "
+                      "you have set no Lightning payout address, so it cannot pay you. Add one "
+                      "in Settings.", "warning")
 
     def payouts(self, payouts: Iterable[PayoutView]) -> list[Notice]:
         paid = {p.id: p for p in payouts if p.state == "paid"}

@@ -1,12 +1,16 @@
-"""The main window: the header (the big Start Earning / Stop toggle, the status, the queen's
-address, today's sats) over the tabs. Closing it hides it; the app keeps earning in the tray
-until Quit."""
+"""The main window: the header (the big Start Earning / Stop toggle, the status with its reason
+and a live reconnect countdown, a button for the fix when something needs the owner, the
+queen's address, today's sats) over the tabs. Closing it hides it; the app keeps earning in the
+tray until Quit.
+
+The header's detail line is always there (one line reserved, even empty), so the header does
+not change height when the worker id or a reason appears."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QCloseEvent
 from PySide6.QtWidgets import (
     QFrame,
@@ -20,7 +24,13 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_worker.gui.common import Icons, plain_label, sats
-from desktop_worker.gui.services.worker import STATE_TEXT, TrayState, WorkerController
+from desktop_worker.gui.services.worker import (
+    FIX_LABELS,
+    STATE_TEXT,
+    TrayState,
+    WorkerController,
+    countdown_text,
+)
 from desktop_worker.gui.views.earnings import EarningsView
 from desktop_worker.gui.views.hardware import HardwareView
 from desktop_worker.gui.views.jobs import JobsView
@@ -36,7 +46,14 @@ STOP_STYLE = ("QPushButton { background: #e5e7eb; color: #111827; font-size: 17p
               "QPushButton:hover { background: #d1d5db; }")
 
 
+FIX_STYLE = ("QPushButton { background: #fde68a; color: #78350f; font-weight: 600; "
+             "border-radius: 6px; padding: 6px 14px; }"
+             "QPushButton:hover { background: #fcd34d; }")
+
+
 class Header(QFrame):
+    fix_requested = Signal(str)  # a FIX_LABELS key
+
     def __init__(self, controller: WorkerController, icons: Icons,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -51,6 +68,20 @@ class Header(QFrame):
         self.detail = plain_label()  # refusal reasons and errors, in the queen's words
         self.detail.setStyleSheet("color: #4b5563;")
         self.detail.setWordWrap(True)
+        # Two lines reserved: a reason may wrap once, and nothing jumps when text appears.
+        self.detail.setFixedHeight(2 * self.detail.fontMetrics().lineSpacing() + 2)
+        self.detail.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
+        self.fix = QPushButton()
+        self.fix.setObjectName("fix")
+        self.fix.setStyleSheet(FIX_STYLE)
+        self.fix.setVisible(False)
+        self.fix.clicked.connect(lambda: self.fix_requested.emit(self.fix_key or ""))
+        self.fix_key: str | None = None
+        self.problem: str | None = None  # the app's own (a download that failed), until Start
+        self.problem_fix: str | None = None
+        self.ticker = QTimer(self)
+        self.ticker.setInterval(1000)
+        self.ticker.timeout.connect(self.tick)
         self.queen = plain_label()
         self.queen.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.queen.setStyleSheet("color: #4b5563;")
@@ -73,6 +104,7 @@ class Header(QFrame):
         row.addLayout(text, 1)
         row.addWidget(self.today)
         row.addSpacing(12)
+        row.addWidget(self.fix)
         row.addWidget(self.toggle)
 
         controller.state_changed.connect(self.show_state)
@@ -85,18 +117,58 @@ class Header(QFrame):
     def show_state(self, state: str, detail: str) -> None:
         self.icon.setPixmap(self.icons.pixmap(state, 44))
         self.status.setText(STATE_TEXT.get(TrayState(state), state))
+        if self.problem is not None and state == TrayState.STOPPED.value:
+            detail = self.problem
         self.detail.setText(detail)
-        self.detail.setVisible(bool(detail))
+        fix = self.controller.fix if state == TrayState.ERROR.value else None
+        if self.problem is not None and state == TrayState.STOPPED.value:
+            fix = self.problem_fix
+        self._show_fix(fix)
+        if self.controller.retry_at is not None:
+            self.ticker.start()
+        else:
+            self.ticker.stop()
+
+    def tick(self) -> None:
+        """Once a second while the link waits to reconnect: the countdown, live."""
+        controller = self.controller
+        if controller.retry_at is None:
+            self.ticker.stop()
+            return
+        self.detail.setText(countdown_text(controller.reason, controller.retry_at,
+                                           controller.clock()))
+
+    def show_problem(self, text: str, fix: str | None) -> None:
+        """Something the app itself could not do (Start was skipped): why, and the fix."""
+        self.problem = text
+        self.problem_fix = fix
+        self.show_state(self.controller.state.value, self.controller.detail)
+
+    def clear_problem(self) -> None:
+        if self.problem is not None:
+            self.problem = None
+            self.show_state(self.controller.state.value, self.controller.detail)
+
+    def _show_fix(self, fix: str | None) -> None:
+        self.fix_key = fix
+        self.fix.setText(FIX_LABELS.get(fix or "", ""))
+        self.fix.setVisible(fix in FIX_LABELS)
 
     def show_running(self, running: bool) -> None:
+        if running:
+            self.clear_problem()
         self.toggle.setText("Stop" if running else "Start Earning")
         self.toggle.setStyleSheet(STOP_STYLE if running else START_STYLE)
 
     def show_queen(self, url: str) -> None:
         self.queen.setText(f"Queen: {url}")
 
-    def show_today(self, msat: int) -> None:
-        self.today.setText(f"Today: {sats(msat)}")
+    def show_today(self, msat: int, pays: bool | None = None) -> None:
+        """Today's sats; on a queen that said it pays nothing, that instead of a zero."""
+        if pays is False:
+            self.today.setText("This queen does not pay its workers")
+        else:
+            self.today.setText(f"Today: {sats(msat)}")
 
 
 TABS = ("Hardware", "Models", "Jobs", "Earnings", "Settings", "Logs")

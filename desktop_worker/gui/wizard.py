@@ -1,32 +1,64 @@
-"""The first-run wizard: the payout address (skippable), the detected hardware, a suggested model
-that fits it, then Start Earning."""
+"""The first-run wizard: the payout address (skippable), which queen to join (with a real test of
+the connection), the detected hardware, a model that fits it (or a .gguf the owner has), then
+Start Earning.
+
+Finishing does the work with the wizard still open: the model is downloaded (or imported) with
+its progress on the last page, and a failure stays there in plain words with a Retry, so the
+owner is never left at "Not earning" without knowing why. "Start Earning" starts; "Finish
+without starting" does the same but does not start; Cancel stops a download in progress.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 from PySide6.QtGui import QPixmap
 from PySide6.QtWidgets import (
-    QCheckBox,
+    QButtonGroup,
+    QFileDialog,
+    QHBoxLayout,
     QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QRadioButton,
     QVBoxLayout,
     QWidget,
     QWizard,
     QWizardPage,
 )
 
-from desktop_worker.gui.common import size
+from desktop_worker.errors import QueenAddressError
+from desktop_worker.gui.common import plain_label, size, spawn
 from desktop_worker.gui.services.advice import (
     CatalogModel,
+    fitting_models,
     need_mb,
-    suggest_model,
     usable_vram_mb,
 )
-from desktop_worker.gui.views.settings import PayoutField
+from desktop_worker.gui.views.settings import BAD, OK, PayoutField
 from desktop_worker.hardware import HardwareReport
+from desktop_worker.link_probe import ProbeResult
+from desktop_worker.queen_url import normalise_queen_url
+from desktop_worker.store import PullProgress
 
 INTRO = ("Apiary lends this computer's spare GPU to a swarm that answers AI requests, and pays "
          "you in bitcoin over Lightning for every job it serves.")
+GREY = "color: #6b7280;"
+FINISH_WITHOUT_STARTING = QWizard.WizardButton.CustomButton1
+
+
+@dataclass(frozen=True)
+class WizardChoices:
+    """What the owner chose. ``model`` and ``local_file`` are exclusive; neither: add one later."""
+
+    ln_url: str | None
+    queen_url: str
+    model: CatalogModel | None
+    local_file: Path | None
+    start: bool
 
 
 class PayoutPage(QWizardPage):
@@ -42,7 +74,7 @@ class PayoutPage(QWizardPage):
                       "skip: you can add it later in Settings, and until then this worker is "
                       "not paid.")
         hint.setWordWrap(True)
-        hint.setStyleSheet("color: #6b7280;")
+        hint.setStyleSheet(GREY)
         layout = QVBoxLayout(self)
         layout.addWidget(intro)
         layout.addSpacing(8)
@@ -53,6 +85,76 @@ class PayoutPage(QWizardPage):
 
     def isComplete(self) -> bool:
         return self.field.valid
+
+
+class QueenPage(QWizardPage):
+    """Which queen: the address as people paste it, normalised live, and a real handshake."""
+
+    def __init__(self, current: str,
+                 tester: Callable[[str], Awaitable[ProbeResult]] | None) -> None:
+        super().__init__()
+        self.setTitle("Which queen?")
+        self.setSubTitle("The queen is the server that sends this computer jobs and pays for "
+                         "them. Paste the address its operator gave you.")
+        self.edit = QLineEdit(current)
+        self.edit.setPlaceholderText("queen.example.com, https://queen.example.com or "
+                                     "wss://queen.example.com/worker")
+        self.verdict = plain_label()
+        self.verdict.setWordWrap(True)
+        self.test = QPushButton("Test connection")
+        self.result = plain_label()
+        self.result.setWordWrap(True)
+        self._tester = tester
+        self.url: str | None = None
+        self.last: ProbeResult | None = None
+        row = QHBoxLayout()
+        row.addWidget(self.edit, 1)
+        row.addWidget(self.test)
+        layout = QVBoxLayout(self)
+        layout.addLayout(row)
+        layout.addWidget(self.verdict)
+        layout.addSpacing(8)
+        layout.addWidget(self.result)
+        layout.addStretch(1)
+        self.edit.textChanged.connect(self.check)
+        self.test.clicked.connect(lambda: spawn(self.run_test()))
+        self.test.setEnabled(tester is not None)
+        self.check(current)
+
+    def check(self, text: str) -> None:
+        try:
+            self.url = normalise_queen_url(text)
+        except QueenAddressError as exc:
+            self.url = None
+            self.verdict.setText(str(exc))
+            self.verdict.setStyleSheet(BAD)
+        else:
+            self.verdict.setText(f"Apiary will connect to {self.url}")
+            self.verdict.setStyleSheet(GREY)
+        self.result.setText("")
+        self.test.setEnabled(self._tester is not None and self.url is not None)
+        self.completeChanged.emit()
+
+    async def run_test(self) -> ProbeResult | None:
+        """The real handshake with the queen typed, its outcome in plain words under it."""
+        url = self.url
+        if url is None or self._tester is None:
+            return None
+        self.test.setEnabled(False)
+        self.result.setStyleSheet(GREY)
+        self.result.setText(f"Testing {url}…")
+        try:
+            outcome = await self._tester(url)
+        finally:
+            self.test.setEnabled(self.url is not None)
+        if self.url == url:  # the owner may have typed on meanwhile
+            self.last = outcome
+            self.result.setText(("✓ " if outcome.ok else "✗ ") + outcome.message)
+            self.result.setStyleSheet(OK if outcome.ok else BAD)
+        return outcome
+
+    def isComplete(self) -> bool:
+        return self.url is not None
 
 
 def hardware_summary(report: HardwareReport | None) -> str:
@@ -81,48 +183,162 @@ class HardwarePage(QWizardPage):
 
 
 class ModelPage(QWizardPage):
+    """The suggestion, the smaller models that fit, a .gguf the owner has, or none for now."""
+
     def __init__(self) -> None:
         super().__init__()
         self.setTitle("A model to serve")
-        self.setSubTitle("The biggest well-known model that fits your hardware.")
-        self.label = QLabel()
-        self.label.setWordWrap(True)
-        self.label.setStyleSheet("font-size: 14px;")
+        self.setSubTitle("The biggest well-known model that fits your hardware is selected; "
+                         "smaller ones download faster.")
+        self.group = QButtonGroup(self)
+        self.choices_box = QVBoxLayout()
         self.fit = QLabel()
         self.fit.setWordWrap(True)
         self.fit.setStyleSheet("color: #4b5563;")
-        self.download = QCheckBox("Download it now")
-        self.download.setChecked(True)
+        self.own = QRadioButton("Use a .gguf file I already have")
+        self.browse = QPushButton("Choose file…")
+        self.file_label = plain_label()
+        self.file_label.setStyleSheet(GREY)
+        self.none = QRadioButton("Not now: I will add a model later in the Models tab")
+        self.group.addButton(self.own)
+        self.group.addButton(self.none)
+        self.local_file: Path | None = None
+        self.models: list[CatalogModel] = []
+        self.buttons: list[QRadioButton] = []
+        own_row = QHBoxLayout()
+        own_row.addWidget(self.own)
+        own_row.addWidget(self.browse)
+        own_row.addWidget(self.file_label, 1)
         layout = QVBoxLayout(self)
-        layout.addWidget(self.label)
+        layout.addLayout(self.choices_box)
         layout.addWidget(self.fit)
-        layout.addSpacing(8)
-        layout.addWidget(self.download)
+        layout.addSpacing(6)
+        layout.addLayout(own_row)
+        layout.addWidget(self.none)
         layout.addStretch(1)
+        self.browse.clicked.connect(self.choose_file)
+        self.group.buttonToggled.connect(lambda *_: self.completeChanged.emit())
+        self.group.buttonClicked.connect(self._owner_picked)
+        self.owner_picked = False  # the owner chose: new hardware facts keep the choice
+        for button in (self.own, self.none):  # only the owner ever checks these
+            button.toggled.connect(lambda on: on and self._owner_picked())
+        self.pick_file: Callable[[], str] = self._file_dialog
+
+    def show_choices(self, models: list[CatalogModel]) -> None:
+        keep = self.chosen_model()
+        for button in self.buttons:
+            self.group.removeButton(button)
+            self.choices_box.removeWidget(button)
+            button.deleteLater()
+        self.models = list(models)
+        self.buttons = []
+        for index, model in enumerate(self.models):
+            tag = " (suggested)" if index == 0 else ""
+            button = QRadioButton(f"{model.label}{tag}: about {size(model.size_bytes)} to "
+                                  "download")
+            button.setToolTip(model.name)
+            self.group.addButton(button)
+            self.choices_box.addWidget(button)
+            self.buttons.append(button)
+        if self.owner_picked and (self.own.isChecked() or self.none.isChecked()):
+            return
+        selected = self.models.index(keep) if self.owner_picked and keep in self.models else 0
+        self.buttons[selected].setChecked(True)
+
+    def _owner_picked(self, *_args: object) -> None:
+        self.owner_picked = True
+
+    def chosen_model(self) -> CatalogModel | None:
+        for model, button in zip(self.models, self.buttons, strict=True):
+            if button.isChecked():
+                return model
+        return None
+
+    def _file_dialog(self) -> str:
+        path, _ = QFileDialog.getOpenFileName(self, "A GGUF model", str(Path.home()),
+                                              "GGUF models (*.gguf)")
+        return path
+
+    def choose_file(self) -> None:
+        path = self.pick_file()
+        if path:
+            self.local_file = Path(path)
+            self.file_label.setText(self.local_file.name)
+            self.own.setChecked(True)
+            self.owner_picked = True
+        self.completeChanged.emit()
+
+    def isComplete(self) -> bool:
+        return not self.own.isChecked() or self.local_file is not None
 
 
 class ReadyPage(QWizardPage):
+    """What happens on Finish, then its progress, and a failure with Retry."""
+
     def __init__(self) -> None:
         super().__init__()
         self.setTitle("Ready")
-        self.setSubTitle("Click Start Earning. Apiary keeps running in the tray when you close "
-                         "its window.")
-        self.start = QCheckBox("Start earning now")
-        self.start.setChecked(True)
+        self.setSubTitle("Start Earning downloads the model if needed and connects to the "
+                         "queen. Apiary keeps running in the tray when you close its window.")
+        self.summary = plain_label()
+        self.summary.setWordWrap(True)
+        self.status = plain_label()
+        self.status.setWordWrap(True)
+        self.progress = QProgressBar()
+        self.progress.setVisible(False)
+        self.retry = QPushButton("Retry")
+        self.retry.setVisible(False)
         layout = QVBoxLayout(self)
-        layout.addWidget(self.start)
+        layout.addWidget(self.summary)
+        layout.addSpacing(10)
+        layout.addWidget(self.status)
+        layout.addWidget(self.progress)
+        row = QHBoxLayout()
+        row.addWidget(self.retry)
+        row.addStretch(1)
+        layout.addLayout(row)
         layout.addStretch(1)
+
+    def working(self, text: str) -> None:
+        self.retry.setVisible(False)
+        self.status.setStyleSheet("color: #1f2937;")
+        self.status.setText(text)
+
+    def show_progress(self, progress: PullProgress) -> None:
+        self.progress.setVisible(True)
+        if progress.total_bytes:
+            self.progress.setRange(0, 1000)
+            self.progress.setValue(int(1000 * min(1.0, progress.downloaded_bytes
+                                                  / progress.total_bytes)))
+        else:
+            self.progress.setRange(0, 0)
+        self.progress.setFormat(f"{size(progress.downloaded_bytes)} of "
+                                f"{size(progress.total_bytes)}")
+
+    def failed(self, text: str) -> None:
+        self.progress.setVisible(False)
+        self.status.setStyleSheet(BAD)
+        self.status.setText(text)
+        self.retry.setVisible(True)
+
+
+Finisher = Callable[[WizardChoices], Awaitable[str | None]]
 
 
 class FirstRunWizard(QWizard):
-    """Reports the owner's choices through ``on_done(ln_url, model or None, start)``."""
+    """``finish(choices)`` does the work (save, download or import, start) and returns None or
+    the reason it failed, shown on the last page with Retry. ``cancel_work`` stops it."""
 
     def __init__(
         self,
         ln_url: str | None,
-        on_done: Callable[[str | None, CatalogModel | None, bool], None],
+        queen_url: str,
+        finish: Finisher,
         parent: QWidget | None = None,
+        *,
         logo: QPixmap | None = None,
+        tester: Callable[[str], Awaitable[ProbeResult]] | None = None,
+        cancel_work: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Set up Apiary")
@@ -130,35 +346,119 @@ class FirstRunWizard(QWizard):
         if logo is not None:
             self.setPixmap(QWizard.WizardPixmap.LogoPixmap, logo)
         self.payout = PayoutPage(ln_url)
+        self.queen = QueenPage(queen_url, tester)
         self.hardware = HardwarePage()
         self.model = ModelPage()
         self.ready = ReadyPage()
-        for page in (self.payout, self.hardware, self.model, self.ready):
+        for page in (self.payout, self.queen, self.hardware, self.model, self.ready):
             self.addPage(page)
         self.setButtonText(QWizard.WizardButton.FinishButton, "Start Earning")
-        self.on_done = on_done
-        self.suggestion: CatalogModel = suggest_model(None)
+        self.setButtonText(FINISH_WITHOUT_STARTING, "Finish without starting")
+        self.currentIdChanged.connect(self._page_changed)
+        self.customButtonClicked.connect(self._custom)
+        self.ready.retry.clicked.connect(self.retry)
+        self.finisher = finish
+        self.cancel_work = cancel_work
+        self.busy = False
+        self.failure: str | None = None
+        self._last_start = True
+        self.suggestion: CatalogModel = fitting_models(None)[0]
         self.show_hardware(None)
-        self.resize(600, 420)
+        self.resize(640, 460)
+
+    # --- pages ------------------------------------------------------------------------------
 
     def show_hardware(self, report: HardwareReport | None, cap_mb: int | None = None) -> None:
         self.hardware.summary.setText(hardware_summary(report))
-        self.suggestion = suggest_model(report, cap_mb)
-        self.model.label.setText(
-            f"<b>{self.suggestion.label}</b><br><code>{self.suggestion.name}</code><br>"
-            f"about {size(self.suggestion.size_bytes)} to download")
+        choices = fitting_models(report, cap_mb)
+        self.suggestion = choices[0]
+        self.model.show_choices(choices)
         need = need_mb(self.suggestion.size_bytes)
         vram = usable_vram_mb(report, cap_mb)
         if report is None:
             self.model.fit.setText("")
         elif vram is not None:
-            self.model.fit.setText(f"It needs about {need:,} MB of memory to serve; "
+            self.model.fit.setText(f"The suggestion needs about {need:,} MB of memory to serve; "
                                    f"{vram:,} MB of VRAM is free, so it runs on your GPU.")
         else:
-            self.model.fit.setText(f"It needs about {need:,} MB of memory to serve and runs on "
-                                   "the CPU: small models answer fast enough to earn there.")
+            self.model.fit.setText(f"The suggestion needs about {need:,} MB of memory and runs "
+                                   f"on the CPU ({report.cpu_count} threads): small models "
+                                   "answer fast enough to earn there.")
+
+    def _page_changed(self, _page_id: int) -> None:
+        last = self.currentPage() is self.ready
+        self.setOption(QWizard.WizardOption.HaveCustomButton1, last)
+        if last and not self.busy:
+            self.ready.summary.setText(self._summary(self.choices(True)))
+
+    @staticmethod
+    def _summary(choices: WizardChoices) -> str:
+        if choices.local_file is not None:
+            model = f"import {choices.local_file.name}"
+        elif choices.model is not None:
+            model = f"serve {choices.model.label} (downloaded now if it is not here yet)"
+        else:
+            model = "add a model later in the Models tab (nothing to serve until then)"
+        paid = choices.ln_url or "nobody (no payout address yet)"
+        return f"Queen: {choices.queen_url}\nModel: {model}\nEarnings paid to: {paid}"
+
+    def choices(self, start: bool) -> WizardChoices:
+        own = self.model.own.isChecked()
+        return WizardChoices(
+            ln_url=self.payout.field.value(),
+            queen_url=self.queen.url or "",
+            model=None if own else self.model.chosen_model(),
+            local_file=self.model.local_file if own else None,
+            start=start,
+        )
+
+    # --- finishing ----------------------------------------------------------------------------
 
     def accept(self) -> None:
-        model = self.suggestion if self.model.download.isChecked() else None
-        self.on_done(self.payout.field.value(), model, self.ready.start.isChecked())
-        super().accept()
+        """Start Earning: do the work with the wizard open; it closes only when it worked."""
+        self.run(start=True)
+
+    def _custom(self, which: int) -> None:
+        if which == FINISH_WITHOUT_STARTING.value:
+            self.run(start=False)
+
+    def retry(self) -> None:
+        self.run(start=self._last_start)
+
+    def run(self, *, start: bool) -> None:
+        if self.busy:
+            return
+        self._last_start = start
+        spawn(self._finish(self.choices(start)))
+
+    async def _finish(self, choices: WizardChoices) -> str | None:
+        self.busy = True
+        self.failure = None
+        self._buttons(False)
+        self.ready.working("Getting ready…")
+        try:
+            problem = await self.finisher(choices)
+        finally:
+            self.busy = False
+            self._buttons(True)
+        if problem is None:
+            super().accept()
+        else:
+            self.failure = problem
+            self.ready.failed(problem)
+        return problem
+
+    def _buttons(self, enabled: bool) -> None:
+        for which in (QWizard.WizardButton.FinishButton, QWizard.WizardButton.BackButton,
+                      FINISH_WITHOUT_STARTING):
+            button = self.button(which)
+            if button is not None:
+                button.setEnabled(enabled)
+        self.ready.retry.setEnabled(enabled)
+
+    def reject(self) -> None:
+        """Cancel: while a download runs, it is cancelled (the wizard says so and stays)."""
+        if self.busy:
+            self.cancel_work()
+            return
+        super().reject()

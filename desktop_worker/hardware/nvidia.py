@@ -26,9 +26,18 @@ _INIT_REASONS = {
 }
 
 
+# Reasons already logged at INFO in this process. Detection runs at every (re)connect and
+# status check; a machine without an NVIDIA driver says so once per run, then only at DEBUG.
+_SAID: set[str] = set()
+
+
 def _nothing(reason: str) -> DetectorResult:
-    """An empty result; the reason is logged, since a missing driver is normal, not an error."""
-    logger.info("no NVIDIA GPU: %s", reason)
+    """An empty result; the reason is logged (once per run at INFO), since a missing driver is
+    normal, not an error."""
+    level = logging.DEBUG if reason in _SAID else logging.INFO
+    if len(_SAID) < 64:
+        _SAID.add(reason)
+    logger.log(level, "no NVIDIA GPU: %s", reason)
     return DetectorResult(source=SOURCE, reason=reason)
 
 

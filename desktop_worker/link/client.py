@@ -1,5 +1,8 @@
 """The websockets adapter around the link state machine: connect, feed frames in, carry actions
-out, reconnect with backoff, and shut down gracefully (finish or cancel jobs, close with 1001)."""
+out, reconnect with backoff, and shut down gracefully (finish or cancel jobs, close with 1001).
+
+The hello is signed for the origin of the URL the connection actually reached (the configured
+one, or where the queen's redirect led: websockets follows them), never one the queen names."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from desktop_worker.link.machine import (
     Action,
     CancelJob,
     Close,
+    HelloFor,
     Link,
     RefusedByQueen,
     Send,
@@ -27,7 +31,7 @@ from desktop_worker.link.machine import (
     Welcomed,
 )
 from desktop_worker.settings import DEFAULT_MAX_FRAME_BYTES
-from shared_schema import SUBPROTOCOL, Hello, Status, Usage
+from shared_schema import SUBPROTOCOL, InvalidQueenUrl, Status, Usage, Welcome, queen_origin
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +61,7 @@ class LinkClient:
     def __init__(
         self,
         url: str,
-        hello_for: Callable[[], Awaitable[tuple[Callable[[str], Hello], int]]],
+        hello_for: Callable[[], Awaitable[tuple[HelloFor, int]]],
         runner: JobRunner,
         *,
         status: Callable[[], Awaitable[Status | None]] | None = None,
@@ -66,7 +70,10 @@ class LinkClient:
         backoff: Backoff | None = None,
         on_state: Callable[[str, str], None] | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        on_welcome: Callable[[Welcome], None] | None = None,
     ) -> None:
+        """``on_welcome`` is called with each session's welcome (also kept as ``welcome``):
+        the worker's id, and whether the queen pays its workers."""
         self.url = url
         self.hello_for = hello_for
         self.runner = runner
@@ -76,8 +83,12 @@ class LinkClient:
         self.backoff = backoff or Backoff()
         self.on_state = on_state
         self.max_frame_bytes = max_frame_bytes
+        self.on_welcome = on_welcome
         self.state = "stopped"
+        self.welcome: Welcome | None = None  # the last session's
         self._ws: ClientConnection | None = None
+        # Why the last attempt ended (None: the session ended without an error), for the app.
+        self.last_error: BaseException | None = None
 
     def _set_state(self, state: str, detail: str = "") -> None:
         self.state = state
@@ -86,9 +97,11 @@ class LinkClient:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Connect, serve, and reconnect until ``stop``; raises on a fatal refusal."""
+        _origin_of(self.url)  # a URL that names no queen is the owner's to fix: fail now
         while not stop.is_set():
             self._set_state("connecting", self.url)
             started = time.monotonic()
+            self.last_error = None
             try:
                 await self._connect_and_serve(stop)
             except HandshakeRefusedError as exc:
@@ -97,6 +110,7 @@ class LinkClient:
             except InvalidURI as exc:
                 raise LinkError(f"the queen URL {self.url!r} is not a websocket URL") from exc
             except (OSError, InvalidHandshake, ConnectionClosed, TimeoutError) as exc:
+                self.last_error = exc
                 log.warning("cannot reach the queen at %s: %s", self.url, exc or type(exc).__name__)
             if stop.is_set():
                 break
@@ -109,8 +123,7 @@ class LinkClient:
 
     async def _connect_and_serve(self, stop: asyncio.Event) -> None:
         hello_for, max_jobs = await self.hello_for()
-        link = Link(hello_for, max_jobs)
-        async with connect(
+        connecting = connect(
             self.url,
             subprotocols=[SUBPROTOCOL],
             compression=None,
@@ -121,7 +134,10 @@ class LinkClient:
             ping_interval=20,
             ping_timeout=20,
             close_timeout=5,
-        ) as ws:
+        )
+        async with connecting as ws:
+            # ``connecting.uri`` is the URL this socket reached, after any redirect.
+            link = Link(hello_for, max_jobs, _origin_of(connecting.uri))
             self._ws = ws
             shutdown = asyncio.create_task(self._shutdown_on(stop, link, ws))
             status: asyncio.Task[None] | None = None
@@ -154,9 +170,12 @@ class LinkClient:
             elif isinstance(action, CancelJob):
                 self.runner.cancel(action.job_id)
             elif isinstance(action, Welcomed):
+                self.welcome = action.welcome
                 self._set_state("connected", f"worker id {action.welcome.worker_id}")
-                log.info("connected to the queen at %s as worker %s", self.url,
-                         action.welcome.worker_id)
+                log.info("connected to the queen at %s as worker %s (%s)", self.url,
+                         action.welcome.worker_id, _pay_note(action))
+                if self.on_welcome is not None:
+                    self.on_welcome(action.welcome)
             elif isinstance(action, RefusedByQueen):
                 if action.fatal:
                     raise HandshakeRefusedError(action.code, action.reason)
@@ -179,6 +198,22 @@ class LinkClient:
                 await self._act(link, link.status(status))
                 last = status
             await asyncio.sleep(self.status_interval_s)
+
+
+def _origin_of(url: str) -> str:
+    try:
+        return queen_origin(url)
+    except InvalidQueenUrl as exc:
+        raise LinkError(str(exc)) from exc
+
+
+def _pay_note(welcomed: Welcomed) -> str:
+    if welcomed.pays_workers is None:
+        return "the queen does not say whether it pays workers"
+    if not welcomed.pays_workers:
+        return "this queen does not pay its workers"
+    threshold = welcomed.payout_threshold_msat
+    return "it pays workers" + (f", from {threshold // 1000} sats" if threshold else "")
 
 
 def _differs(status: Status, last: Status | None) -> bool:

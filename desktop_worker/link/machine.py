@@ -5,6 +5,10 @@ arrives and carries out what it returns, which keeps every protocol decision uni
 
 States: ``AWAITING_CHALLENGE`` -> (challenge: send hello) -> ``AWAITING_WELCOME`` -> (welcome)
 ``READY`` -> (jobs, cancels, pings) ... -> ``CLOSED`` (refused, or the connection ended).
+
+The hello is signed for ``origin``, the origin of the URL this worker dialled, which the
+adapter gives the machine; nothing the queen sends can change it (a hostile queen relaying
+another queen's challenge gets a signature that queen refuses).
 """
 
 from __future__ import annotations
@@ -36,8 +40,14 @@ from shared_schema import (
 
 log = logging.getLogger(__name__)
 
-# Refusals that no retry can fix: stop reconnecting and tell the owner.
-FATAL_REFUSALS = frozenset({"protocol_version", "bad_signature", "invalid_ln_url"})
+# Refusals that no retry can fix: stop reconnecting and tell the owner. ``wrong_origin``: the
+# queen answers to another origin than the one dialled (its operator must set its public URL,
+# or the owner must dial the URL the queen names).
+FATAL_REFUSALS = frozenset({"protocol_version", "bad_signature", "invalid_ln_url",
+                            "wrong_origin"})
+
+# Builds the hello for a challenge: ``(nonce, origin) -> Hello``, signed for both.
+HelloFor = Callable[[str, str], Hello]
 
 
 class State(enum.Enum):
@@ -65,7 +75,19 @@ class CancelJob:
 
 @dataclass(frozen=True, slots=True)
 class Welcomed:
+    """The queen took this worker. ``welcome`` is its frame as sent: ``worker_id``, and whether
+    this queen pays its workers (``pays_workers``, ``payout_threshold_msat``; both None from
+    an older queen that does not say)."""
+
     welcome: Welcome
+
+    @property
+    def pays_workers(self) -> bool | None:
+        return self.welcome.pays_workers
+
+    @property
+    def payout_threshold_msat(self) -> int | None:
+        return self.welcome.payout_threshold_msat
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +109,9 @@ Action = Send | StartJob | CancelJob | Welcomed | RefusedByQueen | Close
 class Link:
     """One connection's protocol state. Make a new one for every connection."""
 
-    def __init__(self, hello_for: Callable[[str], Hello], max_jobs: int) -> None:
+    def __init__(self, hello_for: HelloFor, max_jobs: int, origin: str) -> None:
         self._hello_for = hello_for
+        self.origin = origin  # queen_origin() of the URL dialled
         self.max_jobs = max_jobs
         self.state = State.AWAITING_CHALLENGE
         self.active: set[str] = set()
@@ -106,7 +129,7 @@ class Link:
         if self.state is State.AWAITING_CHALLENGE:
             if isinstance(message, Challenge):
                 self.state = State.AWAITING_WELCOME
-                return [Send(encode(self._hello_for(message.nonce)))]
+                return [Send(encode(self._hello_for(message.nonce, self.origin)))]
             return self._protocol_violation(f"expected a challenge, got {message.type}")
         if self.state is State.AWAITING_WELCOME:
             if isinstance(message, Welcome):

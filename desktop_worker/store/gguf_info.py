@@ -13,42 +13,21 @@ from __future__ import annotations
 import logging
 import mmap
 import re
-import struct
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from gguf.constants import (
-    GGML_QUANT_SIZES,
-    GGUF_DEFAULT_ALIGNMENT,
-    GGUF_MAGIC,
-    GGMLQuantizationType,
-    GGUFValueType,
-    LlamaFileType,
-)
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
 from desktop_worker.errors import InvalidModelFile
 from desktop_worker.store.names import quant_tag, split_part
+from shared_schema.errors import InvalidGgufFile
+from shared_schema.gguf import GgufHeader, as_int, parse_gguf_header
 
 __all__ = ["GgufInfo", "read_gguf_info", "split_paths"]
 
 logger = logging.getLogger(__name__)
 
-_SCALARS: dict[int, str] = {
-    GGUFValueType.UINT8: "B",
-    GGUFValueType.INT8: "b",
-    GGUFValueType.UINT16: "H",
-    GGUFValueType.INT16: "h",
-    GGUFValueType.UINT32: "I",
-    GGUFValueType.INT32: "i",
-    GGUFValueType.FLOAT32: "f",
-    GGUFValueType.BOOL: "?",
-    GGUFValueType.UINT64: "Q",
-    GGUFValueType.INT64: "q",
-    GGUFValueType.FLOAT64: "d",
-}
-_KEEP_ARRAY_ITEMS = 256  # arrays longer than this (vocabularies) are skipped, only counted
-_MAX_DIMS = 8
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -119,7 +98,7 @@ def read_gguf_info(path: Path) -> GgufInfo:
     meta = first.metadata
     tensors = list(first.tensors)
     size = first.file_size
-    part_paths = split_paths(path, _as_int(meta.get("split.count")))
+    part_paths = split_paths(path, as_int(meta.get("split.count")))
     for part in part_paths[1:]:
         if not part.is_file():
             logger.warning("split model %s: part %s is missing", path.name, part.name)
@@ -134,11 +113,11 @@ def read_gguf_info(path: Path) -> GgufInfo:
         raise InvalidModelFile(f"{path.name}: GGUF header has no general.architecture")
 
     def arch_int(key: str) -> int | None:
-        return _as_int(meta.get(f"{arch}.{key}"))
+        return as_int(meta.get(f"{arch}.{key}"))
 
     block_count = arch_int("block_count")
     layers, other = _bytes_by_block(tensors, block_count)
-    file_type = _as_int(meta.get("general.file_type"))
+    file_type = as_int(meta.get("general.file_type"))
     template = meta.get("tokenizer.chat_template")
     vocab = arch_int("vocab_size") or first.array_lengths.get("tokenizer.ggml.tokens")
     return GgufInfo(
@@ -203,66 +182,7 @@ def _bytes_by_block(tensors: list[_Tensor], block_count: int | None) -> tuple[tu
     return tuple(per_block.get(i, 0) for i in range(count)), other
 
 
-# --- the header parser ----------------------------------------------------------------------------
-
-
-class _Cursor:
-    """Reads little- or big-endian GGUF values from a buffer, with bounds checks."""
-
-    def __init__(self, buf: mmap.mmap, name: str) -> None:
-        self.buf = buf
-        self.pos = 0
-        self.order = "<"
-        self.name = name
-
-    def fail(self, what: str) -> InvalidModelFile:
-        return InvalidModelFile(f"{self.name}: not a readable GGUF file ({what})")
-
-    def unpack(self, fmt: str) -> Any:
-        try:
-            (value,) = struct.unpack_from(self.order + fmt, self.buf, self.pos)
-        except struct.error as exc:
-            raise self.fail(f"header ends early at byte {self.pos}") from exc
-        self.pos += struct.calcsize(fmt)
-        return value
-
-    def skip(self, n: int) -> None:
-        if n < 0 or self.pos + n > len(self.buf):
-            raise self.fail(f"header ends early at byte {self.pos}")
-        self.pos += n
-
-    def string(self) -> str:
-        n = self.unpack("Q")
-        start = self.pos
-        self.skip(n)
-        return bytes(self.buf[start : self.pos]).decode("utf-8", errors="replace")
-
-    def value(self, vtype: int, key: str, array_lengths: dict[str, int]) -> Any:
-        if vtype in _SCALARS:
-            return self.unpack(_SCALARS[vtype])
-        if vtype == GGUFValueType.STRING:
-            return self.string()
-        if vtype == GGUFValueType.ARRAY:
-            return self.array(key, array_lengths)
-        raise self.fail(f"unknown value type {vtype} for {key!r}")
-
-    def array(self, key: str, array_lengths: dict[str, int]) -> list[Any] | None:
-        item_type = self.unpack("I")
-        count = self.unpack("Q")
-        array_lengths[key] = count
-        if count > len(self.buf) - self.pos:  # every item takes at least one byte
-            raise self.fail(f"array {key!r} claims {count} items")
-        if count <= _KEEP_ARRAY_ITEMS:
-            return [self.value(item_type, key, {}) for _ in range(count)]
-        if item_type in _SCALARS:
-            self.skip(count * struct.calcsize(_SCALARS[item_type]))
-        elif item_type == GGUFValueType.STRING:
-            for _ in range(count):
-                self.skip(self.unpack("Q"))
-        else:
-            for _ in range(count):
-                self.value(item_type, key, {})
-        return None
+# --- reading a file's header ------------------------------------------------------------------
 
 
 def _read_header(path: Path) -> _Header:
@@ -272,61 +192,29 @@ def _read_header(path: Path) -> _Header:
             if size < 24:
                 raise InvalidModelFile(f"{path.name}: not a GGUF file (only {size} bytes)")
             with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                return _parse(buf, path.name, size)
+                return _from_header(parse_gguf_header(buf, path.name), path.name, size)
     except InvalidModelFile:
         raise
+    except InvalidGgufFile as exc:
+        raise InvalidModelFile(str(exc)) from exc
     except OSError as exc:
         raise InvalidModelFile(f"{path}: cannot read the file ({exc})") from exc
     except (ValueError, OverflowError, MemoryError) as exc:
         raise InvalidModelFile(f"{path.name}: not a readable GGUF file ({exc})") from exc
 
 
-def _parse(buf: mmap.mmap, name: str, size: int) -> _Header:
-    cur = _Cursor(buf, name)
-    if cur.unpack("I") != GGUF_MAGIC:
-        raise InvalidModelFile(f"{name}: not a GGUF file (bad magic number)")
-    version = cur.unpack("I")
-    if version & 0xFFFF == 0:  # written on a big-endian machine
-        cur.order = ">"
-        version = struct.unpack(">I", struct.pack("<I", version))[0]
-    if version not in (2, 3):
-        raise InvalidModelFile(f"{name}: GGUF version {version} is not supported (only 2 and 3)")
-    tensor_count = cur.unpack("Q")
-    kv_count = cur.unpack("Q")
-    if tensor_count > size or kv_count > size:
-        raise cur.fail("impossible tensor or key counts")
-
-    metadata: dict[str, Any] = {}
-    array_lengths: dict[str, int] = {}
-    for _ in range(kv_count):
-        key = cur.string()
-        metadata[key] = cur.value(cur.unpack("I"), key, array_lengths)
-
-    tensors: list[_Tensor] = []
-    for _ in range(tensor_count):
-        tensor_name = cur.string()
-        n_dims = cur.unpack("I")
-        if n_dims > _MAX_DIMS:
-            raise cur.fail(f"tensor {tensor_name!r} has {n_dims} dimensions")
-        n_elements = 1
-        for _ in range(n_dims):
-            n_elements *= cur.unpack("Q")
-        ggml_type = cur.unpack("I")
-        offset = cur.unpack("Q")
-        n_bytes = _tensor_bytes(ggml_type, n_elements)
-        tensors.append(_Tensor(tensor_name, n_elements, n_bytes, offset))
-
-    alignment = _as_int(metadata.get("general.alignment")) or GGUF_DEFAULT_ALIGNMENT
-    data_start = -(-cur.pos // alignment) * alignment
-    _fill_unknown_sizes(tensors, size - data_start)
+def _from_header(header: GgufHeader, name: str, size: int) -> _Header:
+    tensors = [_Tensor(t.name, t.n_elements, _tensor_bytes(t.ggml_type, t.n_elements), t.offset)
+               for t in header.tensors]
+    _fill_unknown_sizes(tensors, size - header.data_start)
     for tensor in tensors:
-        end = data_start + tensor.offset + (tensor.n_bytes or 0)
+        end = header.data_start + tensor.offset + (tensor.n_bytes or 0)
         if end > size:
             raise InvalidModelFile(
                 f"{name}: the file is truncated (tensor {tensor.name!r} ends at byte {end}, "
                 f"the file has {size})"
             )
-    return _Header(metadata, array_lengths, tensors, size)
+    return _Header(header.metadata, header.array_lengths, tensors, size)
 
 
 def _tensor_bytes(ggml_type: int, n_elements: int) -> int | None:
@@ -343,13 +231,3 @@ def _fill_unknown_sizes(tensors: list[_Tensor], data_size: int) -> None:
         if tensor.n_bytes is None:
             end = following.offset if following is not None else data_size
             tensor.n_bytes = max(end - tensor.offset, 0)
-
-
-def _as_int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
-        return max(value)  # per-layer values (e.g. head counts of some architectures)
-    return None

@@ -158,9 +158,13 @@ async def shoot(app: ApiaryApp) -> None:
         await settle()
         save(window, f"tab-{tab.lower()}")
     wizard = app.open_wizard()
-    wizard.resize(640, 440)
-    for page in range(3):
+    wizard.resize(660, 480)
+    # Welcome, Which queen? (tested), Hardware, Model, Ready.
+    for page in range(5):
         await settle()
+        if wizard.currentPage() is wizard.queen:
+            await wizard.queen.run_test()
+            await settle()
         save(wizard, f"wizard-{page + 1}")
         wizard.button(QWizard.WizardButton.NextButton).click()
     wizard.close()

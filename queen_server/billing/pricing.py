@@ -1,8 +1,10 @@
 """Prices: msat per 1,000 prompt and completion tokens, by model size class.
 
-The size class comes from the parameter count the worker read from the GGUF metadata, never from
-the model's name. A model with no known parameter count (legacy workers) is priced at the
-largest class, so the queen never undercharges. Pure functions; no I/O.
+The size class comes from the parameter count the queen itself read from the model file's GGUF
+header on the hub (``queen_server.catalog``), never from a worker's word or the model's name. The
+operator's price file may name a class for a model outright (for models the queen cannot read,
+such as files imported on a worker); a model with neither is priced at the operator's class for
+unverified models, by default the largest, so the queen never undercharges. Pure; no I/O.
 """
 
 from __future__ import annotations
@@ -55,15 +57,32 @@ DEFAULT_PRICES: tuple[Price, ...] = (
 
 
 class PriceTable:
-    def __init__(self, prices: Sequence[Price] = DEFAULT_PRICES) -> None:
+    """The size classes, smallest first, and the operator's class for named models."""
+
+    def __init__(self, prices: Sequence[Price] = DEFAULT_PRICES,
+                 models: Mapping[str, str] | None = None,
+                 unverified_class: str | None = None) -> None:
         if not prices:
             raise PricingError("the price table is empty")
         self.prices = sorted(prices, key=lambda p: (p.max_params is None, p.max_params or 0))
         if self.prices[-1].max_params is not None:
             raise PricingError("the largest size class must have no max_params (it takes the "
                                "rest)")
+        self._by_class = {price.size_class: price for price in self.prices}
+        if len(self._by_class) != len(self.prices):
+            raise PricingError("two size classes have the same name")
+        self.models = {name: self.named(size_class) for name, size_class in (models or {}).items()}
+        self.unverified = self.named(unverified_class) if unverified_class else self.prices[-1]
+
+    def named(self, size_class: str) -> Price:
+        try:
+            return self._by_class[size_class]
+        except KeyError:
+            raise PricingError(f"no size class named {size_class!r} (the classes are "
+                               f"{', '.join(self._by_class)})") from None
 
     def for_parameters(self, parameter_count: int | None) -> Price:
+        """The class of a model of ``parameter_count`` parameters (None: the largest)."""
         if parameter_count is None:
             return self.prices[-1]
         for price in self.prices:
@@ -71,17 +90,56 @@ class PriceTable:
                 return price
         return self.prices[-1]
 
+    def for_model(self, name: str, parameter_count: int | None) -> Price:
+        """A model's price: the operator's class for it if the price file names one, else the
+        class of the parameter count the queen read itself (None: it could not read one), else
+        the class for unverified models."""
+        named = self.models.get(name)
+        if named is not None:
+            return named
+        if parameter_count is None:
+            return self.unverified
+        return self.for_parameters(parameter_count)
+
     @classmethod
-    def from_file(cls, path: Path) -> PriceTable:
-        """A JSON list of {size_class, max_params, prompt_msat_per_1k, completion_msat_per_1k}."""
+    def from_file(cls, path: Path, unverified_class: str | None = None) -> PriceTable:
+        """A JSON list of {size_class, max_params, prompt_msat_per_1k, completion_msat_per_1k},
+        or an object {"classes": [that list], "models": {model name: size class}}."""
         try:
-            rows = json.loads(path.read_text())
-            return cls([Price(**_row(row)) for row in rows])
+            data = json.loads(path.read_text())
+            rows, models = (data, {}) if isinstance(data, list) else _table(data)
+            return cls([Price(**_row(row)) for row in rows], models, unverified_class)
+        except PricingError as exc:
+            raise PricingError(f"the price file {path}: {exc}") from exc
         except (OSError, ValueError, TypeError) as exc:
             raise PricingError(f"cannot read the price file {path}: {exc}") from exc
 
 
+def _table(data: object) -> tuple[list[Mapping[str, object]], dict[str, str]]:
+    if not isinstance(data, dict):
+        raise ValueError("expected a list of classes or an object with 'classes'")
+    unknown = set(data) - {"classes", "models"}
+    if unknown:
+        raise ValueError(f"unknown fields: {sorted(unknown)}")
+    models = data.get("models", {})
+    if not isinstance(models, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in models.items()):
+        raise ValueError("'models' must map model names to size class names")
+    rows = data.get("classes", [_as_row(p) for p in DEFAULT_PRICES])
+    if not isinstance(rows, list):
+        raise ValueError("'classes' must be a list")
+    return rows, models
+
+
+def _as_row(price: Price) -> dict[str, object]:
+    return {"size_class": price.size_class, "max_params": price.max_params,
+            "prompt_msat_per_1k": price.prompt_msat_per_1k,
+            "completion_msat_per_1k": price.completion_msat_per_1k}
+
+
 def _row(row: Mapping[str, object]) -> dict[str, object]:
+    if not isinstance(row, Mapping):
+        raise ValueError("each class must be an object")
     allowed = {"size_class", "max_params", "prompt_msat_per_1k", "completion_msat_per_1k"}
     unknown = set(row) - allowed
     if unknown:

@@ -43,6 +43,7 @@ class Principal:
 
     name: str
     key: KeyRecord | None = None
+    digest: str | None = None  # a development key's hash (each is its own caller)
 
     @property
     def billed(self) -> bool:
@@ -50,7 +51,7 @@ class Principal:
 
 
 OPEN = Principal("open access")
-DEV = Principal("development key")
+DEV_NAME = "development key"
 
 
 @dataclass(slots=True)
@@ -108,8 +109,9 @@ async def _load_once(
 class Billing:
     def __init__(self, settings: QueenSettings, db: Database | None) -> None:
         self.settings = settings
-        self.prices = PriceTable.from_file(settings.prices_file) if settings.prices_file else (
-            PriceTable())
+        unverified = settings.unverified_price_class
+        self.prices = (PriceTable.from_file(settings.prices_file, unverified)
+                       if settings.prices_file else PriceTable(unverified_class=unverified))
         self.ledger = LedgerStore(db.engine) if db is not None else None
         self.keys = KeyStore(db.engine) if db is not None else None
         self._dev = {hashlib.sha256(key.encode()).hexdigest() for key in settings.api_keys}
@@ -172,7 +174,7 @@ class Billing:
             )
         digest = hash_secret(secret)
         if digest in self._dev:
-            return DEV
+            return Principal(DEV_NAME, digest=digest)
         record = self._records.get(digest)
         if record is None and self.keys is not None:
             self._records = await self.keys.all()  # a key created since the last refresh
@@ -209,7 +211,7 @@ class Billing:
         self,
         principal: Principal,
         job_id: str,
-        parameter_count: int | None,
+        price: Price,
         prompt_texts: list[str],
         request: dict[str, Any],
         *,
@@ -222,7 +224,6 @@ class Billing:
         key = principal.key
         state = await self._state(key.id)
         self._check_limits(key, state)
-        price = self.prices.for_parameters(parameter_count)
         prompt = estimate_prompt_tokens(prompt_texts)
         completion = 0
         if completion_limit is not None:

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from queen_server import reports
-from queen_server.billing.admin import create_key, credit_key, sats_to_msat, view
+from queen_server.billing.admin import create_key, credit_key, revoke_key, sats_to_msat, view
 from queen_server.http.deps import json_response, require_admin
 from queen_server.http.io import parse, read_body, request_schema
 from shared_schema.admin_types import KeyCreate, KeyCreated, KeyCredit, KeyCredited, KeyView
@@ -71,8 +71,7 @@ async def admin_credit_key(key_id: int, request: Request) -> Response:
 @router.post("/keys/{key_id}/revoke", response_model=KeyView, summary="Revoke a key")
 async def admin_revoke_key(key_id: int, request: Request) -> Response:
     state, keys, store = _admin(request)
-    record = await keys.find(str(key_id))
-    await keys.revoke(record.id)
+    record, _ = await revoke_key(keys, str(key_id))  # revoking twice is no error here
     await state.billing.refresh()
-    return _json(await view(await keys.find(str(key_id)), store))
+    return _json(await view(record, store))
 

@@ -15,8 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from queen_server import __version__
-from queen_server.billing.keys import hash_secret
-from queen_server.billing.service import DEV, Billing, Hold, Principal
+from queen_server.billing.service import Billing, Hold, Principal
 from queen_server.http.deps import json_response, queen
 from queen_server.http.fastpath import HotRoutes
 from queen_server.http.io import ClientGone, DisconnectGuard, parse, read_body
@@ -24,7 +23,7 @@ from queen_server.http.sse import stream_chat
 from queen_server.swarm.admission import Admission
 from queen_server.swarm.jobs import EMBEDDINGS_JOB
 from queen_server.swarm.metering import Meter, content_text
-from queen_server.swarm.relay import CompletionContext, assemble_chat, collect
+from queen_server.swarm.relay import CompletionContext, Delivered, assemble_chat, collect
 from shared_schema import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -66,9 +65,8 @@ def caller_of(request: Request, principal: Principal) -> str:
     by its hash (each its own caller), anyone else (open access) by the client's address."""
     if principal.key is not None:
         return f"key:{principal.key.id}"
-    scheme, _, secret = (request.headers.get("authorization") or "").partition(" ")
-    if principal is DEV and scheme.lower() == "bearer" and secret.strip():
-        return "dev:" + hash_secret(secret.strip())
+    if principal.digest is not None:  # hashed once, when the key was checked
+        return "dev:" + principal.digest
     return "addr:" + (request.client.host if request.client is not None else "unknown")
 
 
@@ -82,13 +80,18 @@ async def settle(billing: Billing, hold: Hold | None, admission: Admission,
         admission.leave()
 
 
-async def admit_and_hold(state: QueenState, request: Request, principal: Principal,
-                         *hold_args: Any, **hold_kwargs: Any) -> tuple[Admission, Hold | None]:
+async def admit_and_hold(state: QueenState, request: Request, principal: Principal, job_id: str,
+                         model: str, *hold_args: Any, **hold_kwargs: Any,
+                         ) -> tuple[Admission, Hold | None]:
     """Count the request against its caller (429 past the limits) before reserving anything,
-    then reserve its money; a refused hold gives the place back."""
+    then price the model and reserve its money; a refused hold gives the place back."""
     admission = state.dispatcher.admit(caller_of(request, principal))
     try:
-        return admission, await state.billing.hold(principal, *hold_args, **hold_kwargs)
+        if principal.billed:  # priced by the queen's own reading of the model, once it has one
+            await state.catalog.settle(model)
+        price = state.price_of(model)
+        return admission, await state.billing.hold(principal, job_id, price, *hold_args,
+                                                   **hold_kwargs)
     except BaseException:
         admission.leave()
         raise
@@ -127,15 +130,20 @@ async def chat_completions(request: Request) -> Response:
     dispatcher, billing = state.dispatcher, state.billing
     dispatcher.require_servable(req.model)
     meter = Meter.for_chat(openai_req, state.settings.template_allowance_tokens)
+    answer = Delivered(meter)
     admission, hold = await admit_and_hold(
-        state, request, principal, completion_id, state.registry.parameter_count(req.model),
+        state, request, principal, completion_id, req.model,
         [content_text(m.content) for m in req.messages], openai_req)
+    if "max_tokens" not in openai_req and "max_completion_tokens" not in openai_req:
+        # Unbilled (billed ones got theirs from the hold): the worker stops where the queen's
+        # budget for the answer ends, rather than running on into a failed job.
+        openai_req["max_tokens"] = state.settings.default_max_tokens
     streaming = False
     try:
         async with DisconnectGuard(request):
             run = await dispatcher.start(
                 completion_id, req.model, "/v1/chat/completions", openai_req, stream=req.stream,
-                billed=principal.billed, admission=admission,
+                billed=principal.billed, admission=admission, sent=answer.sent,
             )
             if req.stream:  # the stream now owns the hold and the caller's place
                 body = stream_chat(run, ctx, dispatcher,
@@ -143,9 +151,12 @@ async def chat_completions(request: Request) -> Response:
                 hold, streaming = None, True
                 return StreamingResponse(body, media_type="text/event-stream",
                                          headers=SSE_HEADERS)
-            collected = await collect(run, dispatcher, meter)
+            collected = await collect(run, dispatcher, meter, answer)
     except ClientGone:
-        await billing.finish(hold)
+        # A client that leaves pays for what the swarm did for it: the prompt a worker read
+        # and the tokens it made (nothing if no worker had started).
+        left = answer.broken(answer.serving, client_left=True) if answer.started else None
+        await billing.finish(hold, parts=left)
         return Response(status_code=499)
     except BaseException:
         await billing.finish(hold)  # a failed job is charged nothing
@@ -174,7 +185,7 @@ async def embeddings(request: Request) -> Response:
     state.dispatcher.require_servable(req.model)
     inputs = [req.input] if isinstance(req.input, str) else req.input
     admission, hold = await admit_and_hold(
-        state, request, principal, job_id, state.registry.parameter_count(req.model),
+        state, request, principal, job_id, req.model,
         [item if isinstance(item, str) else " " * len(str(item)) for item in inputs], openai_req,
         completion_limit=None)
     try:
@@ -205,8 +216,8 @@ async def list_models(request: Request) -> Response:
     cards = []
     for name in registry.model_names():
         holders = registry.holders(name)
-        descriptor = next(iter(holders)).models[name]
-        price = state.billing.prices.for_parameters(registry.parameter_count(name))
+        price = state.price_of(name)
+        facts = state.catalog.facts(name)
         cards.append(
             ModelCard(
                 id=name,
@@ -214,8 +225,10 @@ async def list_models(request: Request) -> Response:
                 apiary=ModelAvailability(
                     workers=len(holders),
                     loaded_on=sum(1 for session in holders if name in session.loaded),
-                    parameter_count=descriptor.parameter_count,
-                    size_bytes=descriptor.size_bytes or None,
+                    parameter_count=facts.parameter_count if facts is not None else None,
+                    size_bytes=facts.size_bytes if facts is not None else None,
+                    sha256=facts.sha256 if facts is not None else None,
+                    verified=facts is not None,
                     price=ModelPrice(
                         size_class=price.size_class,
                         prompt_msat_per_1k=price.prompt_msat_per_1k,

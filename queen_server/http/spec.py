@@ -1,17 +1,62 @@
 """The OpenAPI spec as the routes really behave: bodies the hot routes parse themselves, and
-the errors each group of routes answers, all in OpenAI's ``ErrorResponse`` shape."""
+the errors each group of routes answers, all in OpenAI's ``ErrorResponse`` shape; and ``/docs``,
+Swagger UI served from this queen alone.
+
+FastAPI's own ``/docs`` loads Swagger UI's script and style from a CDN, so on a queen with no
+internet (a LAN party, an air-gapped lab) the page is blank. ``install_docs`` serves the copy
+of swagger-ui-dist that the ``fastapi-swagger`` package ships (in the ``queen`` extra) under
+``/docs/assets``, the way FastAPI documents for self-hosted assets (``docs_url=None``, then
+``get_swagger_ui_html`` with local URLs). ReDoc has no such package and is turned off.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 from collections.abc import Iterable
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel
 
 from queen_server.http.io import request_schema
 from shared_schema import ErrorResponse
+
+log = logging.getLogger(__name__)
+
+DOCS_URL = "/docs"
+DOCS_ASSETS = "/docs/assets"
+SWAGGER_PACKAGE = ("fastapi_swagger", "resources")  # swagger-ui-bundle.js, swagger-ui.css
+FAVICON_URL = "/favicon.ico"  # served by the pages (web/pages.py)
+
+
+def install_docs(app: FastAPI) -> None:
+    """``/docs``: Swagger UI from this queen's own files, so it works with no internet.
+
+    The app must be made with ``docs_url=None`` (and ``redoc_url=None``). Without the
+    ``fastapi-swagger`` package (an install that skipped the ``queen`` extra), the page falls
+    back to FastAPI's CDN copy, with a warning in the log.
+    """
+    package = SWAGGER_PACKAGE[0]
+    local = importlib.util.find_spec(package) is not None
+    if local:
+        app.mount(DOCS_ASSETS, StaticFiles(packages=[SWAGGER_PACKAGE]), name="docs-assets")
+    else:
+        log.warning("%s is not installed: /docs loads Swagger UI from a CDN (pip install "
+                    "'apiary[queen]' to serve it from this queen)", package.replace("_", "-"))
+
+    @app.get(DOCS_URL, include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "").rstrip("/")
+        assets = {"swagger_js_url": f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+                  "swagger_css_url": f"{root}{DOCS_ASSETS}/swagger-ui.css"} if local else {}
+        return get_swagger_ui_html(openapi_url=root + (app.openapi_url or "/openapi.json"),
+                                   title=f"{app.title} · API docs",
+                                   swagger_favicon_url=root + FAVICON_URL, **assets)
 
 
 def publish_request_schemas(app: FastAPI, bodies: Iterable[type[BaseModel]]) -> None:

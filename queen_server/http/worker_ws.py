@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from queen_server.identity import HelloGate
+from queen_server import reports
+from queen_server.identity import HelloGate, origins_of
 from queen_server.swarm.link import (
     Admit,
     Close,
@@ -75,8 +76,15 @@ async def worker_endpoint(websocket: WebSocket) -> None:
     loop = asyncio.get_running_loop()
     v1 = SUBPROTOCOL in websocket.scope.get("subprotocols", ())
     await websocket.accept(subprotocol=SUBPROTOCOL if v1 else None)
-    link = QueenLink(settings, HelloGate(settings.lnurl_insecure_hosts), v1=v1, now=loop.time(),
-                     clock=time.time)
+    # The hello must be signed for one of this queen's origins; the Host header's origin only
+    # explains a refusal (or, bound to a wildcard with no public URL, is the origin).
+    gate = HelloGate(settings.lnurl_insecure_hosts,
+                     origins_of(websocket.app).for_scope(websocket.scope))
+    terms = reports.worker_terms(state)
+    pays = bool(terms["pays"])
+    link = QueenLink(settings, gate, v1=v1, now=loop.time(), clock=time.time,
+                     pays_workers=pays,
+                     payout_threshold_msat=int(terms["payout_threshold_sats"]) * 1000)
     socket = WorkerSocket(websocket, link)
     try:
         admit = await _handshake(websocket, socket, settings.hello_timeout_s)
@@ -96,6 +104,7 @@ async def worker_endpoint(websocket: WebSocket) -> None:
             # Welcome first, then register: a job must never reach a worker before its welcome.
             await socket.send_text(admit.welcome)
         older = state.registry.add(worker, socket)
+        state.catalog.prefetch(sorted(worker.cached))  # price its models by the queen's reading
         link.registered(state.registry.leases_of(worker.key))
         state.stats.connected(worker.key, worker.public_id, worker.worker_version)
         if older is not None:
@@ -172,6 +181,8 @@ async def _read_loop(
             elif isinstance(action, StatusChanged):
                 state.registry.apply_status(worker, max_jobs=action.max_jobs,
                                             models=action.models)
+                if action.models is not None:
+                    state.catalog.prefetch(sorted(worker.cached))
             elif isinstance(action, Close):
                 return action.reason, action.code
 

@@ -224,17 +224,20 @@ class Dispatcher:
         stream: bool,
         billed: bool = False,
         admission: Admission | None = None,
+        sent: Callable[[str | None], None] | None = None,
     ) -> JobRun:
         """Send the job to the best worker and wait for the answer's first event. ``billed``:
         the caller pays for it (``Principal.billed``), which may keep it off legacy workers.
         ``admission``: the caller's ticket from ``admit``; while the job waits for a worker it
         holds one of the caller's ``max_queued_per_key`` places (429 when none is left).
-        The ticket stays the caller's to ``leave``."""
+        The ticket stays the caller's to ``leave``. ``sent(earnings key)`` is told each time a
+        worker is given the job (it reads the prompt from then on), so that a client who
+        leaves before the first event still pays for the prompt read for it."""
         settings = self.settings
         deadline = asyncio.get_running_loop().time() + settings.total_timeout_s
         request = JobRequest(job_id, model, openai_url, openai_req, stream, deadline,
                              legacy_ok=not billed or settings.legacy_workers != "unbilled")
-        return await self._launch(request, settings.max_attempts, admission=admission)
+        return await self._launch(request, settings.max_attempts, admission=admission, sent=sent)
 
     async def fail_over(self, run: JobRun, delivered_text: str, delivered_tokens: int) -> JobRun:
         """Continue an answer whose worker failed mid-way on a twin: a worker that holds the same
@@ -273,6 +276,7 @@ class Dispatcher:
         continuation: str | None = None,
         openai_req: dict[str, Any] | None = None,
         admission: Admission | None = None,
+        sent: Callable[[str | None], None] | None = None,
     ) -> JobRun:
         """Up to ``attempts`` tries on the best acceptable workers not tried yet, until one
         sends the answer's first event. Only a first start passes ``admission``: a failover
@@ -301,6 +305,8 @@ class Dispatcher:
                 first_deadline = min(deadline, loop.time() + settings.first_token_timeout_s)
             try:
                 await connection.send_job(handle.id, request.openai_url, body, continuation)
+                if sent is not None:
+                    sent(worker.earnings_key)
                 first = await handle.next(first_deadline)
             except TimeoutError:
                 self.record_failure(handle, "timeout")

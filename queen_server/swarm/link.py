@@ -21,7 +21,10 @@ of them close the connection. Writing to the worker is encoding too: ``job_frame
 ``cancel_frame`` give the text the edge sends.
 
 The handshake's checks that need cryptography or the payout rules come in through ``Gate``, so
-that the swarm imports neither.
+that the swarm imports neither. The gate is made for one connection: it knows the origins that
+connection may be signed for (``identity.RequestOrigins``), since a hello names the queen it
+is for, and a hello of another protocol version is refused before any signature is checked
+(an older worker signs in a form this queen no longer accepts: it is told to upgrade).
 """
 
 from __future__ import annotations
@@ -104,8 +107,19 @@ class LinkSettings(Protocol):
 class Gate(Protocol):
     """The handshake's checks that need what the swarm does not import (``identity.HelloGate``)."""
 
+    @property
+    def origins(self) -> Sequence[str]:
+        """The origins this connection's hello may be signed for (for refusals)."""
+        ...
+
     def hello_signed(self, hello: Hello, nonce: str) -> bool:
-        """Whether the hello is signed by its own key over this connection's nonce."""
+        """Whether the hello is signed by its own key over this connection's nonce, for one of
+        ``origins``."""
+        ...
+
+    def signed_for_elsewhere(self, hello: Hello, nonce: str) -> str | None:
+        """For a hello ``hello_signed`` refused: the origin it is signed for, if the gate can
+        tell (the one the connection's Host header names), else None."""
         ...
 
     def public_id(self, pubkey: str) -> str:
@@ -179,10 +193,16 @@ class QueenLink:
         now: float = 0.0,
         nonce: str | None = None,
         clock: Callable[[], float] = time.time,
+        pays_workers: bool = False,
+        payout_threshold_msat: int | None = None,
     ) -> None:
+        """``pays_workers`` and ``payout_threshold_msat`` go into the welcome, so the worker
+        can tell its owner whether this queen pays (billing on) and from what balance."""
         self.settings = settings
         self.gate = gate
         self.v1 = v1
+        self.pays_workers = pays_workers
+        self.payout_threshold_msat = payout_threshold_msat if pays_workers else None
         self.state = State.AWAITING_HELLO
         self.nonce = nonce or secrets.token_hex(32)
         self.last_seen = now  # the loop time of the last frame (for heartbeats)
@@ -308,8 +328,11 @@ class QueenLink:
             return [Close(CLOSE_POLICY, f"too many bad frames ({self.bad_frames})")]
         if self.legacy:
             return NOTHING
-        return [Send(encode(JobError(id=_job_id(frame), code=exc.code,
-                                     message=exc.message[:500])))]
+        job_id = _job_id(frame)
+        sends = [Send(encode(JobError(id=job_id, code=exc.code, message=exc.message[:500])))]
+        if exc.code == ANSWER_TOO_LARGE:  # the job failed here: the worker must stop it too,
+            sends.append(Send(encode(Cancel(id=job_id, reason=ANSWER_TOO_LARGE))))  # or its
+        return sends  # slot stays busy with an answer nobody will read
 
     # --- the handshake ------------------------------------------------------------------------
 
@@ -336,20 +359,27 @@ class QueenLink:
             return [Admit(worker, None)]
         self.state = State.READY
         welcome = Welcome(session_id=worker.session_id, worker_id=worker.public_id,
-                          heartbeat_interval_s=self.settings.heartbeat_interval_s)
+                          heartbeat_interval_s=self.settings.heartbeat_interval_s,
+                          pays_workers=self.pays_workers,
+                          payout_threshold_msat=self.payout_threshold_msat)
         return [Admit(worker, encode(welcome))]
 
     def _v1_worker(self, body: dict[str, Any]) -> Worker:
         if body.get("type") != "hello":
             raise HandshakeRefused("unexpected_message", "the first frame must be a hello")
         if body.get("protocol") != PROTOCOL_VERSION:
-            raise HandshakeRefused(
-                "protocol_version",
-                f"protocol {body.get('protocol')!r} is not supported; this queen speaks "
-                f"{PROTOCOL_VERSION}",
-            )
+            raise HandshakeRefused("protocol_version", _version_refusal(body.get("protocol")))
         hello = parse_hello(body)
         if not self.gate.hello_signed(hello, self.nonce):
+            signed_for = self.gate.signed_for_elsewhere(hello, self.nonce)
+            if signed_for is not None:
+                # An honest worker that dialled a name this queen does not know as its own.
+                raise HandshakeRefused(
+                    "wrong_origin",
+                    f"this hello was signed for {signed_for}; this queen is "
+                    f"{' or '.join(self.gate.origins) or 'not told its own URL'}; set "
+                    "APIARY_PUBLIC_URL if the queen sits behind a proxy",
+                )
             raise HandshakeRefused("bad_signature", "the hello's signature does not verify")
         problem = self.gate.payout_problem(hello.ln_url)
         if problem is not None:
@@ -467,6 +497,17 @@ class QueenLink:
         if self.legacy:
             return None
         return encode(Cancel(id=job_id, reason=reason))
+
+
+def _version_refusal(version: object) -> str:
+    """Why a hello of another protocol version is refused, in words for the worker's owner."""
+    if isinstance(version, int) and not isinstance(version, bool) and version < PROTOCOL_VERSION:
+        return (f"this worker speaks protocol {version}; this queen needs protocol "
+                f"{PROTOCOL_VERSION} (hellos now name the queen they are signed for): upgrade "
+                "your worker")
+    return (f"protocol {str(version)[:40]!r} is not supported; this queen speaks "
+            f"{PROTOCOL_VERSION}: upgrade the queen, or run a worker of protocol "
+            f"{PROTOCOL_VERSION}")
 
 
 def _too_large(handle: JobHandle, kind: str, size: int) -> NoReturn:

@@ -135,14 +135,6 @@ class Registry:
             return list(holders) if holders else []
         return list((holders or set()) | self._fetchers)
 
-    def parameter_count(self, model: str) -> int | None:
-        """The model's parameter count as its holders read it from the GGUF (None if unknown)."""
-        for worker in self._by_model.get(model, ()):
-            count = worker.models[model].parameter_count
-            if count is not None:
-                return count
-        return None
-
     def model_names(self) -> list[str]:
         return sorted(self._by_model)
 

@@ -57,7 +57,7 @@ class Delivered:
     """
 
     __slots__ = ("_part_start", "_text", "carried", "continuing", "finish_reason", "meter",
-                 "parts", "saw_chunk", "single", "tokens")
+                 "parts", "saw_chunk", "serving", "single", "started", "tokens")
 
     def __init__(self, meter: Meter = UNBOUNDED) -> None:
         self.meter = meter
@@ -70,10 +70,16 @@ class Delivered:
         self.saw_chunk = False
         self.single = True  # only choice 0 seen: a continuation is well defined
         self.finish_reason: str | None = None
+        self.started = False  # a worker has the job (it has read the prompt, or is reading it)
+        self.serving: str | None = None  # that worker's earnings key (None: it is not paid)
 
     @property
     def text(self) -> str:
         return "".join(self._text)
+
+    def sent(self, worker_key: str | None) -> None:
+        """A worker was given the job (``Dispatcher.start``'s ``sent``)."""
+        self.started, self.serving = True, worker_key
 
     @property
     def delivered_tokens(self) -> int:
@@ -222,16 +228,19 @@ def assemble_chat(ctx: CompletionContext, collected: Collected) -> dict[str, Any
     return answer
 
 
-async def collect(run: JobRun, dispatcher: Dispatcher, meter: Meter) -> Collected:
+async def collect(run: JobRun, dispatcher: Dispatcher, meter: Meter,
+                  answer: Delivered | None = None) -> Collected:
     """Every chunk of a job and its result, continuing on a twin worker if the worker is lost
     mid-answer. Ends every lease it holds. Raises the job's failure as an ``ApiError``.
     The usage is billed through ``meter`` (``Delivered``): required, so that no caller bills
-    a worker's claim by forgetting it (tests of the books alone pass ``UNBOUNDED``)."""
-    answer = Delivered(meter)
+    a worker's claim by forgetting it (tests of the books alone pass ``UNBOUNDED``). A caller
+    that passes its own ``answer`` can bill what the swarm did if the client leaves."""
+    answer = answer if answer is not None else Delivered(meter)
     current: JobRun | None = run
     event = run.first
     try:
         while True:
+            answer.started, answer.serving = True, run.worker.earnings_key
             if isinstance(event, Result):
                 parts, usage = answer.done(run.worker.earnings_key, event.usage,
                                            message_text(event.data))

@@ -72,6 +72,23 @@ def _gpus(names: Sequence[str]) -> str:
     return ", ".join(name if n == 1 else f"{n}\u00d7 {name}" for name, n in counts.items())
 
 
+def _gpu_share(totals: Any) -> str:
+    """How many of the workers online have a GPU, from the swarm's totals: "1 with a GPU",
+    "all with a GPU", "none with a GPU", and the GPUs in all when some worker has several."""
+    if not isinstance(totals, Mapping):
+        return DASH
+    online = int(totals.get("workers_online") or 0)
+    with_gpu = int(totals.get("workers_with_gpu") or 0)
+    gpus = int(totals.get("gpus") or 0)
+    if with_gpu == 0:
+        share = "none with a GPU"
+    elif with_gpu == online and online > 1:
+        share = "all with a GPU"
+    else:
+        share = f"{with_gpu:,} with a GPU"
+    return share + (f" ({gpus:,} GPUs in all)" if gpus > with_gpu else "")
+
+
 def fmt(value: Any, kind: str = "text") -> str:
     """One value as the pages show it (``app.js`` has the same function)."""
     if value is None or value == "":
@@ -101,6 +118,8 @@ def fmt(value: Any, kind: str = "text") -> str:
                 return ", ".join(str(item) for item in value) if value else DASH
             case "gpus":
                 return _gpus(value)
+            case "gpu_share":
+                return _gpu_share(value)
             case "time":
                 parsed = _parse_time(value)
                 return parsed.strftime("%Y-%m-%d %H:%M:%S") if parsed else str(value)
@@ -236,7 +255,11 @@ MODEL_COLUMNS = (
     Column("id", "Model"),
     Column("workers", "Workers", "int", "Connected workers holding the model"),
     Column("loaded_on", "Loaded on", "int", "Workers with the model in memory"),
-    Column("parameter_count", "Parameters", "params"),
+    Column("parameter_count", "Parameters", "params",
+           "As the queen read them from the model file on the hub"),
+    Column("verified", "Size read", "text",
+           "verified: the queen read the file's header; unverified or local: priced by the "
+           "price file or the class for unverified models; pending: reading now"),
     Column("price.size_class", "Size class"),
     Column("price.prompt_msat_per_1k", "Prompt sats/1k", "price", "sats per 1,000 prompt tokens"),
     Column("price.completion_msat_per_1k", "Completion sats/1k", "price",

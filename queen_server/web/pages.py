@@ -6,6 +6,11 @@ renders its answer on the server, so the first paint needs no script; ``static/a
 polls the route and updates the bound elements, tables and charts in place. The template
 declares the bindings (``data-field``, ``data-rows``, ``data-chart``); ``formatting.py`` and
 ``app.js`` format values the same way, kind by kind. The admin session is in ``session.py``.
+
+Two pages do more than show: the landing page tells a would-be worker what to download and the
+URL to paste (``joining.py``), and the Keys page makes, credits and revokes keys through the
+same functions as the CLI (``billing.admin``), its forms read by ``key_forms.py`` and guarded by
+the session's ``Origin`` check and a per-session form token (``session.csrf_token``).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,11 +27,12 @@ from urllib.parse import quote
 import jinja2
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from queen_server import __version__, reports
+from queen_server.billing.admin import create_key, credit_key, revoke_key
 from queen_server.errors import ApiError
 from queen_server.web.formatting import (
     JOB_COLUMNS,
@@ -41,6 +48,8 @@ from queen_server.web.formatting import (
     lookup,
 )
 from queen_server.web.guard import retry_after_header
+from queen_server.web.joining import VARIANTS, pay_sentence, worker_url
+from queen_server.web.key_forms import CreateKey, CreditKey, FormError, KeyAction, parse_key_form
 from queen_server.web.session import (
     SESSION_COOKIE,
     SESSION_MAX_AGE_S,
@@ -49,6 +58,8 @@ from queen_server.web.session import (
     admin_token,
     check_origin,
     client_address,
+    csrf_token,
+    csrf_valid,
     login_limiter,
     login_redirect,
     read_form,
@@ -60,6 +71,8 @@ from queen_server.web.session import (
 )
 
 if TYPE_CHECKING:
+    from queen_server.billing.keys import KeyStore
+    from queen_server.billing.store import LedgerStore
     from queen_server.runtime import QueenState
 
 log = logging.getLogger(__name__)
@@ -68,6 +81,8 @@ HERE = Path(__file__).parent
 STATIC_DIR = HERE / "static"
 TEMPLATE_DIR = HERE / "templates"
 STATIC_PREFIX = "/static"
+FAVICON = STATIC_DIR / "favicon.ico"
+FAVICON_MAX_AGE_S = 86400
 
 REFRESH_MS = 3000
 LOAD_TIMEOUT_S = 5.0
@@ -177,10 +192,23 @@ async def _admin_page(request: Request, template: str, source: str, report: Repo
 async def landing(request: Request) -> Response:
     status, data = await load(request, "/stats", reports.stats)
     # The examples name the first model on offer, or this placeholder while there is none.
+    config = settings(request)
     return _page(request, "landing.html", source="/stats", data=data,
                  load_error=_load_error(status, "/stats"), columns=PUBLIC_MODEL_COLUMNS,
                  api_base=str(request.base_url) + "v1", example_model="MODEL_NAME",
-                 auth_open=settings(request).auth == "open")
+                 auth_open=config.auth == "open",
+                 worker_url=worker_url(getattr(config, "public_url", None),
+                                       str(request.base_url)),
+                 download_url=config.worker_download_url, variants=VARIANTS,
+                 pays=pay_sentence(reports.worker_terms(request.app.state.queen)))
+
+
+@router.get("/favicon.ico")
+async def favicon() -> Response:
+    """The logo as a real .ico (16, 32 and 48 px), for browsers and tools that ask for it
+    before (or instead of) reading the pages' ``<link rel="icon">``."""
+    return FileResponse(FAVICON, media_type="image/x-icon",
+                        headers={"Cache-Control": f"public, max-age={FAVICON_MAX_AGE_S}"})
 
 
 # --- login ------------------------------------------------------------------------------------
@@ -290,12 +318,86 @@ async def jobs(request: Request) -> Response:
 
 @router.get("/admin/api-keys", response_class=HTMLResponse)
 async def keys(request: Request) -> Response:
-    return await _admin_page(request, "admin_table.html", "/admin/keys", reports.api_keys,
-                             "/admin/api-keys", columns=KEY_COLUMNS, title="API keys",
-                             row_key="id",
-                             intro="Developers' keys and their balances. Make and credit keys "
-                                   "with apiary-queen keys, or POST /admin/keys.",
-                             empty="No keys yet.")
+    if not admin_authorized(request):
+        return login_redirect(request)
+    return await _keys_page(request)
+
+
+async def _keys_page(request: Request, status_code: int = 200, *, notice: str | None = None,
+                     error: FormError | None = None, created: str | None = None,
+                     form: dict[str, str] | None = None) -> Response:
+    """The Keys page: the live table of keys, and the forms that act on them. ``created`` is
+    a new key's secret, shown on this one answer only (admin pages are ``no-store``)."""
+    status, data = await load(request, "/admin/keys", reports.api_keys)
+    return _page(request, "admin_keys.html", status_code, admin=True, source="/admin/keys",
+                 data=data, active="/admin/api-keys", load_error=_load_error(status, "/admin/keys"),
+                 columns=KEY_COLUMNS, csrf=csrf_token(request) or "", notice=notice,
+                 error=error, created=created, form=form or {},
+                 # A fresh reference per page: a credit posted twice (a reload, a double click)
+                 # is credited once.
+                 credit_ref="page-" + secrets.token_hex(8))
+
+
+@router.post("/admin/api-keys", response_class=HTMLResponse)
+async def keys_action(request: Request) -> Response:
+    """Make, credit or revoke a key from the page's forms, with ``billing.admin`` as the CLI.
+
+    A cookie-authenticated POST from another site's page was refused (403) by the session's
+    ``Origin`` check before this runs; the form must also carry the session's token. Every
+    field is read before anything is written; an error is shown on the page with what was
+    typed, and changes nothing.
+    """
+    if not admin_authorized(request):
+        return login_redirect(request)
+    form = await read_form(request)
+    if form is None:
+        return await _keys_page(request, 413, error=FormError("", "That form was too large."))
+    if not csrf_valid(request, form.get("csrf")):
+        log.warning("admin keys form from %s refused: no valid form token",
+                    client_address(request))
+        return await _keys_page(request, 403, error=FormError(
+            "", "This form is out of date (you logged in again since it was loaded, or it did "
+                "not come from this page). Nothing was changed: try again below."))
+    typed = {k: v for k, v in form.items() if k not in {"csrf", "ref"}}
+    try:
+        action = parse_key_form(form)
+        keys_, store = reports.key_stores(request.app.state.queen)
+        notice, created = await _apply(request, action, keys_, store)
+    except FormError as problem:
+        return await _keys_page(request, 400, error=problem, form=typed)
+    except ApiError as problem:
+        return await _keys_page(request, problem.status_code, form=typed,
+                                error=FormError("key", problem.message))
+    await request.app.state.queen.billing.refresh()  # the running queen sees it at once
+    return await _keys_page(request, 201 if created else 200, notice=notice, created=created)
+
+
+async def _apply(request: Request, action: KeyAction, keys_: KeyStore,
+                 store: LedgerStore) -> tuple[str, str | None]:
+    """Carry out one action; returns the notice to show and a new key's secret (or None)."""
+    who = client_address(request)
+    if isinstance(action, CreateKey):
+        secret, record = await create_key(
+            keys_, store, action.name, credit_msat=action.credit_msat,
+            rpm_limit=action.rpm_limit, concurrency_limit=action.concurrency_limit,
+            budget_msat=action.budget_msat)
+        log.info("admin page (%s): created key %d (%s) with %d msat", who, record.id,
+                 record.name, action.credit_msat)
+        return (f"Made key {record.id} ({record.name}) with {fmt(action.credit_msat, 'sats')} "
+                "sats."), secret
+    if isinstance(action, CreditKey):
+        record, applied = await credit_key(keys_, store, action.key, action.msat, action.ref)
+        log.info("admin page (%s): credit of %d msat to key %d %s", who, action.msat, record.id,
+                 "applied" if applied else "already applied (same reference)")
+        if not applied:
+            return (f"That credit to key {record.id} ({record.name}) was already made (the form "
+                    "was sent twice); nothing more was added."), None
+        return f"Added {fmt(action.msat, 'sats')} sats to key {record.id} ({record.name}).", None
+    record, changed = await revoke_key(keys_, action.key)
+    if not changed:
+        raise FormError("key", f"Key {record.id} ({record.name}) is already revoked.")
+    log.info("admin page (%s): revoked key %d (%s)", who, record.id, record.name)
+    return (f"Revoked key {record.id} ({record.name}): it is refused from now on.", None)
 
 
 @router.get("/admin/payouts", response_class=HTMLResponse)

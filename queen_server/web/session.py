@@ -7,6 +7,7 @@ logging out deletes the cookie, and the cookie itself expires after ``SESSION_MA
 token themselves, so that the pages' session opens the JSON the pages poll. A state-changing
 request (a POST) that only the cookie authenticates must also come from this queen's own page
 (its ``Origin``, or ``Referer``): ``admin_session_valid`` raises ``Forbidden`` (403) when not.
+The pages' forms also carry a per-session token (``csrf_token``) that the handler checks.
 The login's rate limit and the cookie's ``Secure`` flag are decided in ``guard.py``.
 """
 
@@ -61,16 +62,46 @@ def session_cookie(token: str) -> str:
     return serializer(token).dumps({"admin": True, "n": secrets.token_hex(8)})
 
 
-def _cookie_valid(request: Request) -> bool:
+def _session(request: Request) -> dict[str, object] | None:
+    """The request's unexpired admin session for the current token, or None."""
     token = admin_token(request)
     raw = request.cookies.get(SESSION_COOKIE)
     if not token or not raw:
-        return False
+        return None
     try:
         data = serializer(token).loads(raw, max_age=SESSION_MAX_AGE_S)
     except BadSignature:  # includes SignatureExpired
-        return False
-    return isinstance(data, dict) and data.get("admin") is True
+        return None
+    return data if isinstance(data, dict) and data.get("admin") is True else None
+
+
+def _cookie_valid(request: Request) -> bool:
+    return _session(request) is not None
+
+
+def csrf_token(request: Request) -> str | None:
+    """The form token of this request's admin session, or None without a session.
+
+    Session-bound, and kept nowhere: an HMAC (under a secret derived from the admin token) of
+    the session cookie's own nonce, so each login gets its own token and a new admin token
+    voids them all. A page of another site can neither read it (the same-origin policy) nor
+    compute it (the cookie is HttpOnly and the secret never leaves the queen), so a form it
+    posts with the operator's cookie fails this check even where the ``Origin`` check would
+    not catch it (a sibling subdomain, a browser that leaves ``Origin`` out).
+    """
+    token = admin_token(request)
+    data = _session(request)
+    if not token or data is None:
+        return None
+    secret = hmac.new(token.encode(), b"apiary admin form token", hashlib.sha256).digest()
+    return hmac.new(secret, str(data.get("n", "")).encode(), hashlib.sha256).hexdigest()
+
+
+def csrf_valid(request: Request, given: str | None) -> bool:
+    """Whether a posted form token is this request's session's (compared in constant time)."""
+    expected = csrf_token(request)
+    return bool(expected and given) and hmac.compare_digest(expected.encode(),
+                                                            str(given).encode())
 
 
 def admin_session_valid(request: Request) -> bool:

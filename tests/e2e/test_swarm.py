@@ -36,7 +36,9 @@ class Swarm:
         self.tmp = tmp
         self.hub = hub
         self.port = free_port()
-        self.queen = queen_process(tmp, self.port, heartbeat_interval_s="2")
+        # The queen reads the model's size from the same hub (a Range read of its header).
+        self.queen = queen_process(tmp, self.port, heartbeat_interval_s="2",
+                                   hub_endpoint=hub.url)
         self.worker = worker_process(tmp, self.port, [MODEL], "--max-jobs", "1",
                                      hf_endpoint=hub.url)
         self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1",
@@ -84,11 +86,24 @@ def test_the_worker_pulled_the_model_through_the_hub(swarm):
     assert (swarm.tmp / "worker-key.pem").stat().st_mode & 0o777 == 0o600
 
 
-def test_models_lists_the_real_model_with_its_parameter_count(swarm):
-    [card] = swarm.client.models.list().data
-    assert card.id == MODEL
-    assert 130e6 < card.model_extra["apiary"]["parameter_count"] < 140e6
-    assert card.model_extra["apiary"]["loaded_on"] == 1
+def test_models_lists_the_real_model_with_the_size_the_queen_read(swarm):
+    def card():
+        [listed] = swarm.client.models.list().data
+        return listed
+    # the queen starts reading the header when the worker joins: wait for that reading
+    wait_for(lambda: card().model_extra["apiary"]["verified"], 30, "the queen's reading")
+    listed = card()
+    assert listed.id == MODEL
+    apiary = listed.model_extra["apiary"]
+    assert apiary["parameter_count"] == 134_515_008  # gguf.GGUFReader's count of this file
+    assert apiary["sha256"] == swarm.hub.file_sha256(REPO, "SmolLM2-135M-Instruct-Q4_1.gguf")
+    assert apiary["price"]["size_class"] == "tiny"
+    assert apiary["loaded_on"] == 1
+    # the queen read the header with Range requests, never the whole 98 MB file
+    queen_reads = [r for r in swarm.hub.requests if "/resolve/" in r.path and r.range
+                   and r.range.startswith("bytes=0-") and not r.range.endswith("-")]
+    assert queen_reads
+    assert all(int(r.range.split("-")[1]) < 10 << 20 for r in queen_reads)
 
 
 def test_plain_chat_is_sensible_with_true_usage(swarm):

@@ -15,7 +15,8 @@ import pytest
 from tests.support.module_census import STOPPED_BY_SIGTERM, loaded_packages, with_census
 from tests.support.processes import free_port, health, queen_process, running, wait_for
 
-#: What only the worker's side installs (apiary[worker], apiary[desktop]), and the worker itself.
+#: What only the worker's side installs (huggingface_hub is the queen's too now: it reads hub
+#: models' GGUF headers to price them) (apiary[worker], apiary[desktop]), and the worker itself.
 WORKER_SIDE = {
     "PySide6",
     "shiboken6",
@@ -24,7 +25,6 @@ WORKER_SIDE = {
     "pyopencl",
     "pynvml",
     "gguf",
-    "huggingface_hub",
     "keyring",
     "desktop_worker",
 }

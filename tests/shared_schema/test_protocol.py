@@ -16,6 +16,7 @@ from shared_schema import (
     ClGpu,
     DownloadProgress,
     Hello,
+    InvalidQueenUrl,
     Job,
     JobError,
     LegacyRegistration,
@@ -30,6 +31,7 @@ from shared_schema import (
     Usage,
     Welcome,
     decode,
+    earnings_auth_payload,
     encode,
     hello_signing_payload,
     loads_object,
@@ -290,66 +292,98 @@ def test_loads_object():
 # --- hello signing ---------------------------------------------------------------------------
 
 
-def test_hello_signing_payload_covers_nonce_pubkey_and_ln_url():
-    base = hello_signing_payload(NONCE, PUBKEY, "lnurl-a")
-    assert base == hello_signing_payload(NONCE, PUBKEY, "lnurl-a")
+ORIGIN = "https://queen.example"
+
+
+def test_hello_signing_payload_covers_origin_nonce_pubkey_and_ln_url():
+    base = hello_signing_payload(NONCE, PUBKEY, "lnurl-a", ORIGIN)
+    assert base == hello_signing_payload(NONCE, PUBKEY, "lnurl-a", ORIGIN)
+    assert base.startswith(b"apiary-hello/2\n")  # the old, unbound form was apiary-hello/1
     assert NONCE.encode() in base
     assert PUBKEY.encode() in base
     assert b"lnurl-a" in base
+    assert ORIGIN.encode() in base
     variants = {
-        hello_signing_payload("f" * 64, PUBKEY, "lnurl-a"),
-        hello_signing_payload(NONCE, "12" * 32, "lnurl-a"),
-        hello_signing_payload(NONCE, PUBKEY, "lnurl-b"),
-        hello_signing_payload(NONCE, PUBKEY, None),
+        hello_signing_payload("f" * 64, PUBKEY, "lnurl-a", ORIGIN),
+        hello_signing_payload(NONCE, "12" * 32, "lnurl-a", ORIGIN),
+        hello_signing_payload(NONCE, PUBKEY, "lnurl-b", ORIGIN),
+        hello_signing_payload(NONCE, PUBKEY, None, ORIGIN),
+        hello_signing_payload(NONCE, PUBKEY, "lnurl-a", "http://queen.example"),
+        hello_signing_payload(NONCE, PUBKEY, "lnurl-a", "https://queen.example:8443"),
+        # The protocol-1 payload: what an old worker signs, never what this one checks.
+        b"\n".join([b"apiary-hello/1", NONCE.encode(), PUBKEY.encode(), b"lnurl-a"]),
     }
     assert base not in variants
-    assert len(variants) == 4
+    assert len(variants) == 7
 
 
-def test_signed_hello_verifies():
+@pytest.mark.parametrize("origin", ["wss://queen.example/worker", "https://Queen.Example",
+                                    "https://queen.example:443", "https://queen.example\nx",
+                                    "", "queen.example"])
+def test_payloads_take_only_normalised_origins(origin):
+    with pytest.raises(InvalidQueenUrl):
+        hello_signing_payload(NONCE, PUBKEY, None, origin)
+    with pytest.raises(InvalidQueenUrl):
+        earnings_auth_payload(PUBKEY, 1_700_000_000, origin)
+
+
+def test_earnings_payload_names_the_queen():
+    payload = earnings_auth_payload(PUBKEY, 1_700_000_000, ORIGIN)
+    assert payload == b"apiary-earnings/2\nhttps://queen.example\n" + PUBKEY.encode() + \
+        b"\n1700000000"
+    assert payload != earnings_auth_payload(PUBKEY, 1_700_000_000, "https://other.example")
+
+
+def test_signed_hello_verifies_for_its_origin_only():
     key = new_key()
-    hello = signed_hello(key, NONCE, models=[], ln_url="http://pay.example/me")
+    hello = signed_hello(key, NONCE, models=[], ln_url="http://pay.example/me", origin=ORIGIN)
     assert hello.pubkey == pubkey_hex(key)
-    verify_hello(hello, NONCE)  # does not raise
-    # It still verifies after crossing the wire.
-    verify_hello(decode(encode(hello)), NONCE)
+    assert verify_hello(hello, NONCE, [ORIGIN]) == ORIGIN
+    # It still verifies after crossing the wire, and the origin it names is the one returned.
+    assert verify_hello(decode(encode(hello)), NONCE,
+                        ["http://127.0.0.1:8000", ORIGIN]) == ORIGIN
+    with pytest.raises(HandshakeRefused) as info:
+        verify_hello(hello, NONCE, ["https://evil.example", "http://queen.example"])
+    assert info.value.code == "bad_signature"
+    with pytest.raises(HandshakeRefused):
+        verify_hello(hello, NONCE, [])  # a queen that knows no origin of its own accepts none
 
 
 def test_signed_hello_without_ln_url_verifies():
     key = new_key()
-    verify_hello(signed_hello(key, NONCE, models=[]), NONCE)
+    verify_hello(signed_hello(key, NONCE, models=[], origin=ORIGIN), NONCE, [ORIGIN])
 
 
 def test_hello_signed_over_another_nonce_is_refused():
     key = new_key()
-    hello = signed_hello(key, NONCE, models=[], sign_nonce="9" * 64)
+    hello = signed_hello(key, NONCE, models=[], sign_nonce="9" * 64, origin=ORIGIN)
     with pytest.raises(HandshakeRefused) as info:
-        verify_hello(hello, NONCE)
+        verify_hello(hello, NONCE, [ORIGIN])
     assert info.value.code == "bad_signature"
     # And a correctly signed hello replayed against a fresh nonce is refused too.
-    good = signed_hello(key, NONCE, models=[])
+    good = signed_hello(key, NONCE, models=[], origin=ORIGIN)
     with pytest.raises(HandshakeRefused) as replay:
-        verify_hello(good, "a" * 64)
+        verify_hello(good, "a" * 64, [ORIGIN])
     assert replay.value.code == "bad_signature"
 
 
 def test_hello_with_a_changed_ln_url_is_refused():
     key = new_key()
-    hello = signed_hello(key, NONCE, models=[], ln_url="http://pay.example/owner")
+    hello = signed_hello(key, NONCE, models=[], ln_url="http://pay.example/owner", origin=ORIGIN)
     hijacked = hello.model_copy(update={"ln_url": "http://pay.example/thief"})
     with pytest.raises(HandshakeRefused) as info:
-        verify_hello(hijacked, NONCE)
+        verify_hello(hijacked, NONCE, [ORIGIN])
     assert info.value.code == "bad_signature"
     dropped = hello.model_copy(update={"ln_url": None})
     with pytest.raises(HandshakeRefused):
-        verify_hello(dropped, NONCE)
+        verify_hello(dropped, NONCE, [ORIGIN])
 
 
 def test_hello_signed_by_another_key_is_refused():
-    hello = signed_hello(new_key(), NONCE, models=[])
+    hello = signed_hello(new_key(), NONCE, models=[], origin=ORIGIN)
     impostor = hello.model_copy(update={"pubkey": pubkey_hex(new_key())})
     with pytest.raises(HandshakeRefused) as info:
-        verify_hello(impostor, NONCE)
+        verify_hello(impostor, NONCE, [ORIGIN])
     assert info.value.code == "bad_signature"
 
 

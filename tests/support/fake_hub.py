@@ -35,6 +35,7 @@ import logging
 import os
 import re
 import socket
+import struct
 import threading
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping
@@ -735,3 +736,42 @@ def _tiny_tensors(
         tensors.append(("blk.0.filler", np.arange(filler_bytes // 4, dtype=np.float32)))
     tensors.append(("output_norm.weight", np.ones(embedding, dtype=np.float32)))
     return tensors
+
+
+def gguf_header_only(parameter_count: int, *, arch: str = "llama", vocab: int = 0,
+                     split: tuple[int, int] | None = None) -> bytes:
+    """The header of a GGUF model of ``parameter_count`` parameters, and no tensor data: what
+    the queen reads (with Range requests) to price a model. ``vocab`` adds a vocabulary of that
+    many 8-byte tokens, to make the header long (300,000 tokens: about 4.8 MB); ``split`` is
+    ``(part number from 1, part count)``. Written by hand so that a 70B model costs no bytes."""
+
+    def text(value: str) -> bytes:
+        data = value.encode()
+        return struct.pack("<Q", len(data)) + data
+
+    kvs = [text("general.architecture") + struct.pack("<I", 8) + text(arch),
+           text(f"{arch}.context_length") + struct.pack("<II", 4, 4096)]
+    if vocab:
+        tokens = b"".join(text(f"tok{i:05d}") for i in range(vocab))
+        kvs.append(text("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, vocab) + tokens)
+    if split is not None:
+        kvs.append(text("split.no") + struct.pack("<IH", 2, split[0] - 1))
+        kvs.append(text("split.count") + struct.pack("<IH", 2, split[1]))
+    # Two tensors whose element counts add up: one of shape (rest, 1), one of shape (1,).
+    tensors = [("token_embd.weight", (parameter_count - 1, 1)), ("output_norm.weight", (1,))]
+    table = b"".join(
+        text(name) + struct.pack("<I", len(shape)) + b"".join(struct.pack("<Q", d) for d in shape)
+        + struct.pack("<IQ", 0, 0)  # F32, offset 0 (no data follows: the queen never reads it)
+        for name, shape in tensors)
+    head = struct.pack("<IIQQ", 0x46554747, 3, len(tensors), len(kvs))
+    return head + b"".join(kvs) + table
+
+
+def pricing_repos(parameter_counts: Mapping[str, int], **kwargs: Any) -> list[FakeRepo]:
+    """Repos that hold, for each ``hf-user/hf-repo:filter`` name, one header-only GGUF file the
+    filter picks, of that many parameters (``kwargs`` go to ``gguf_header_only``)."""
+    files: dict[str, dict[str, FileSource]] = {}
+    for name, count in parameter_counts.items():
+        repo_id, _, filter_ = name.partition(":")
+        files.setdefault(repo_id, {})[f"model-{filter_}.gguf"] = gguf_header_only(count, **kwargs)
+    return [FakeRepo(repo_id, repo_files) for repo_id, repo_files in files.items()]

@@ -62,6 +62,11 @@ async def running_queen(
         "first_token_timeout_s": 5.0,
         "total_timeout_s": 10.0,
         "auth": "open",
+        # The scripted workers' models are on no hub: the queen finds that out at once (nothing
+        # listens on port 9) and prices them as unverified, here the tiny class they are.
+        # Tests of the queen's own reading pass a fake hub's endpoint.
+        "hub_endpoint": "http://127.0.0.1:9",
+        "unverified_price_class": "tiny",
     }
     values.update(overrides)
     settings = QueenSettings(**values)

@@ -74,10 +74,11 @@ async def serve(queen_url: str, key_path: Path, max_jobs: int, token_delay_s: fl
     model = ModelDescriptor(name=ECHO_MODEL, size_bytes=1000, parameter_count=135_000_000,
                             loaded=True, sha256=ECHO_SHA256)
 
-    async def hello_factory() -> tuple[Callable[[str], Hello], int]:
-        def hello_for(nonce: str) -> Hello:
+    async def hello_factory() -> tuple[Callable[[str, str], Hello], int]:
+        def hello_for(nonce: str, origin: str) -> Hello:
             return Hello(protocol=PROTOCOL_VERSION, worker_version=__version__,
-                         pubkey=identity.pubkey, signature=identity.sign_hello(nonce, None),
+                         pubkey=identity.pubkey,
+                         signature=identity.sign_hello(nonce, None, origin=origin),
                          cpu_count=2, disk_space=10, vram=0, models=[model],
                          capabilities=["chat", "stream", "embeddings", CAPABILITY_CONTINUE],
                          max_jobs=max_jobs)

@@ -39,10 +39,13 @@ from shared_schema import (
     decode,
     encode,
     hello_signing_payload,
+    queen_origin,
 )
 
 ECHO_MODEL = "test-org/echo-GGUF:Q4_K_M"
 ECHO_SHA256 = "5e" * 32  # the model file every continuing scripted worker holds
+# The origin a hello is signed for when a test does not say (only a test's fake gate accepts it).
+TEST_ORIGIN = "http://queen.test"
 
 
 def new_key() -> Ed25519PrivateKey:
@@ -62,9 +65,13 @@ def signed_hello(
     ln_url: str | None = None,
     capabilities: list[str] | None = None,
     sign_nonce: str | None = None,
+    origin: str = TEST_ORIGIN,
 ) -> Hello:
+    """A hello signed by ``key`` for the queen of ``origin`` (``queen_origin`` of the URL
+    dialled: a real queen refuses any other)."""
     pubkey = pubkey_hex(key)
-    signature = key.sign(hello_signing_payload(sign_nonce or nonce, pubkey, ln_url)).hex()
+    signature = key.sign(hello_signing_payload(sign_nonce or nonce, pubkey, ln_url,
+                                               origin)).hex()
     return Hello(
         protocol=PROTOCOL_VERSION,
         worker_version="scripted-1",
@@ -135,8 +142,11 @@ class ScriptedWorker:
         sha256: str | None = None,
         die_after: int = 2,
         claims: Usage | None = None,
+        origin: str | None = None,
     ) -> None:
         self.ws_url = ws_url
+        # What its hello is signed for: the origin of the URL it dials, unless a test says.
+        self.origin = origin or queen_origin(ws_url)
         self.claims = claims  # a lying worker: the usage it reports, whatever it did
         self.key = key or new_key()
         self.pubkey = pubkey_hex(self.key)
@@ -184,7 +194,7 @@ class ScriptedWorker:
         if self.continues:
             capabilities.append(CAPABILITY_CONTINUE)
         return signed_hello(self.key, nonce, models=self.models, max_jobs=self.max_jobs,
-                            ln_url=self.ln_url, capabilities=capabilities)
+                            ln_url=self.ln_url, capabilities=capabilities, origin=self.origin)
 
     async def stop(self) -> None:
         if self._ws is not None:

@@ -12,8 +12,11 @@ MIB = 1 << 20
 # Room for the context (KV cache) and llama.cpp's buffers on top of the weights.
 OVERHEAD = 1.2
 FIXED_OVERHEAD_MB = 512
-# A CPU-only machine is offered small models: bigger ones answer too slowly to earn.
-CPU_ONLY_LIMIT_MB = 2048
+# A CPU-only machine is offered small models: bigger ones answer too slowly to earn. How small
+# depends on its threads: on 2 threads a 1.5B model answers at a few tokens a second (the
+# queen's timeouts come first), so only the tiny one is offered there.
+CPU_LIMITS_MB = ((2, 1024), (4, 2048), (8, 3072))  # (at most this many threads, memory limit)
+CPU_MANY_THREADS_LIMIT_MB = 4096
 
 
 @dataclass(frozen=True)
@@ -80,15 +83,41 @@ def memory_verdict(
     return f"needs about {need:,} MB of memory, but only {ram:,} MB of RAM is free (no GPU found)"
 
 
+def cpu_limit_mb(threads: int) -> int:
+    """The most memory a model may need to be offered on a CPU-only machine of ``threads``."""
+    for most, limit in CPU_LIMITS_MB:
+        if threads <= most:
+            return limit
+    return CPU_MANY_THREADS_LIMIT_MB
+
+
+def model_room_mb(report: HardwareReport, cap_mb: int | None = None) -> int:
+    """The memory a suggested model may need: the usable VRAM, or, CPU-only, half the free RAM
+    within the limit for the machine's threads."""
+    vram = usable_vram_mb(report, cap_mb)
+    if vram is not None:
+        return vram
+    return min(report.available_ram_mb // 2, cpu_limit_mb(report.cpu_count))
+
+
+def fitting_models(
+    report: HardwareReport | None, cap_mb: int | None = None,
+    catalog: tuple[CatalogModel, ...] = CATALOG,
+) -> list[CatalogModel]:
+    """The catalog models this machine can serve, biggest first (the first is the suggestion);
+    SmolLM2 alone when nothing fits (or the hardware is not known yet)."""
+    if report is None:
+        return [SMOLLM2]
+    room = model_room_mb(report, cap_mb)
+    fitting = sorted((m for m in catalog if need_mb(m.size_bytes) <= room),
+                     key=lambda m: m.size_bytes, reverse=True)
+    return fitting or [SMOLLM2]
+
+
 def suggest_model(
     report: HardwareReport | None, cap_mb: int | None = None,
     catalog: tuple[CatalogModel, ...] = CATALOG,
 ) -> CatalogModel:
-    """The biggest catalog model that fits the GPU (or, CPU-only, a small one); SmolLM2 when
-    nothing bigger fits."""
-    if report is None:
-        return SMOLLM2
-    vram = usable_vram_mb(report, cap_mb)
-    room = vram if vram is not None else min(report.available_ram_mb // 2, CPU_ONLY_LIMIT_MB)
-    fitting = [m for m in catalog if need_mb(m.size_bytes) <= room]
-    return max(fitting, key=lambda m: m.size_bytes) if fitting else SMOLLM2
+    """The biggest catalog model that fits the GPU (or, CPU-only, a small one for its threads);
+    SmolLM2 when nothing bigger fits."""
+    return fitting_models(report, cap_mb, catalog)[0]

@@ -1,7 +1,9 @@
 """The worker's earnings, read from its queen every ``interval_s`` (and on demand).
 
 Until the first answer (or when the queen keeps no ledger) the views show zeros, labelled as
-such through ``note``.
+such through ``note``. Whether the queen pays at all comes from its ``welcome`` (``set_welcome``)
+or, failing that, from the earnings answer: on a queen that says it does not pay, nothing is
+fetched and the views say so instead of waiting for sats that never come.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from desktop_worker.earnings import fetch_earnings
 from desktop_worker.errors import WorkerError
 from desktop_worker.identity import WorkerIdentity
 from shared_schema import WorkerEarnings
+from shared_schema.protocol import Welcome
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +45,16 @@ class EarningsService(QObject):
         identity: Callable[[], WorkerIdentity],
         *,
         interval_s: float = 30.0,
+        payout_address: Callable[[], str | None] = lambda: None,
         parent: QObject | None = None,
     ) -> None:
         super().__init__(parent)
         self._queen_url = queen_url
         self._identity = identity
+        self.payout_address = payout_address
+        # The last welcome's terms, and the queen URL they were given for (a new queen's
+        # terms are unknown until it welcomes us).
+        self._welcome: tuple[str, Welcome] | None = None
         self.interval_s = interval_s
         self.earnings = empty_earnings()
         self.fresh = False
@@ -70,14 +78,56 @@ class EarningsService(QObject):
         self._wake.set()
 
     def earned_for(self, job_id: str) -> int | None:
-        """msat this job earned, once the queen has settled it (None: not known yet)."""
-        return self.job_msat.get(request_id(job_id))
+        """msat this job earned, once the queen has settled it (None: not known yet; 0 on a
+        queen that does not pay, rather than "…" forever)."""
+        earned = self.job_msat.get(request_id(job_id))
+        if earned is None and self.pays is False:
+            return 0
+        return earned
+
+    @property
+    def pays(self) -> bool | None:
+        """Whether the current queen pays its workers: its welcome's word, else the earnings
+        answer's; None when neither said (an older queen, or not heard from yet)."""
+        if self._welcome is not None and self._welcome[0] == self._queen_url():
+            said = self._welcome[1].pays_workers
+            if said is not None:
+                return said
+        return self.earnings.pays_workers if self.fresh else None
+
+    @property
+    def threshold_msat(self) -> int | None:
+        """The payout threshold: from the welcome, else the earnings answer."""
+        if self._welcome is not None and self._welcome[0] == self._queen_url():
+            said = self._welcome[1].payout_threshold_msat
+            if said is not None:
+                return said
+        return self.earnings.payout_threshold_msat if self.fresh else None
+
+    def set_welcome(self, welcome: Welcome) -> None:
+        """The queen's terms arrived (each session): show them at once, and read the figures."""
+        self._welcome = (self._queen_url(), welcome)
+        self.republish()
+        self.poke()
+
+    def republish(self) -> None:
+        """Show the last figures again (the terms or the payout address changed)."""
+        if self.pays is False:
+            self.note.emit("")
+        self.updated.emit(self.earnings)
 
     async def refresh(self) -> WorkerEarnings | None:
+        if self._welcome is not None and self._welcome[0] == self._queen_url() \
+                and self._welcome[1].pays_workers is False:
+            self.republish()  # nothing to read: this queen pays no one
+            return None
         try:
             earnings = await fetch_earnings(self._queen_url(), self._identity())
         except WorkerError as exc:
             self.fresh = False
+            if self.pays is False:
+                self.republish()
+                return None
             self.note.emit(f"Earnings not available right now: {exc}")
             return None
         self.earnings = earnings
@@ -93,3 +143,44 @@ class EarningsService(QObject):
             await self.refresh()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.interval_s)
+
+
+# --- what the Earnings tab says (pure) --------------------------------------------------------
+
+NOT_PAYING = "This queen does not pay its workers"
+NOT_PAYING_DETAIL = (NOT_PAYING + ": it serves requests without keys or keeps no ledger, so the "
+                     "jobs you serve here earn nothing. To earn sats, join a queen that pays "
+                     "(Settings, Queen).")
+PROOF_OF_WORK = "proof of work: your first job is unpaid"
+
+
+def proof_of_work_row(earnings: WorkerEarnings) -> tuple[str, str, str]:
+    """The Earnings table's pinned row for the first job (when, what, sats). The queen credits
+    nothing for a new worker's first job, so it is never among ``recent_jobs``: this row says
+    so instead of letting it vanish. ``jobs_settled`` tells whether it was served yet."""
+    if earnings.jobs_settled > 0:
+        return ("first job", PROOF_OF_WORK + " (done)", "0")
+    return ("next job", PROOF_OF_WORK + " (the jobs after it earn)", "—")
+
+
+def escrow_text(earnings: WorkerEarnings) -> str:
+    """Where this worker stands: proof of work, escrow, or earning freely."""
+    settled = f"{earnings.jobs_settled:,} job(s) settled."
+    if earnings.jobs_settled == 0:
+        return (f"{settled} Your first job is your proof of work and earns nothing; the ones "
+                "after it earn sats.")
+    if earnings.escrow_jobs_left:
+        return (f"{settled} A new worker's next jobs are held in escrow: "
+                f"{earnings.escrow_jobs_left:,} more until pending earnings become available.")
+    return settled
+
+
+def address_nudge(earnings: WorkerEarnings, has_address: bool) -> str:
+    """The nudge shown when the queen pays but there is no payout address ("" when none)."""
+    if has_address:
+        return ""
+    owed = earnings.available_msat + earnings.pending_msat
+    if owed > 0:
+        return ("You have no Lightning payout address, so the queen cannot pay what it owes "
+                "you. Add one to be paid.")
+    return "You have no Lightning payout address yet: add one so the queen can pay you."

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from PySide6.QtCore import QObject, Signal
 
-from desktop_worker.errors import DownloadCancelled, WorkerError
+from desktop_worker.errors import DownloadCancelled, HubError, HubOffline, WorkerError
 from desktop_worker.gui.services.advice import memory_verdict
 from desktop_worker.hardware import HardwareReport
 from desktop_worker.settings import WorkerSettings
@@ -28,6 +30,29 @@ class DiskUse:
     used_bytes: int
     quota_bytes: int | None
     free_bytes: int
+
+
+DEFAULT_HUB = "https://huggingface.co"
+
+
+def plain_pull_error(exc: WorkerError, endpoint: str | None = None) -> str:
+    """A store error as an owner reads it: no raw ``[Errno -2] Name or service not known``.
+    The hub's address is named, with what to do; other errors are already in plain words."""
+    host = urlsplit(endpoint or DEFAULT_HUB).hostname or "the model hub"
+    text = str(exc)
+    if isinstance(exc, HubOffline):
+        if "offline mode" in text:
+            return ("offline mode is on (HF_HUB_OFFLINE=1), so nothing can be downloaded; turn "
+                    "it off, or use a .gguf file you already have")
+        return f"could not reach {host}: check your internet connection, then retry"
+    if isinstance(exc, HubError):
+        answered = re.search(r"answered (\d{3})", text)
+        if answered and answered.group(1).startswith("5"):
+            return (f"{host} had a problem (HTTP {answered.group(1)}): try again in a "
+                    "while")
+        if answered:
+            return f"{host} refused the download (HTTP {answered.group(1)})"
+    return text
 
 
 def store_for(settings: WorkerSettings) -> ModelStore:
@@ -56,6 +81,7 @@ class ModelsService(QObject):
         self.store = store_for(settings)
         self._cancel: threading.Event | None = None
         self.pulling: str | None = None
+        self.last_message = ""  # what the last pull or import ended with, in plain words
 
     def apply_settings(self, settings: WorkerSettings) -> None:
         """New folder or quota: a new store over it."""
@@ -111,7 +137,8 @@ class ModelsService(QObject):
             return self._finish(name, "cancelled",
                                 "download cancelled; what was downloaded is kept for next time")
         except WorkerError as exc:
-            return self._finish(name, "failed", str(exc))
+            log.info("pulling %s failed: %s", name, exc)  # the raw reason, for the Logs tab
+            return self._finish(name, "failed", plain_pull_error(exc, self.settings.hf_endpoint))
         except Exception as exc:  # never let a download take the app down
             log.exception("pulling %s failed", name)
             return self._finish(name, "failed", f"{type(exc).__name__}: {exc}")
@@ -127,6 +154,7 @@ class ModelsService(QObject):
     def _finish(self, name: str, outcome: str, message: str) -> str:
         log.log(logging.WARNING if outcome in ("failed", "refused") else logging.INFO,
                 "model %s: %s", outcome, message)
+        self.last_message = message
         self.pull_finished.emit(name, outcome, message)
         self.refresh()
         return outcome

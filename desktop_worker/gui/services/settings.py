@@ -1,5 +1,9 @@
 """The owner's settings: validated, saved to ``settings.json`` (``desktop/config.py``), and
-announced to the rest of the app; "Run at login" goes through ``desktop/autostart.py``."""
+announced to the rest of the app; "Run at login" goes through ``desktop/autostart.py``.
+
+``classify_changes`` says what a save means for a running worker: the queen and the payout
+address apply at once (the app reconnects), the store and engine settings when earning
+restarts, the rest at the next launch or right away (run at login)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,20 @@ from desktop_worker.errors import WorkerError
 from desktop_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
+
+
+# Applied to a running worker at once: the app reconnects (the hello carries both).
+LIVE_FIELDS = ("queen_url", "ln_url")
+# Applied when earning restarts: the model store and the engine are built per Start.
+RESTART_FIELDS = ("models_dir", "disk_quota_gb", "vram_cap_mb", "threads")
+
+
+def classify_changes(old: WorkerSettings, new: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(live, on restart): the names in ``new`` whose values differ from ``old``'s, split by
+    when they can take effect on a running worker."""
+    changed = [name for name, value in new.items() if getattr(old, name, None) != value]
+    return ([n for n in changed if n in LIVE_FIELDS],
+            [n for n in changed if n in RESTART_FIELDS])
 
 
 class AutostartLike(Protocol):

@@ -2,8 +2,11 @@
 and turns the link's and the job runner's callbacks into Qt signals.
 
 The tray state is a pure function of the link state and the number of jobs in flight
-(``tray_state``). Log records from any thread reach the Logs tab through ``LogBridge``, a
-``logging.Handler`` whose signal Qt queues onto the GUI thread.
+(``tray_state``). While the link waits to reconnect, the controller keeps why (in plain words,
+from ``link_probe.explain_connect_error``) and when the next attempt is (``retry_at``), so the
+header can count down each second (``countdown_text``). A failure that the owner can fix names
+the fix (``fix``: a key of ``FIX_LABELS``). Log records from any thread reach the Logs tab
+through ``LogBridge``, a ``logging.Handler`` whose signal Qt queues onto the GUI thread.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,9 +23,11 @@ from enum import StrEnum
 
 from PySide6.QtCore import QObject, Signal
 
-from desktop_worker.errors import HandshakeRefusedError, WorkerError
+from desktop_worker.errors import HandshakeRefusedError, LinkError, ModelStoreError, WorkerError
 from desktop_worker.hardware import HardwareReport
 from desktop_worker.jobs import JobRecord
+from desktop_worker.link.backoff import Backoff
+from desktop_worker.link_probe import explain_connect_error
 from desktop_worker.service import Detector, WorkerService
 from desktop_worker.settings import WorkerSettings
 from desktop_worker.store import ModelStore
@@ -44,6 +51,49 @@ STATE_TEXT = {
     TrayState.WORKING: "Earning: serving a job",
     TrayState.ERROR: "Needs attention",
 }
+
+
+# What the header's fix button says for each kind of problem the owner can fix.
+FIX_LABELS = {
+    "models": "Choose a model",
+    "retry_download": "Retry download",
+    "settings": "Open Settings",
+}
+# Refusals the owner fixes in Settings (the payout address the queen would not take).
+SETTINGS_REFUSALS = frozenset({"invalid_ln_url"})
+_RECONNECT_IN = re.compile(r"reconnecting in ([0-9]+(?:\.[0-9]+)?) s")
+
+
+def countdown_text(reason: str, retry_at: float | None, now: float) -> str:
+    """"Cannot reach the queen: <reason>. Retrying in 12 s…", the seconds rounded up so it
+    never shows 0 before the attempt; "Retrying now…" once the time is up."""
+    head = f"Cannot reach the queen: {reason}." if reason else ""
+    if retry_at is None:
+        return head
+    left = math.ceil(retry_at - now - 1e-6)
+    tail = f"Retrying in {left} s…" if left > 0 else "Retrying now…"
+    return f"{head} {tail}".strip()
+
+
+def reconnect_delay(detail: str) -> float | None:
+    """The wait the link announced in its "disconnected" detail ("reconnecting in 12.9 s")."""
+    match = _RECONNECT_IN.search(detail)
+    return float(match.group(1)) if match else None
+
+
+def fix_for(exc: BaseException) -> str | None:
+    """Which fix to offer for an error that stopped the worker (a ``FIX_LABELS`` key)."""
+    if isinstance(exc, HandshakeRefusedError):
+        return "settings" if exc.code in SETTINGS_REFUSALS else None
+    if isinstance(exc, LinkError):
+        return "settings"  # a queen address the link cannot use
+    if isinstance(exc, ModelStoreError):
+        return "models"
+    return None
+
+
+class NoModelYet(WorkerError):
+    """Start was asked with nothing to serve."""
 
 
 def tray_state(link_state: str, active_jobs: int, running: bool) -> TrayState:
@@ -77,6 +127,7 @@ class WorkerController(QObject):
     failed = Signal(str)  # something the owner must fix
     hardware_detected = Signal(object)  # HardwareReport
     running_changed = Signal(bool)
+    welcomed = Signal(object)  # the queen's Welcome, each session (whether it pays, threshold)
 
     def __init__(
         self,
@@ -84,12 +135,19 @@ class WorkerController(QObject):
         store: Callable[[], ModelStore],
         *,
         detector: Detector | None = None,
+        backoff: Callable[[], Backoff] | None = None,
+        clock: Callable[[], float] = time.monotonic,
         parent: QObject | None = None,
     ) -> None:
         super().__init__(parent)
         self.settings = settings
         self._store = store
         self._detector = detector
+        self._backoff = backoff
+        self.clock = clock
+        self.fix: str | None = None  # the fix for the failure on show (FIX_LABELS key)
+        self.reason = ""  # why the link is waiting to reconnect, in plain words
+        self.retry_at: float | None = None  # when it tries again (``clock`` time)
         self.service: WorkerService | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
@@ -133,6 +191,11 @@ class WorkerController(QObject):
             if not task.done():
                 task.cancel()
 
+    async def restart(self) -> None:
+        """Stop (jobs finish or are cancelled) and start again with the current settings."""
+        await self.stop_and_wait()
+        self.start()
+
     async def detect(self) -> HardwareReport:
         """Detect the hardware (in a thread) and announce it."""
         service = self.service or self._build()
@@ -143,7 +206,10 @@ class WorkerController(QObject):
     # --- running -------------------------------------------------------------------------------
 
     def _build(self) -> WorkerService:
-        return WorkerService(self.settings, store=self._store(), detector=self._detector)
+        service = WorkerService(self.settings, store=self._store(), detector=self._detector)
+        if self._backoff is not None:
+            service.link.backoff = self._backoff()
+        return service
 
     async def _run(self, stop: asyncio.Event) -> None:
         self._set_link("connecting", "getting ready")
@@ -151,10 +217,11 @@ class WorkerController(QObject):
             service = self._build()
             self.service = service
             service.link.on_state = self._set_link
+            service.link.on_welcome = self.welcomed.emit
             service.runner.on_started.append(self._on_started)
             service.runner.on_finished.append(self._on_finished)
             if not service.store.list() and not self.settings.models:
-                raise WorkerError("there is no model to serve yet: add one in the Models tab")
+                raise NoModelYet("there is no model to serve yet: add one in the Models tab")
             # Detect first: loading a model plans its GPU layers from the free VRAM detected.
             report = await service.detect()
             self.hardware_detected.emit(report)
@@ -163,9 +230,11 @@ class WorkerController(QObject):
                 await service.prepare(self.settings.models)
             await service.serve(stop)
         except HandshakeRefusedError as exc:
-            self._fail(f"the queen refused this worker: {exc}")
+            self._fail(f"the queen refused this worker: {exc}", fix_for(exc))
+        except NoModelYet as exc:
+            self._fail(str(exc), "models")
         except WorkerError as exc:
-            self._fail(str(exc))
+            self._fail(str(exc), fix_for(exc))
         except asyncio.CancelledError:
             self._set_link("stopped", "")
             raise
@@ -179,8 +248,10 @@ class WorkerController(QObject):
             self.running_changed.emit(False)
             self._publish()
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str, fix: str | None = None) -> None:
         log.error("%s", message)
+        self.fix = fix
+        self.retry_at = None
         self.link_state = "refused"
         self.detail = message
         self.state = TrayState.ERROR
@@ -189,7 +260,22 @@ class WorkerController(QObject):
         self.failed.emit(message)
 
     def _set_link(self, state: str, detail: str) -> None:
+        if state == "connecting" and self.link_state == "refused":
+            self.fix = None  # a new start: the last failure is over
         self.link_state = state
+        if state == "disconnected":
+            link = self.service.link if self.service is not None else None
+            _kind, self.reason = explain_connect_error(
+                link.last_error if link is not None else None, self.settings.queen_url)
+            delay = reconnect_delay(detail)
+            self.retry_at = None if delay is None else self.clock() + delay
+            detail = countdown_text(self.reason, self.retry_at, self.clock())
+        elif state == "connecting" and self.reason:  # the next attempt, after a failed one
+            self.retry_at = None
+            detail = countdown_text(self.reason, self.clock(), self.clock())
+        else:
+            self.retry_at = None
+            self.reason = ""
         self.detail = detail
         self.link_changed.emit(state, detail)
         self._publish()
@@ -222,7 +308,8 @@ class WorkerController(QObject):
 class LogBridge(QObject):
     """Log records from any thread, as a signal on the GUI thread."""
 
-    record = Signal(str, str, str)  # level name, logger name, formatted message
+    # level name, logger name, the line shown (with its time), the message alone (for folding)
+    record = Signal(str, str, str, str)
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -247,4 +334,5 @@ class _SignalHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         with contextlib.suppress(RuntimeError):  # the bridge is gone (app shutting down)
-            self.bridge.record.emit(record.levelname, record.name, self.format(record))
+            self.bridge.record.emit(record.levelname, record.name, self.format(record),
+                                    record.getMessage())

@@ -1,19 +1,24 @@
 """The Earnings tab: today, last 7 days and total; pending (escrow), available and paid; the
 payout history and a chart of daily earnings, painted with QPainter (the app ships without
-QtCharts). Zeros are labelled as such until the queen answers."""
+QtCharts). Zeros are labelled as such until the queen answers. It explains itself: on a queen
+that does not pay it says so (and shows no figures), the first job's proof of work is a row of
+the jobs table, the payout threshold and an estimate of the next payout are shown, and with no
+payout address a nudge opens Settings at the field."""
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import UTC, date, datetime
 
-from PySide6.QtCore import QRectF, QSize, Qt
+from PySide6.QtCore import QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QFrame,
     QGridLayout,
+    QHBoxLayout,
     QHeaderView,
     QLabel,
+    QPushButton,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -21,7 +26,14 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_worker.gui.common import plain_label, sats
-from desktop_worker.gui.services.earnings import EarningsService
+from desktop_worker.gui.services.earnings import (
+    NOT_PAYING_DETAIL,
+    EarningsService,
+    address_nudge,
+    escrow_text,
+    proof_of_work_row,
+)
+from desktop_worker.gui.services.payout_estimate import payout_outlook
 from shared_schema import WorkerEarnings
 
 BAR = QColor("#f59e0b")
@@ -123,36 +135,81 @@ class Card(QFrame):
         layout.addWidget(self.value)
 
 
+NUDGE_STYLE = ("QPushButton { background: #fde68a; color: #78350f; font-weight: 600; "
+               "border-radius: 6px; padding: 4px 12px; }")
+
+
+def _table(columns: tuple[str, ...], height: int) -> QTableWidget:
+    table = QTableWidget(0, len(columns))
+    table.setHorizontalHeaderLabels(columns)
+    table.verticalHeader().setVisible(False)
+    table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+    table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    table.horizontalHeader().setStretchLastSection(True)
+    table.setMaximumHeight(height)
+    return table
+
+
 class EarningsView(QWidget):
+    add_address_requested = Signal()  # the nudge's button: open Settings at the payout field
+
     def __init__(self, service: EarningsService, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.service = service
         self.note = plain_label("Not connected to a queen yet: these figures are zeros until it "
                            "answers.")
         self.note.setStyleSheet("color: #92400e;")
         self.note.setWordWrap(True)
+        self.not_paying = plain_label(NOT_PAYING_DETAIL)
+        self.not_paying.setObjectName("not_paying")
+        self.not_paying.setWordWrap(True)
+        self.not_paying.setStyleSheet("font-size: 15px; font-weight: 600; color: #92400e; "
+                                      "background: #fef3c7; border-radius: 6px; padding: 10px;")
+        self.not_paying.setVisible(False)
+        self.nudge = plain_label()
+        self.nudge.setWordWrap(True)
+        self.nudge.setStyleSheet("color: #92400e;")
+        self.nudge_button = QPushButton("Add a payout address")
+        self.nudge_button.setStyleSheet(NUDGE_STYLE)
+        self.nudge_button.clicked.connect(self.add_address_requested.emit)
+        nudge_row = QHBoxLayout()
+        nudge_row.addWidget(self.nudge, 1)
+        nudge_row.addWidget(self.nudge_button)
+        self.nudge_box = QWidget()
+        self.nudge_box.setLayout(nudge_row)
+        self.nudge_box.setVisible(False)
         self.cards = {key: Card(title) for key, title in CARDS}
         grid = QGridLayout()
         for i, (key, _) in enumerate(CARDS):
             grid.addWidget(self.cards[key], i // 3, i % 3)
         self.escrow = plain_label()
         self.escrow.setStyleSheet("color: #4b5563;")
+        self.escrow.setWordWrap(True)
+        self.threshold = plain_label()
+        self.threshold.setStyleSheet("color: #4b5563;")
+        self.eta = plain_label()
+        self.eta.setStyleSheet("color: #4b5563; font-weight: 600;")
         self.chart = DailyChart()
-        self.payouts = QTableWidget(0, 4)
-        self.payouts.setHorizontalHeaderLabels(("When", "Amount", "State", "Detail"))
-        self.payouts.verticalHeader().setVisible(False)
-        self.payouts.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.payouts.horizontalHeader().setSectionResizeMode(
-            QHeaderView.ResizeMode.ResizeToContents)
-        self.payouts.horizontalHeader().setStretchLastSection(True)
-        self.payouts.setMaximumHeight(150)
+        self.jobs = _table(("Settled", "Job", "Sats"), 150)
+        self.payouts = _table(("When", "Amount", "State", "Detail"), 120)
+        self.figures = QWidget()  # everything that means nothing on a queen that pays nothing
+        figures = QVBoxLayout(self.figures)
+        figures.setContentsMargins(0, 0, 0, 0)
+        figures.addWidget(self.nudge_box)
+        figures.addLayout(grid)
+        figures.addWidget(self.escrow)
+        figures.addWidget(self.threshold)
+        figures.addWidget(self.eta)
+        figures.addWidget(QLabel("<b>Daily earnings, last 30 days</b>"))
+        figures.addWidget(self.chart, 1)
+        figures.addWidget(QLabel("<b>Settled jobs</b>"))
+        figures.addWidget(self.jobs)
+        figures.addWidget(QLabel("<b>Payouts</b>"))
+        figures.addWidget(self.payouts)
         layout = QVBoxLayout(self)
         layout.addWidget(self.note)
-        layout.addLayout(grid)
-        layout.addWidget(self.escrow)
-        layout.addWidget(QLabel("<b>Daily earnings, last 30 days</b>"))
-        layout.addWidget(self.chart, 1)
-        layout.addWidget(QLabel("<b>Payouts</b>"))
-        layout.addWidget(self.payouts)
+        layout.addWidget(self.not_paying)
+        layout.addWidget(self.figures, 1)
         service.updated.connect(self.show_earnings)
         service.note.connect(self.show_note)
 
@@ -162,21 +219,43 @@ class EarningsView(QWidget):
         self.note.setVisible(bool(text))
 
     def show_earnings(self, earnings: WorkerEarnings) -> None:
+        paying = self.service.pays is not False
+        self.not_paying.setVisible(not paying)
+        self.figures.setVisible(paying)
+        if not paying:
+            self.note.setVisible(False)
+            return
         values = {"today": earnings.today_msat, "week": earnings.week_msat,
                   "total": earnings.total_msat, "pending": earnings.pending_msat,
                   "available": earnings.available_msat, "paid": earnings.paid_msat}
         for key, msat in values.items():
             self.cards[key].value.setText(sats(msat))
-        if earnings.escrow_jobs_left:
-            self.escrow.setText(f"{earnings.jobs_settled} job(s) settled. A new worker's first "
-                                f"jobs are held in escrow: {earnings.escrow_jobs_left} more "
-                                "until pending earnings become available.")
-        else:
-            self.escrow.setText(f"{earnings.jobs_settled} job(s) settled.")
+        nudge = address_nudge(earnings, bool(self.service.payout_address()))
+        self.nudge.setText(nudge)
+        self.nudge_box.setVisible(bool(nudge))
+        self.escrow.setText(escrow_text(earnings))
+        outlook = payout_outlook(earnings, self.service.threshold_msat,
+                                 datetime.now(UTC).date())
+        self.threshold.setText(outlook.threshold if outlook else "")
+        self.eta.setText(outlook.eta if outlook else "")
+        self.threshold.setVisible(outlook is not None)
+        self.eta.setVisible(outlook is not None)
         self.chart.set_days([(d.day, d.earned_msat / 1000) for d in earnings.daily])
+        rows = [(job.settled_at.strftime("%Y-%m-%d %H:%M"), job.job_id,
+                 sats(job.earned_msat).removesuffix(" sats")) for job in earnings.recent_jobs]
+        rows.append(proof_of_work_row(earnings))  # the oldest: the first job, unpaid
+        self.jobs.setRowCount(len(rows))
+        for row, cells in enumerate(rows):
+            for column, text in enumerate(cells):
+                self.jobs.setItem(row, column, QTableWidgetItem(text))
         self.payouts.setRowCount(len(earnings.recent_payouts))
         for row, payout in enumerate(earnings.recent_payouts):
             cells = (payout.updated_at.strftime("%Y-%m-%d %H:%M"), sats(payout.amount_msat),
                      payout.state, payout.detail)
             for column, text in enumerate(cells):
                 self.payouts.setItem(row, column, QTableWidgetItem(text))
+
+    def job_rows(self) -> list[tuple[str, ...]]:
+        """The settled-jobs table's text, row by row (for tests and screenshots)."""
+        return [tuple(self.jobs.item(r, c).text() for c in range(self.jobs.columnCount()))
+                for r in range(self.jobs.rowCount())]

@@ -29,6 +29,14 @@ def vram_bar(device: ComputeDevice) -> QProgressBar:
     return bar
 
 
+def ram_bar_values(total_mb: int, available_mb: int) -> tuple[int, int, str]:
+    """(value, maximum, text) of the RAM bar: the fill is the memory in use, and the text says
+    so ("1,234 MB used of 24,105 MB"), like the VRAM bars."""
+    total = max(total_mb, 1)
+    used = min(max(total_mb - available_mb, 0), total)
+    return used, total, f"{used:,} MB used of {total_mb:,} MB ({available_mb:,} MB free)"
+
+
 class HardwareView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -39,6 +47,7 @@ class HardwareView(QWidget):
         self._layout.addStretch(1)
         self._layout.addWidget(self.refresh_button)
         self.gpu_names: list[str] = []
+        self.ram: QProgressBar | None = None
         self.show_report(None)
 
     def show_report(self, report: HardwareReport | None) -> None:
@@ -48,6 +57,7 @@ class HardwareView(QWidget):
         body = QVBoxLayout(self._body)
         body.setContentsMargins(0, 0, 0, 0)
         self.gpu_names = []
+        self.ram = None
         if report is None:
             body.addWidget(QLabel("Detecting this machine's hardware…"))
             self._layout.insertWidget(0, self._body)
@@ -70,11 +80,12 @@ class HardwareView(QWidget):
         system = QGroupBox("This machine")
         form = QFormLayout(system)
         form.addRow("CPU threads", QLabel(str(report.cpu_count)))
-        ram = QProgressBar()
-        ram.setRange(0, max(report.total_ram_mb, 1))
-        ram.setValue(report.total_ram_mb - report.available_ram_mb)
-        ram.setFormat(f"{report.available_ram_mb:,} MB free of {report.total_ram_mb:,} MB")
-        form.addRow("RAM", ram)
+        self.ram = QProgressBar()
+        value, maximum, text = ram_bar_values(report.total_ram_mb, report.available_ram_mb)
+        self.ram.setRange(0, maximum)
+        self.ram.setValue(value)
+        self.ram.setFormat(text)
+        form.addRow("RAM", self.ram)
         form.addRow("Free disk", QLabel(f"{report.disk_space:,} GB where models are kept "
                                         f"({report.models_dir})"))
         body.addWidget(system)

@@ -1,11 +1,19 @@
 """The Settings tab: queen URL, payout address (checked live), models folder, disk quota, VRAM
-cap, CPU threads, start earning at launch, run at login."""
+cap, CPU threads, start earning at launch, run at login.
+
+The queen URL goes through the same normaliser as the wizard, and one it cannot read is refused
+at Save, with the expected form. While the worker earns, a new queen or payout address applies
+at once (after a confirmation: the worker reconnects); the folder, quota, VRAM cap and threads
+say that they apply when earning restarts, with a "Restart now" button. Edits not yet saved
+say "Unsaved changes" until Save."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QDoubleSpinBox,
@@ -13,6 +21,7 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QHBoxLayout,
     QLineEdit,
+    QMessageBox,
     QPushButton,
     QSpinBox,
     QVBoxLayout,
@@ -21,12 +30,16 @@ from PySide6.QtWidgets import (
 
 from desktop_worker.errors import WorkerError
 from desktop_worker.gui.common import plain_label
-from desktop_worker.gui.services.settings import SettingsService
+from desktop_worker.gui.services.settings import SettingsService, classify_changes
+from desktop_worker.queen_url import normalise_queen_url
 from desktop_worker.settings import WorkerSettings
 from shared_schema.payout_address import check_payout_address
 
 OK = "color: #166534;"
 BAD = "color: #b91c1c;"
+PENDING = "color: #92400e;"
+UNSAVED = "Unsaved changes"
+RESTART_NOTE = "applies when you restart earning"
 
 
 def payout_feedback(text: str) -> tuple[bool, str]:
@@ -67,11 +80,27 @@ class PayoutField(QWidget):
         return self.edit.text().strip() or None
 
 
+def ask(parent: QWidget, title: str, text: str) -> bool:
+    answer = QMessageBox.question(parent, title, text)
+    return answer == QMessageBox.StandardButton.Yes
+
+
 class SettingsView(QWidget):
-    def __init__(self, service: SettingsService, parent: QWidget | None = None) -> None:
+    """``earning()`` says whether the worker runs now; ``reconnect`` (a new queen or address
+    while earning) and ``restart_requested`` ("Restart now") are the app's to carry out.
+    ``confirm(title, text)`` asks the owner (a dialog; tests replace it)."""
+
+    reconnect = Signal()
+    restart_requested = Signal()
+
+    def __init__(self, service: SettingsService, parent: QWidget | None = None, *,
+                 earning: Callable[[], bool] = lambda: False) -> None:
         super().__init__(parent)
         self.service = service
+        self.earning = earning
+        self.confirm: Callable[[str, str], bool] = lambda title, text: ask(self, title, text)
         self.queen = QLineEdit()
+        self.queen.setPlaceholderText("queen.example.com or wss://queen.example.com/worker")
         self.payout = PayoutField()
         self.models_dir = QLineEdit()
         browse = QPushButton("Browse…")
@@ -98,6 +127,9 @@ class SettingsView(QWidget):
         self.save.clicked.connect(self.apply)
         self.message = plain_label()  # error messages, in their own words
         self.message.setWordWrap(True)
+        self.restart = QPushButton("Restart now")
+        self.restart.setVisible(False)
+        self.restart.clicked.connect(self._restart_now)
 
         form = QFormLayout()
         form.addRow("Queen URL", self.queen)
@@ -110,15 +142,49 @@ class SettingsView(QWidget):
         form.addRow("", self.at_login)
         buttons = QHBoxLayout()
         buttons.addWidget(self.message, 1)
+        buttons.addWidget(self.restart)
         buttons.addWidget(self.save)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addStretch(1)
         layout.addLayout(buttons)
         self.payout.edit.textChanged.connect(lambda _t: self.save.setEnabled(self.payout.valid))
+        for edit in (self.queen, self.payout.edit, self.models_dir):
+            edit.textChanged.connect(self._edited)
+        for box in (self.quota, self.vram, self.threads):
+            box.valueChanged.connect(self._edited)
+        for check in (self.at_launch, self.at_login):
+            check.toggled.connect(self._edited)
+        self._loading = False
+        self._saved_form: dict[str, object] = {}
         self.load(service.settings)
 
     def load(self, settings: WorkerSettings) -> None:
+        self._loading = True
+        try:
+            self._fill(settings)
+        finally:
+            self._loading = False
+        self._saved_form = self.form()
+        if self.message.text() == UNSAVED:
+            self._say("", OK)
+
+    def form(self) -> dict[str, object]:
+        """What the form holds now, as typed (compared with what was last saved or loaded)."""
+        return {"queen": self.queen.text().strip(), "payout": self.payout.edit.text().strip(),
+                "models_dir": self.models_dir.text().strip(), "quota": self.quota.value(),
+                "vram": self.vram.value(), "threads": self.threads.value(),
+                "at_launch": self.at_launch.isChecked(), "at_login": self.at_login.isChecked()}
+
+    def _edited(self, *_args: object) -> None:
+        if self._loading:
+            return
+        if self.form() != self._saved_form:
+            self._say(UNSAVED, PENDING)
+        elif self.message.text() == UNSAVED:
+            self._say("", OK)
+
+    def _fill(self, settings: WorkerSettings) -> None:
         self.queen.setText(settings.queen_url)
         self.payout.edit.setText(settings.ln_url or "")
         self.models_dir.setText(str(settings.models_dir))
@@ -134,28 +200,67 @@ class SettingsView(QWidget):
             self.models_dir.setText(folder)
 
     def apply(self) -> bool:
+        """Save (refusing what cannot be read), then apply what can apply now."""
         if not self.payout.valid:
             self._say(f"Payout address: {self.payout.verdict.text()}", BAD)
             return False
-        at_login = self.at_login.isChecked()  # read before saving reloads the form
         try:
-            self.service.update(
-                queen_url=self.queen.text().strip(),
-                ln_url=self.payout.value(),
-                models_dir=Path(self.models_dir.text().strip()).expanduser(),
-                disk_quota_gb=self.quota.value() or None,
-                vram_cap_mb=self.vram.value() or None,
-                threads=self.threads.value() or None,
-                start_earning_at_launch=self.at_launch.isChecked(),
-            )
+            queen_url = normalise_queen_url(self.queen.text())
+        except WorkerError as exc:
+            self._say(f"Queen URL: {exc}", BAD)
+            return False
+        at_login = self.at_login.isChecked()  # read before saving reloads the form
+        changes = {
+            "queen_url": queen_url,
+            "ln_url": self.payout.value(),
+            "models_dir": Path(self.models_dir.text().strip()).expanduser(),
+            "disk_quota_gb": self.quota.value() or None,
+            "vram_cap_mb": self.vram.value() or None,
+            "threads": self.threads.value() or None,
+            "start_earning_at_launch": self.at_launch.isChecked(),
+        }
+        live, on_restart = classify_changes(self.service.settings, changes)
+        earning = self.earning()
+        if live and earning and not self.confirm(
+                "Reconnect to the queen?",
+                "Apiary will reconnect to apply the new "
+                + " and ".join({"queen_url": "queen", "ln_url": "payout address"}[n]
+                               for n in live)
+                + ". A job in flight finishes first (or is cancelled after a few seconds)."):
+            self._say("Not saved: the worker keeps its current settings. " + UNSAVED + ".",
+                      PENDING)
+            return False
+        try:
+            self.service.update(**changes)
             if at_login != self.service.run_at_login():
                 self.service.set_run_at_login(at_login)
                 self.at_login.setChecked(self.service.run_at_login())
         except WorkerError as exc:
             self._say(str(exc), BAD)
             return False
-        self._say("Saved. A change of queen or payout address applies at the next Start.", OK)
+        self._saved_form = self.form()
+        self._after_save(live, on_restart, earning)
         return True
+
+    def _after_save(self, live: list[str], on_restart: list[str], earning: bool) -> None:
+        if earning and live:
+            self.reconnect.emit()  # the restart applies the others too
+            self.restart.setVisible(False)
+            self._say("Saved. Reconnecting to apply it now.", OK)
+        elif earning and on_restart:
+            names = {"models_dir": "the models folder", "disk_quota_gb": "the disk quota",
+                     "vram_cap_mb": "the VRAM cap", "threads": "CPU threads"}
+            what = ", ".join(names[n] for n in on_restart)
+            self.restart.setVisible(True)
+            self._say(f"Saved. The change to {what} {RESTART_NOTE}.", OK)
+        else:
+            self.restart.setVisible(False)
+            self._say("Saved.", OK)
+
+    def _restart_now(self) -> None:
+        self.restart.setVisible(False)
+        self._say("Restarting earning to apply the saved settings…", OK)
+        self.restart_requested.emit()
 
     def _say(self, text: str, style: str) -> None:
         self.message.setText(text)

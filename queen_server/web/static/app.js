@@ -72,6 +72,19 @@
     return Array.from(counts, ([name, n]) => (n === 1 ? name : n + "\u00d7 " + name)).join(", ");
   }
 
+  // How many of the workers online have a GPU (formatting.py's _gpu_share).
+  function gpuShare(totals) {
+    if (!totals || typeof totals !== "object" || Array.isArray(totals)) return DASH;
+    const online = Number(totals.workers_online) || 0;
+    const withGpu = Number(totals.workers_with_gpu) || 0;
+    const count = Number(totals.gpus) || 0;
+    let share;
+    if (withGpu === 0) share = "none with a GPU";
+    else if (withGpu === online && online > 1) share = "all with a GPU";
+    else share = intFormat.format(withGpu) + " with a GPU";
+    return share + (count > withGpu ? " (" + intFormat.format(count) + " GPUs in all)" : "");
+  }
+
   function fmt(value, kind) {
     if (value === null || value === undefined || value === "") return DASH;
     switch (kind) {
@@ -90,6 +103,7 @@
       case "list": case "models":
         return Array.isArray(value) && value.length ? value.join(", ") : DASH;
       case "gpus": return gpus(value);
+      case "gpu_share": return gpuShare(value);
       case "time": {
         const date = parseTime(value);
         return date ? date.toISOString().slice(0, 19).replace("T", " ") : String(value);
@@ -550,10 +564,21 @@
     }
   }
 
+  // --- forms that ask first ----------------------------------------------------------------
+
+  function setupConfirm() {
+    for (const form of document.querySelectorAll("form[data-confirm]")) {
+      form.addEventListener("submit", (event) => {
+        if (!window.confirm(form.dataset.confirm)) event.preventDefault();
+      });
+    }
+  }
+
   window.Apiary = Object.freeze({ fmt });  // the formatter, for the tests that compare it
 
   document.addEventListener("DOMContentLoaded", () => {
     setupCopy();
+    setupConfirm();
     const main = document.getElementById("live");
     if (main && main.dataset.source) startLive(main);
   });

@@ -8,6 +8,7 @@ import pytest
 
 from desktop_worker.gui.services.advice import (
     SMOLLM2,
+    fitting_models,
     memory_verdict,
     need_mb,
     suggest_model,
@@ -67,3 +68,40 @@ def test_memory_verdicts(tmp_path):
     small = cpu_only(tmp_path, ram_mb=2000)
     assert "only 2,000 MB of RAM is free" in memory_verdict(4 * GB, small)
     assert memory_verdict(100 << 20, small) is None
+
+
+def cpu_machine(tmp_path: Path, threads: int, ram_mb: int):
+    info = SystemInfo(cpu_count=threads, total_ram_mb=ram_mb, available_ram_mb=ram_mb,
+                      disk_free_gb=100)
+    return detect_hardware(tmp_path, nvidia=NullGpuDetector(), opencl=NullGpuDetector(),
+                           system=FixedSystemProbe(info))
+
+
+def test_a_two_thread_cpu_only_machine_gets_the_tiny_model(tmp_path):
+    # The machine: 2 threads, no GPU, 24 GB of RAM. Qwen2.5 1.5B (986 MB) was suggested.
+    report = cpu_machine(tmp_path, threads=2, ram_mb=24_000)
+    assert suggest_model(report) == SMOLLM2
+    assert fitting_models(report) == [SMOLLM2]
+
+
+@pytest.mark.parametrize(("threads", "biggest"), [
+    (1, SMOLLM2.name),
+    (2, SMOLLM2.name),
+    (4, "bartowski/Qwen2.5-1.5B-Instruct-GGUF:Q4_K_M"),
+    (8, "bartowski/Llama-3.2-3B-Instruct-GGUF:Q4_K_M"),
+    (32, "bartowski/Llama-3.2-3B-Instruct-GGUF:Q4_K_M"),
+])
+def test_cpu_only_suggestions_grow_with_threads(tmp_path, threads, biggest):
+    assert suggest_model(cpu_machine(tmp_path, threads, ram_mb=64_000)).name == biggest
+
+
+def test_the_choices_are_the_models_that_fit_biggest_first(tmp_path):
+    report = machine("gaming_rtx3060", tmp_path)
+    choices = fitting_models(report)
+    assert choices[0] == suggest_model(report)
+    assert [m.size_bytes for m in choices] == sorted((m.size_bytes for m in choices),
+                                                     reverse=True)
+    assert choices[-1] == SMOLLM2
+    assert all(memory_verdict(m.size_bytes, report) is None for m in choices)
+    assert "bartowski/Qwen2.5-14B-Instruct-GGUF:Q4_K_M" not in [m.name for m in choices]
+    assert fitting_models(None) == [SMOLLM2]

@@ -194,7 +194,11 @@ async def test_settings_survive_a_restart(tmp_path, config_home, qtbot):
 async def test_a_bad_setting_is_refused_and_nothing_is_saved(settings_for, config_home, qtbot):
     async with open_app(settings_for()) as app:
         view = app.window.settings
-        view.queen.setText("")
+        view.queen.setText("")  # refused at Save, with the expected form
+        assert not view.apply()
+        assert "Queen URL" in view.message.text()
+        assert "wss://queen.example.com/worker" in view.message.text()
+        view.queen.setText("127.0.0.1:8000")
         view.threads.setValue(0)
         view.vram.setValue(100)  # under the 256 MB minimum
         assert not view.apply()

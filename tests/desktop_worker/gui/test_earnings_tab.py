@@ -53,6 +53,50 @@ async def test_jobs_show_what_they_earned(tmp_path, settings_for, qtbot):
         app.tray.menu.aboutToShow.emit()
         assert app.tray.actions["today"].text() == f"Today: {sats(earned)}"
         assert sats(earned) in app.tray.icon.toolTip()
+        # The earnings explain themselves: the unpaid first job is a row, the threshold and
+        # an estimate are shown, and with no payout address there is a nudge (and one notice).
+        rows = view.job_rows()
+        assert rows[0][1] == ids[1]
+        assert rows[0][2] == sats_number(earned)
+        assert rows[-1] == ("first job", "proof of work: your first job is unpaid (done)", "0")
+        assert app.earnings.pays is True
+        assert app.earnings.threshold_msat == 1_000_000
+        assert view.threshold.text().startswith("Payouts are sent once you are owed 1,000 sats")
+        assert view.eta.text().startswith("At this rate, the next payout comes in ")
+        assert view.nudge_box.isVisibleTo(view)
+        assert "no Lightning payout address" in view.nudge.text()
+        waiting = [n for n in app.tray.notices if n.title == "Add a payout address"]
+        assert len(waiting) == 1
+        view.nudge_button.click()
+        assert app.window.tabs.tabText(app.window.tabs.currentIndex()) == "Settings"
+        app.settings_service.update(ln_url="worker@wallet.example")
+        assert not view.nudge_box.isVisibleTo(view)
+
+
+async def test_a_queen_that_does_not_pay_says_so(tmp_path, settings_for, qtbot):
+    async with (running_queen(tmp_path, auth="open", **SLOW_MACHINE) as queen,
+                open_app(settings_for(queen_url=queen.ws_url), earnings_interval_s=3600) as app):
+        await asyncio.to_thread(app.models.store.import_file, MODEL, MODEL_NAME)
+        app.launch()
+        app.header.toggle.click()
+        await until(lambda: app.controller.link_state == "connected", 30, "connected")
+        await until(lambda: app.earnings.pays is False, 10, "the welcome's terms")
+        view = app.window.earnings
+        assert app.header.today.text() == "This queen does not pay its workers"
+        assert view.not_paying.isVisibleTo(view)
+        assert "does not pay its workers" in view.not_paying.text()
+        assert not view.figures.isVisibleTo(view)  # no "0 job(s) settled", no zeros
+        assert not view.note.isVisibleTo(view)
+        await queen.wait_until(lambda: MODEL_NAME in queen.state.registry.model_names(), 10)
+        client = queen.client(timeout=120)
+        answer = await client.chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": "Name a colour."}],
+            max_tokens=8, temperature=0)
+        jobs = app.window.jobs
+        await until(lambda: jobs.cell(answer.id + ".1", "Sats") == "0", 10, "no '…' forever")
+        [first] = [n for n in app.tray.notices if n.title == "First job served"]
+        assert "does not pay" in first.message
+        assert not [n for n in app.tray.notices if n.title == "Add a payout address"]
 
 
 async def test_without_a_queen_the_earnings_say_so(settings_for, qtbot):

@@ -72,3 +72,36 @@ def test_errors_always_reach_the_owner():
     notice = NotificationPolicy().error("the queen refused this worker: bad key")
     assert notice.level == "error"
     assert "refused" in notice.message
+
+
+def test_on_a_queen_that_does_not_pay_the_first_job_promises_nothing():
+    policy = NotificationPolicy()
+    policy.queen_pays(False)
+    notice = policy.job_finished("ok")
+    assert notice is not None
+    assert "does not pay" in notice.message
+    assert "Earnings show" not in notice.message
+
+
+def test_an_older_queen_that_does_not_say_keeps_the_usual_first_job_notice():
+    policy = NotificationPolicy()
+    policy.queen_pays(None)
+    assert "Earnings show in the Earnings tab" in policy.job_finished("ok").message
+
+
+def test_sats_waiting_without_a_payout_address_are_told_once():
+    policy = NotificationPolicy()
+    assert policy.sats_waiting(0, has_payout_address=False) is None  # nothing owed yet
+    assert policy.sats_waiting(5_000, has_payout_address=True) is None
+    notice = policy.sats_waiting(8, has_payout_address=False)
+    assert notice is not None
+    assert notice.level == "warning"
+    assert "0.008 sats" in notice.message
+    assert "payout address" in notice.message
+    assert policy.sats_waiting(9_000, has_payout_address=False) is None  # once per app run
+
+
+def test_no_payout_address_nudge_on_a_queen_that_does_not_pay():
+    policy = NotificationPolicy()
+    policy.queen_pays(False)
+    assert policy.sats_waiting(5_000, has_payout_address=False) is None

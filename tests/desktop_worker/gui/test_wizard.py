@@ -7,9 +7,10 @@ from pathlib import Path
 
 import huggingface_hub
 import pytest
-from PySide6.QtWidgets import QWizard
+from PySide6.QtWidgets import QCheckBox, QWizard
 
 from desktop_worker.gui.services.advice import SMOLLM2
+from desktop_worker.gui.wizard import FINISH_WITHOUT_STARTING
 from desktop_worker.hardware import HardwareReport, NullGpuDetector, SystemInfo, detect_hardware
 from desktop_worker.settings import WorkerSettings
 from tests.desktop_worker.gui.conftest import MODEL, open_app, until
@@ -64,16 +65,20 @@ async def test_first_run_pulls_the_suggested_model_and_starts_earning(tmp_path, 
             wizard.payout.field.edit.setText("")
             assert wizard.button(QWizard.WizardButton.NextButton).isEnabled()
             next_page(wizard)
+            assert wizard.currentPage() is wizard.queen
+            assert wizard.queen.url == queen.ws_url  # the setting's queen, as the default
+            next_page(wizard)
             assert "CPU threads" in wizard.hardware.summary.text()
             assert "No GPU found" in wizard.hardware.summary.text()
             next_page(wizard)
             assert wizard.suggestion == SMOLLM2  # no GPU: the small model
-            assert SMOLLM2.name in wizard.model.label.text()
+            assert wizard.model.chosen_model() == SMOLLM2  # preselected
             next_page(wizard)
             finish = wizard.button(QWizard.WizardButton.FinishButton)
             assert finish.text() == "Start Earning"
             finish.click()
             await until(lambda: SMOLLM2.name in app.models.store, 60, "the model pulled")
+            await until(lambda: not wizard.isVisible(), 10, "the wizard closed")
             await until(lambda: app.controller.link_state == "connected", 30, "connected")
             await queen.wait_until(lambda: SMOLLM2.name in queen.state.registry.model_names())
             assert app.tray.state == "idle"
@@ -89,11 +94,18 @@ async def test_the_wizard_saves_the_address_and_can_leave_earning_for_later(sett
         wizard.payout.field.edit.setText("alice@getalby.com")
         next_page(wizard)
         next_page(wizard)
-        wizard.model.download.setChecked(False)
         next_page(wizard)
-        wizard.ready.start.setChecked(False)
-        wizard.button(QWizard.WizardButton.FinishButton).click()
-        assert not wizard.isVisible()
+        wizard.model.none.setChecked(True)
+        next_page(wizard)
+        assert wizard.currentPage() is wizard.ready
+        # No "Start earning now" checkbox beside the Start Earning button: Finish starts, and
+        # a separate button finishes without starting.
+        assert not wizard.ready.findChildren(QCheckBox)
+        later = wizard.button(FINISH_WITHOUT_STARTING)
+        assert later.isVisible()
+        assert later.text() == "Finish without starting"
+        later.click()
+        await until(lambda: not wizard.isVisible(), 10, "the wizard closed")
         assert app.settings.ln_url == "alice@getalby.com"
         assert app.settings.first_run_done
         assert app.window.settings.payout.edit.text() == "alice@getalby.com"

@@ -85,15 +85,15 @@ async def hostile_queen() -> AsyncIterator[HostileQueen]:
         yield queen
 
 
-def _no_hello() -> Callable[[str], Hello]:
-    def hello_for(nonce: str) -> Hello:
+def _no_hello() -> Callable[[str, str], Hello]:
+    def hello_for(nonce: str, origin: str) -> Hello:
         raise AssertionError("the hostile queen never sends a challenge")
     return hello_for
 
 
 async def test_an_oversized_frame_closes_with_1009_and_the_worker_reconnects(
         hostile_queen: HostileQueen) -> None:
-    async def hello_factory() -> tuple[Callable[[str], Hello], int]:
+    async def hello_factory() -> tuple[Callable[[str, str], Hello], int]:
         return _no_hello(), 1
 
     states: list[tuple[str, str]] = []

@@ -1,6 +1,8 @@
 import random
 
+import orjson
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from desktop_worker.link.backoff import Backoff
 from desktop_worker.link.machine import (
@@ -25,22 +27,24 @@ from shared_schema import (
     Welcome,
     decode,
     encode,
+    hello_signing_payload,
 )
 from tests.support.workers import new_key, signed_hello
 
 NONCE = "ab" * 16
+ORIGIN = "https://queen.example"  # the origin of the URL the worker dialled
 WELCOME = encode(Welcome(session_id="s", worker_id="w", heartbeat_interval_s=15))
 
 
-def _link(max_jobs: int = 2) -> tuple[Link, list[str]]:
-    nonces: list[str] = []
+def _link(max_jobs: int = 2) -> tuple[Link, list[tuple[str, str]]]:
+    asked: list[tuple[str, str]] = []
     key = new_key()
 
-    def hello_for(nonce: str) -> Hello:
-        nonces.append(nonce)
-        return signed_hello(key, nonce, models=[], max_jobs=max_jobs)
+    def hello_for(nonce: str, origin: str) -> Hello:
+        asked.append((nonce, origin))
+        return signed_hello(key, nonce, models=[], max_jobs=max_jobs, origin=origin)
 
-    return Link(hello_for, max_jobs), nonces
+    return Link(hello_for, max_jobs, ORIGIN), asked
 
 
 def _ready(max_jobs: int = 2) -> Link:
@@ -59,8 +63,20 @@ def test_challenge_gets_a_hello_signed_over_its_nonce():
     [action] = link.receive(encode(Challenge(nonce=NONCE)))
     assert isinstance(action, Send)
     assert decode(action.frame).type == "hello"
-    assert nonces == [NONCE]
+    assert nonces == [(NONCE, ORIGIN)]
     assert link.state is State.AWAITING_WELCOME
+
+
+def test_the_hello_is_signed_for_the_origin_dialled_whatever_the_queen_says():
+    link, asked = _link()
+    # A hostile queen naming another queen in its challenge (an extra field: ignored).
+    challenge = Challenge(nonce=NONCE).model_dump() | {"origin": "https://victim.example"}
+    [action] = link.receive(orjson.dumps(challenge))
+    assert asked == [(NONCE, ORIGIN)]
+    hello = decode(action.frame)
+    payload = hello_signing_payload(NONCE, hello.pubkey, None, ORIGIN)
+    Ed25519PublicKey.from_public_bytes(bytes.fromhex(hello.pubkey)).verify(
+        bytes.fromhex(hello.signature), payload)  # raises if not signed for ORIGIN
 
 
 def test_welcome_makes_the_link_ready():
@@ -69,10 +85,24 @@ def test_welcome_makes_the_link_ready():
     [action] = link.receive(WELCOME)
     assert isinstance(action, Welcomed)
     assert link.state is State.READY
+    # An older queen does not say whether it pays.
+    assert (action.pays_workers, action.payout_threshold_msat) == (None, None)
+
+
+@pytest.mark.parametrize(("pays", "threshold"), [(True, 1_000_000), (False, None)])
+def test_welcome_says_whether_the_queen_pays(pays, threshold):
+    link, _ = _link()
+    link.receive(encode(Challenge(nonce=NONCE)))
+    [action] = link.receive(encode(Welcome(session_id="s", worker_id="w",
+                                           heartbeat_interval_s=15, pays_workers=pays,
+                                           payout_threshold_msat=threshold)))
+    assert isinstance(action, Welcomed)
+    assert (action.pays_workers, action.payout_threshold_msat) == (pays, threshold)
 
 
 @pytest.mark.parametrize(("code", "fatal"), [("bad_signature", True),
                                               ("protocol_version", True),
+                                              ("wrong_origin", True),
                                               ("hello_timeout", False)])
 def test_refusal_closes_and_says_whether_retrying_can_help(code, fatal):
     link, _ = _link()

@@ -16,6 +16,7 @@ from queen_server.billing.pricing import PriceTable
 from queen_server.payouts.lightning import NoneBackend
 from queen_server.payouts.runner import PayoutRunner
 from queen_server.storage.tables import LedgerTxn
+from shared_schema import queen_origin
 from tests.queen_server.billing.test_billing_api import USER, funded_key
 from tests.support.processes import free_port
 from tests.support.queen import running_queen
@@ -86,9 +87,11 @@ async def test_stale_or_forged_signatures_are_refused(queen):
     identity = WorkerIdentity(ScriptedWorker(queen.ws_url).key)
     other = WorkerIdentity(ScriptedWorker(queen.ws_url).key)
     async with httpx.AsyncClient(base_url=queen.base_url) as http:
+        origin = queen_origin(queen.base_url)
         stale = await http.get("/worker/earnings", headers={
-            "Authorization": earnings_authorization(identity, time.time() - 3600)})
-        forged_header = earnings_authorization(other).replace(other.pubkey, identity.pubkey)
+            "Authorization": earnings_authorization(identity, origin, time.time() - 3600)})
+        forged_header = earnings_authorization(other, origin).replace(other.pubkey,
+                                                                      identity.pubkey)
         forged = await http.get("/worker/earnings", headers={"Authorization": forged_header})
     assert stale.json()["error"]["code"] == "stale_worker_signature"
     assert forged.json()["error"]["code"] == "bad_worker_signature"

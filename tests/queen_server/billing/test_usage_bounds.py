@@ -116,7 +116,7 @@ async def test_a_legacy_worker_claiming_a_million_tokens_is_bounded_too(tmp_path
             assert answer.usage.completion_tokens == completion_bound == 6
             assert answer.usage.prompt_tokens == prompt_bound
             charged, _ = await charged_and_credited(queen, key_id, None)
-            price = queen.state.billing.prices.for_parameters(None)  # a legacy worker's model
+            price = queen.state.billing.prices.unverified  # a legacy model is on no hub
             assert charged == price.cost_msat(prompt_bound, completion_bound)
         finally:
             await worker.stop()
@@ -142,6 +142,33 @@ async def test_a_client_that_leaves_after_one_token_pays_the_prompt_and_that_tok
             meter = Meter.for_chat({"messages": HELLO}, 64)
             assert charged == TINY.cost_msat(meter.prompt_estimate, 1)
             assert meter.prompt_estimate == len("Hello") + 8
+        finally:
+            worker.release.set()
+            await worker.stop()
+
+
+async def test_a_plain_request_whose_client_leaves_pays_the_prompt_a_worker_read(
+        tmp_path, db_url):
+    """Not streamed: the client gives up while the worker works. The swarm read its prompt, so
+    it pays the hold's estimate of it (a plain answer had delivered no tokens yet)."""
+    async with running_queen(tmp_path, auth="keys", db=db_url) as queen:
+        worker = await ScriptedWorker(queen.ws_url, behaviour="gated").start()
+        try:
+            secret, key_id = await funded_key(queen, FUNDS_SATS)
+            client = queen.client(api_key=secret)
+            request = asyncio.create_task(client.chat.completions.create(
+                model=ECHO_MODEL, messages=HELLO, max_tokens=50))
+            await queen.wait_until(lambda: len(worker.jobs) == 1, what="the worker's job")
+            request.cancel()  # the client leaves: its connection closes
+            async with asyncio.timeout(10):
+                await worker.cancelled.wait()
+            async with asyncio.timeout(10):  # the hold is settled in the ledger
+                while (await balances(queen)).get(ledger.key_reserved(key_id)):  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            charged, _ = await charged_and_credited(queen, key_id, None)
+            meter = Meter.for_chat({"messages": HELLO}, 64)
+            assert charged == TINY.cost_msat(meter.prompt_estimate, 0)
+            assert charged > 0
         finally:
             worker.release.set()
             await worker.stop()

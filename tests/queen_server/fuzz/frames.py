@@ -98,7 +98,8 @@ def message_dicts(other_jobs: list[str]) -> st.SearchStrategy[dict[str, Any]]:
     finite = st.floats(min_value=-1e12, max_value=1e12)
     shapes = {
         "challenge": {"nonce": hexes(64)},
-        "hello": {"protocol": st.just(1), "worker_version": short_text, "pubkey": hexes(64),
+        "hello": {"protocol": st.just(PROTOCOL_VERSION), "worker_version": short_text,
+                  "pubkey": hexes(64),
                   "signature": hexes(128), "cpu_count": counts, "disk_space": counts,
                   "vram": counts},
         "welcome": {"session_id": short_text, "worker_id": short_text,

@@ -38,7 +38,7 @@ from schemathesis.checks import (
     unsupported_method,
 )
 
-from shared_schema import ErrorResponse, earnings_auth_payload
+from shared_schema import ErrorResponse, earnings_auth_payload, queen_origin
 from tests.queen_server.fuzz.wsfuzz import ErrorLog
 from tests.support.queen import QueenHarness, running_queen
 from tests.support.workers import ECHO_MODEL, ScriptedWorker
@@ -125,7 +125,8 @@ class HttpFuzzHarness:
 
     def worker_signature(self, *, valid: bool) -> str:
         stamp = int(time.time())
-        signed = earnings_auth_payload(self.worker.pubkey, stamp if valid else stamp + 1)
+        signed = earnings_auth_payload(self.worker.pubkey, stamp if valid else stamp + 1,
+                                       queen_origin(self.queen.base_url))
         return f"Apiary-Worker {self.worker.pubkey}.{stamp}.{self.worker.key.sign(signed).hex()}"
 
     def run_case(self, case: Any, choice: str, served_model: bool) -> None:

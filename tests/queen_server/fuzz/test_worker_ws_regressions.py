@@ -29,6 +29,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from shared_schema import (
+    PROTOCOL_VERSION,
     SUBPROTOCOL,
     Challenge,
     Hello,
@@ -38,6 +39,7 @@ from shared_schema import (
     Welcome,
     decode,
     encode,
+    queen_origin,
 )
 from shared_schema.protocol import SMALL_ORDER_KEYS
 from tests.support.queen import running_queen
@@ -56,7 +58,8 @@ async def _welcomed(queen):
     ws = await connect(queen.ws_url, subprotocols=[SUBPROTOCOL], proxy=None)
     challenge = decode(await ws.recv())
     assert isinstance(challenge, Challenge)
-    await ws.send(encode(signed_hello(new_key(), challenge.nonce, models=[])))
+    await ws.send(encode(signed_hello(new_key(), challenge.nonce, models=[],
+                                      origin=queen_origin(queen.ws_url))))
     assert isinstance(decode(await ws.recv()), Welcome)
     return ws
 
@@ -169,7 +172,8 @@ async def test_a_ping_with_a_non_finite_time_is_refused_not_echoed_as_null(queen
 async def test_a_hello_under_a_small_order_key_is_refused(queen, sign_bit):
     for key in sorted(SMALL_ORDER_KEYS):
         pubkey = key[:62] + format(int(key[62:], 16) | (0x80 if sign_bit else 0), "02x")
-        body = {"type": "hello", "protocol": 1, "worker_version": "forged", "pubkey": pubkey,
+        body = {"type": "hello", "protocol": PROTOCOL_VERSION, "worker_version": "forged",
+                "pubkey": pubkey,
                 "signature": "00" * 64, "cpu_count": 1, "disk_space": 1, "vram": 0}
         with pytest.raises(ValidationError, match="small-order"):
             Hello.model_validate(body)

@@ -41,6 +41,7 @@ from shared_schema import (
     Welcome,
     decode,
     encode,
+    queen_origin,
 )
 from tests.queen_server.fuzz.frames import (
     MAX_BAD_FRAMES,
@@ -235,7 +236,8 @@ class WsFuzzHarness:
         try:
             challenge = decode(await ws.recv())
             _check(isinstance(challenge, Challenge), f"expected a challenge, got {challenge}")
-            await ws.send(encode(signed_hello(key, challenge.nonce, models=[])))
+            await ws.send(encode(signed_hello(key, challenge.nonce, models=[],
+                                              origin=queen_origin(self.queen.ws_url))))
             welcome = decode(await _next_message_raw(ws))
             _check(isinstance(welcome, Welcome), f"expected a welcome, got {welcome}")
             self.tally.examples += 1
@@ -291,7 +293,8 @@ class WsFuzzHarness:
         model = ModelDescriptor(name=FUZZ_MODEL, loaded=True, parameter_count=135_000_000)
         try:
             challenge = decode(await _next_message_raw(ws))
-            await ws.send(encode(signed_hello(key, challenge.nonce, models=[model])))
+            await ws.send(encode(signed_hello(key, challenge.nonce, models=[model],
+                                              origin=queen_origin(self.queen.ws_url))))
             _check(isinstance(decode(await _next_message_raw(ws)), Welcome), "no welcome")
             self.tally.examples += 1
             path = "/v1/embeddings" if embeddings else "/v1/chat/completions"

@@ -11,7 +11,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from queen_server.swarm.jobs import ANSWER_TOO_LARGE
-from shared_schema import Chunk, Job, JobError, decode
+from shared_schema import Cancel, Chunk, Job, JobError, decode
 from tests.support.queen import running_queen
 from tests.support.workers import ECHO_MODEL, ScriptedWorker
 
@@ -27,6 +27,8 @@ class BigChunkWorker(ScriptedWorker):
         self.chunks = chunks
         self.errors: list[JobError] = []
         self.told = asyncio.Event()
+        self.cancels: list[Cancel] = []
+        self.cancel_came = asyncio.Event()
 
     async def _read(self) -> None:
         assert self._ws is not None
@@ -41,6 +43,9 @@ class BigChunkWorker(ScriptedWorker):
                 elif isinstance(message, JobError):
                     self.errors.append(message)
                     self.told.set()
+                elif isinstance(message, Cancel):
+                    self.cancels.append(message)
+                    self.cancel_came.set()
         except ConnectionClosed:
             pass
         finally:
@@ -80,6 +85,11 @@ async def test_a_worker_sending_16_mib_chunks_fails_its_job_and_an_honest_worker
             assert any("bad frame (answer_too_large)" in record.getMessage()
                        for record in caplog.records)
             assert not flooder.closed.is_set()  # one bad frame does not end the session
+            # and the flooder is told to stop that job, so its slot does not stay busy
+            async with asyncio.timeout(10):
+                await flooder.cancel_came.wait()
+            assert [(c.id, c.reason) for c in flooder.cancels] == [
+                (flooder.jobs[0].id, ANSWER_TOO_LARGE)]
         finally:
             await flooder.stop()
             await honest.stop()

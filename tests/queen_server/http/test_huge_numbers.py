@@ -67,15 +67,19 @@ async def test_a_worker_claiming_absurd_parameters_is_refused_and_nothing_breaks
             await honest.stop()
 
 
-async def test_a_trillion_parameter_claim_is_served_and_listed(tmp_path):
-    """10^12 parameters is a real (if rare) model size: accepted, listed, priced."""
-    async with running_queen(tmp_path) as queen:
+async def test_a_trillion_parameter_claim_is_accepted_but_moves_no_price(tmp_path):
+    """10^12 parameters is a real (if rare) model size, so the hello is accepted and the model
+    listed; but the claim is the worker's: it is neither shown nor priced. The model (on no
+    hub) is priced as unverified, here the largest class, whatever the worker says."""
+    async with running_queen(tmp_path, unverified_price_class=None) as queen:
         worker = ScriptedWorker(queen.ws_url, models=["org/huge:Q2"])
         worker.models = [worker.models[0].model_copy(update={"parameter_count": 10**12})]
         await worker.start()
         try:
             async with httpx.AsyncClient(base_url=queen.base_url) as client:
                 models = (await client.get("/v1/models")).json()["data"]
-            assert models[0]["apiary"]["parameter_count"] == 10**12
+            assert models[0]["apiary"]["parameter_count"] is None
+            assert models[0]["apiary"]["verified"] is False
+            assert models[0]["apiary"]["price"]["size_class"] == "xxl"
         finally:
             await worker.stop()

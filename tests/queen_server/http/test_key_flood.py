@@ -15,7 +15,7 @@ import pytest
 from starlette.requests import Request
 
 from queen_server.billing.keys import hash_secret
-from queen_server.billing.service import DEV, OPEN, Principal
+from queen_server.billing.service import DEV_NAME, OPEN, Principal
 from queen_server.http.openai import caller_of
 from tests.support.queen import QueenHarness, running_queen
 from tests.support.workers import ECHO_MODEL, ScriptedWorker
@@ -169,12 +169,17 @@ def request_from(address: str, authorization: str | None) -> Request:
                     "client": (address, 4000)})
 
 
+def dev(secret: str) -> Principal:
+    """What ``Billing.authenticate`` answers for a development key."""
+    return Principal(DEV_NAME, digest=hash_secret(secret))
+
+
 def test_the_caller_is_the_key_the_dev_key_or_the_address():
     keyed = Principal("mine", key=SimpleNamespace(id=42))  # type: ignore[arg-type]
     assert caller_of(request_from("10.0.0.1", "Bearer s1"), keyed) == "key:42"
     assert caller_of(request_from("10.0.0.2", "Bearer s1"), keyed) == "key:42"
-    dev_one = caller_of(request_from("10.0.0.1", "Bearer dev-1"), DEV)
+    dev_one = caller_of(request_from("10.0.0.1", "Bearer dev-1"), dev("dev-1"))
     assert dev_one == "dev:" + hash_secret("dev-1")
-    assert caller_of(request_from("10.0.0.1", "Bearer dev-2"), DEV) != dev_one
+    assert caller_of(request_from("10.0.0.1", "Bearer dev-2"), dev("dev-2")) != dev_one
     assert caller_of(request_from("10.0.0.9", "Bearer whatever"), OPEN) == "addr:10.0.0.9"
     assert caller_of(request_from("10.0.0.9", None), OPEN) == "addr:10.0.0.9"

@@ -85,6 +85,18 @@ async def test_embeddings_float_and_base64(queen, worker):
     assert struct.unpack("<4f", packed) == tuple(fake_embedding("abc"))
 
 
+async def test_an_unbilled_request_without_max_tokens_gets_the_queens_default(queen, worker):
+    """The queen's budget for an answer is ``default_max_tokens`` when the client sets none;
+    the worker is told the same limit, so it stops there instead of failing the job."""
+    await queen.client().chat.completions.create(
+        model=ECHO_MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert worker.jobs[-1].openai_req["max_tokens"] == queen.state.settings.default_max_tokens
+    await queen.client().chat.completions.create(
+        model=ECHO_MODEL, messages=[{"role": "user", "content": "hi"}], max_completion_tokens=7)
+    assert "max_tokens" not in worker.jobs[-1].openai_req  # the client's own limit stands
+    assert worker.jobs[-1].openai_req["max_completion_tokens"] == 7
+
+
 async def test_models_lists_what_connected_workers_hold(queen, worker):
     other = await ScriptedWorker(queen.ws_url, models=[ECHO_MODEL, "b/c:Q8_0"],
                                  loaded=False).start()
@@ -95,7 +107,10 @@ async def test_models_lists_what_connected_workers_hold(queen, worker):
         extra = by_id[ECHO_MODEL].model_extra["apiary"]
         assert extra["workers"] == 2
         assert extra["loaded_on"] == 1
-        assert extra["parameter_count"] == 135_000_000
+        # the workers say 135M parameters; the queen shows only what it read itself, and
+        # prices a model on no hub as unverified (the test queen's class for those: tiny)
+        assert extra["parameter_count"] is None
+        assert extra["verified"] is False
         assert extra["price"] == {"size_class": "tiny", "prompt_msat_per_1k": 100,
                                   "completion_msat_per_1k": 200}
     finally:

@@ -13,7 +13,7 @@ from websockets.exceptions import ConnectionClosed
 from queen_server.identity import public_id
 from queen_server.storage.engine import Database
 from queen_server.storage.tables import WorkerRecord
-from shared_schema import SUBPROTOCOL, Challenge, Refused, decode, encode
+from shared_schema import SUBPROTOCOL, Challenge, Refused, decode, encode, queen_origin
 from tests.support.queen import running_queen
 from tests.support.workers import (
     ECHO_MODEL,
@@ -44,12 +44,14 @@ async def _refusal(queen, first_frame, *, v1=True):
         return refused, ws.close_code
 
 
-def _hello(nonce, **kwargs):
-    return encode(signed_hello(new_key(), nonce, models=[], **kwargs))
+def _hello(queen, nonce, **kwargs):
+    """A hello signed for ``queen`` (the origin of the URL a worker dials)."""
+    return encode(signed_hello(new_key(), nonce, models=[], origin=queen_origin(queen.ws_url),
+                               **kwargs))
 
 
 async def test_hello_signed_over_another_nonce_is_refused(queen):
-    refused, code = await _refusal(queen, lambda nonce: _hello(nonce, sign_nonce="ab" * 16))
+    refused, code = await _refusal(queen, lambda nonce: _hello(queen, nonce, sign_nonce="ab" * 16))
     assert refused.code == "bad_signature"
     assert code == 1008
     assert len(queen.state.registry) == 0
@@ -57,7 +59,7 @@ async def test_hello_signed_over_another_nonce_is_refused(queen):
 
 async def test_hello_with_a_swapped_payout_address_is_refused(queen):
     def tampered(nonce):
-        body = orjson.loads(_hello(nonce, ln_url="alice@example.com"))
+        body = orjson.loads(_hello(queen, nonce, ln_url="alice@example.com"))
         body["ln_url"] = "mallory@example.com"
         return orjson.dumps(body).decode()
 
@@ -72,7 +74,8 @@ async def test_hello_with_a_swapped_payout_address_is_refused(queen):
         ("[1, 2, 3]", "invalid_message"),
         ('{"type": "pong"}', "unexpected_message"),
         ('{"type": "hello", "protocol": 99}', "protocol_version"),
-        ('{"type": "hello", "protocol": 1, "pubkey": 5}', "invalid_message"),
+        ('{"type": "hello", "protocol": 2, "pubkey": 5}', "invalid_message"),
+        ('{"type": "hello", "protocol": 1, "pubkey": 5}', "protocol_version"),
         (b"\x00\x01binary", "binary_frame"),
     ],
 )
@@ -86,7 +89,7 @@ async def test_garbage_hellos_are_refused_with_a_reason(queen, frame, code):
 
 async def test_oversized_hello_is_refused(tmp_path):
     async with running_queen(tmp_path, max_hello_bytes=4096) as queen:
-        refused, code = await _refusal(queen, lambda nonce: _hello(nonce, ln_url="x" * 2000)
+        refused, code = await _refusal(queen, lambda nonce: _hello(queen, nonce, ln_url="x" * 2000)
                                        .replace("}", ', "pad": "' + "y" * 5000 + '"}', 1))
         assert refused.code == "frame_too_large"
         assert code == 1009
@@ -194,7 +197,10 @@ async def test_legacy_worker_serves_plain_and_streamed_chat(queen):
         assert answer.model == model
         assert legacy.requests[0] == {
             "openai_url": "/v1/chat/completions",
-            "openai_req": {"model": model, "messages": USER, "stream": False},
+            # no max_tokens from the client: the worker gets the queen's default limit
+            "openai_req": {"model": model, "messages": USER,
+                           "max_tokens": queen.state.settings.default_max_tokens,
+                           "stream": False},
         }
         stream = await client.chat.completions.create(model=model, messages=USER, stream=True)
         chunks = [chunk async for chunk in stream]
@@ -235,7 +241,7 @@ async def test_worker_leaving_before_its_welcome_is_not_left_registered(queen):
     for _ in range(3):
         ws = await connect(queen.ws_url, subprotocols=[SUBPROTOCOL], proxy=None)
         challenge = decode(await ws.recv())
-        await ws.send(_hello(challenge.nonce))
+        await ws.send(_hello(queen, challenge.nonce))
         await ws.close()  # gone before reading the welcome
     await queen.wait_until(lambda: len(queen.state.registry) == 0,
                            what="no zombie sessions")

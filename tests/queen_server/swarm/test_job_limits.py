@@ -105,8 +105,10 @@ def test_chunks_past_the_jobs_budget_fail_it_and_count_a_bad_frame():
         charged += len(frame)
         seq += 1
     assert charged <= handle.budget < charged + len(frame)
-    [error] = sent(actions)
+    [error, cancel] = sent(actions)
     assert (error["code"], error["id"]) == (ANSWER_TOO_LARGE, "j1")
+    # the worker is told to stop the job too, or its slot stays busy with an unread answer
+    assert (cancel["type"], cancel["id"], cancel["reason"]) == ("cancel", "j1", ANSWER_TOO_LARGE)
     assert link.bad_frames == 1
     events = handle.take_ready()
     assert all(isinstance(event, Chunk) for event in events[:-1])
@@ -125,7 +127,7 @@ def test_one_huge_chunk_fails_the_job_at_once_whatever_its_budget():
     link, leases = admitted()
     handle = leased(leases, "j1", {"max_tokens": 1_000_000})  # a budget of gigabytes
     assert handle.budget > 16 * MAX_CHUNK_CHARS
-    [error] = sent(link.receive(token_chunk("j1", 0, "a" * MAX_CHUNK_CHARS), 1.0))
+    [error, _cancel] = sent(link.receive(token_chunk("j1", 0, "a" * MAX_CHUNK_CHARS), 1.0))
     assert error["code"] == ANSWER_TOO_LARGE
     assert link.bad_frames == 1
     [failed] = handle.take_ready()  # the chunk itself is not kept
@@ -137,7 +139,7 @@ def test_a_chunk_is_capped_by_a_small_budget_too():
     link, leases = admitted()
     handle = leased(leases, "j1", {"max_tokens": 1})
     assert handle.chunk_cap == handle.budget < MAX_CHUNK_CHARS
-    [error] = sent(link.receive(token_chunk("j1", 0, "a" * handle.budget), 1.0))
+    [error, _cancel] = sent(link.receive(token_chunk("j1", 0, "a" * handle.budget), 1.0))
     assert error["code"] == ANSWER_TOO_LARGE
 
 
@@ -178,7 +180,7 @@ def test_a_whole_answer_larger_than_the_budget_fails_the_job():
     result = Result(id="j1", usage=USAGE, data={"choices": [
         {"index": 0, "finish_reason": "stop",
          "message": {"role": "assistant", "content": "a" * handle.budget}}]})
-    [error] = sent(link.receive(encode(result), 1.0))
+    [error, _cancel] = sent(link.receive(encode(result), 1.0))
     assert error["code"] == ANSWER_TOO_LARGE
     assert link.bad_frames == 1
     [failed] = handle.take_ready()

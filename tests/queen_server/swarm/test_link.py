@@ -22,6 +22,7 @@ from queen_server.swarm.link import (
     StatusChanged,
 )
 from shared_schema import (
+    PROTOCOL_VERSION,
     SUBPROTOCOL,
     Cancel,
     Challenge,
@@ -65,11 +66,16 @@ class FakeGate:
 
     signed: bool = True
     payout: str | None = None
+    elsewhere: str | None = None  # the origin a refused hello was signed for, if known
+    origins: tuple[str, ...] = ("https://queen.example",)
     asked: list[tuple[str, str]] = field(default_factory=list)
 
     def hello_signed(self, hello: Hello, nonce: str) -> bool:
         self.asked.append((hello.pubkey, nonce))
         return self.signed
+
+    def signed_for_elsewhere(self, hello: Hello, nonce: str) -> str | None:
+        return self.elsewhere
 
     def public_id(self, pubkey: str) -> str:
         return "pub-" + pubkey[:8]
@@ -83,8 +89,10 @@ def hello_frame(**kwargs) -> str:
     return encode(signed_hello(new_key(), NONCE, **kwargs))
 
 
-def new_link(gate: FakeGate | None = None, *, v1: bool = True, **knobs) -> QueenLink:
-    return QueenLink(Knobs(**knobs), gate or FakeGate(), v1=v1, nonce=NONCE, clock=lambda: 42.0)
+def new_link(gate: FakeGate | None = None, *, v1: bool = True, pays: bool = False,
+             **knobs) -> QueenLink:
+    return QueenLink(Knobs(**knobs), gate or FakeGate(), v1=v1, nonce=NONCE, clock=lambda: 42.0,
+                     pays_workers=pays, payout_threshold_msat=1_000_000)
 
 
 def admitted(*, v1: bool = True, **knobs) -> tuple[QueenLink, dict[str, JobHandle]]:
@@ -131,7 +139,8 @@ def test_a_signed_hello_is_admitted_with_a_welcome():
     assert (worker.worker_version, worker.legacy, worker.connected_at) == ("scripted-1", False, 42)
     welcome = decode(admit.welcome)
     assert welcome == Welcome(session_id=worker.session_id, worker_id=worker.public_id,
-                              heartbeat_interval_s=1.0)
+                              heartbeat_interval_s=1.0, pays_workers=False)
+    assert welcome.payout_threshold_msat is None  # a queen that does not pay names no threshold
     assert link.state is State.READY
     assert link.worker is worker
     assert link.last_seen == 7.0
@@ -153,7 +162,9 @@ def _refusal(actions, code: str, close_code: int = 1008) -> Refuse:
         ("[1, 2, 3]", "invalid_message"),
         ('{"type": "pong"}', "unexpected_message"),
         ('{"type": "hello", "protocol": 99}', "protocol_version"),
-        ('{"type": "hello", "protocol": 1, "pubkey": 5}', "invalid_message"),
+        ('{"type": "hello", "protocol": 2, "pubkey": 5}', "invalid_message"),
+        ('{"type": "hello", "protocol": 1, "pubkey": 5}', "protocol_version"),
+        ('{"type": "hello", "protocol": "2"}', "protocol_version"),
         (None, "binary_frame"),
     ],
 )
@@ -170,6 +181,42 @@ def test_a_hello_whose_signature_does_not_verify_is_refused():
     link.opened()
     refuse = _refusal(link.receive(hello_frame(), 0.0), "bad_signature")
     assert "signature" in refuse.reason
+
+
+def test_a_hello_signed_for_the_name_it_dialled_is_refused_with_that_name():
+    gate = FakeGate(signed=False, elsewhere="http://10.0.0.5:8000")
+    link = new_link(gate)
+    link.opened()
+    refuse = _refusal(link.receive(hello_frame(), 0.0), "wrong_origin")
+    assert refuse.reason == ("this hello was signed for http://10.0.0.5:8000; this queen is "
+                             "https://queen.example; set APIARY_PUBLIC_URL if the queen sits "
+                             "behind a proxy")
+
+
+def test_an_older_worker_is_told_to_upgrade_before_its_signature_is_checked():
+    gate = FakeGate()
+    link = new_link(gate)
+    link.opened()
+    old = orjson.loads(hello_frame())
+    old["protocol"] = 1  # a worker from before hellos named their queen
+    refuse = _refusal(link.receive(orjson.dumps(old).decode(), 0.0), "protocol_version")
+    assert "upgrade your worker" in refuse.reason
+    assert "protocol 1" in refuse.reason
+    assert f"protocol {PROTOCOL_VERSION}" in refuse.reason
+    assert gate.asked == []  # never verified: the old, unbound form is not an option
+    newer = orjson.loads(hello_frame())
+    newer["protocol"] = PROTOCOL_VERSION + 1
+    link = new_link(gate)
+    refuse = _refusal(link.receive(orjson.dumps(newer).decode(), 0.0), "protocol_version")
+    assert "upgrade the queen" in refuse.reason
+
+
+def test_a_paying_queen_says_so_in_its_welcome():
+    link = new_link(pays=True)
+    link.opened()
+    [admit] = link.receive(hello_frame(), 0.0)
+    welcome = decode(admit.welcome)
+    assert (welcome.pays_workers, welcome.payout_threshold_msat) == (True, 1_000_000)
 
 
 def test_a_hello_with_an_invalid_payout_address_is_refused():
@@ -233,7 +280,7 @@ def test_legacy_workers_off_refuses_every_registration_with_a_policy_close(regis
     [refuse] = link.receive(orjson.dumps(registration).decode(), 0.0)
     assert isinstance(refuse, Refuse)
     assert (refuse.code, refuse.close_code) == ("legacy_disabled", CLOSE_POLICY)
-    assert "protocol 1" in refuse.reason
+    assert f"protocol {PROTOCOL_VERSION}" in refuse.reason
     assert decode(refuse.frame) == Refused(code="legacy_disabled", reason=refuse.reason)
     assert link.state is State.CLOSED
     assert link.worker is None

@@ -1,9 +1,12 @@
 """Screenshots of the pages (1280x800) from a real queen with a few workers and some traffic.
 
     .venv/bin/python -m tests.queen_server.web.make_screenshots [--out docs/screenshots]
+        [--only landing,admin-keys]
 
-Writes landing.png, admin-overview.png, admin-workers.png and admin-worker.png. Needs Debian's
-chromium at /usr/bin/chromium (.ci/chromium.sh installs it).
+Writes landing.png (the whole page, "Run a worker" included), admin-overview.png,
+admin-workers.png, admin-worker.png and admin-keys.png (a key just made on the page, its secret
+shown once), or only those named with --only. Needs Debian's chromium at /usr/bin/chromium
+(.ci/chromium.sh installs it).
 
 Everything shown is real: scripted workers (reporting GPUs) connect over the websocket, real
 chat requests go through the queen on a paid key, and the pages poll the real endpoints. Only
@@ -105,28 +108,51 @@ async def history(queen: QueenHarness, key: str) -> list[ScriptedWorker]:
     return workers
 
 
-async def main(out: Path) -> None:
+async def more_keys(queen: QueenHarness) -> None:
+    """A few more keys for the Keys page: one with a budget and limits, one revoked."""
+    admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with httpx.AsyncClient(base_url=queen.base_url, trust_env=False) as client:
+        for body in ({"name": "research-team", "credit_sats": 125_000, "budget_sats": 500_000,
+                      "rpm_limit": 120, "concurrency_limit": 8},
+                     {"name": "old-demo", "credit_sats": 40}):
+            made = await client.post("/admin/keys", json=body, headers=admin)
+            made.raise_for_status()
+        old = made.json()["id"]
+        (await client.post(f"/admin/keys/{old}/revoke", headers=admin)).raise_for_status()
+
+
+async def main(out: Path, only: set[str] | None = None) -> None:
+    def path(name: str) -> str | None:
+        return str(out / f"{name}.png") if only is None or name in only else None
+
     with tempfile.TemporaryDirectory() as tmp:
         async with queen_with_pages(Path(tmp), auth="keys", total_timeout_s=30.0) as queen:
             key = await paid_key(queen)
             workers = await history(queen, key)
+            await more_keys(queen)
             async with chromium() as browser:
                 page = await new_page(browser)
                 await page.goto(queen.base_url + "/")
                 await page.wait_for_selector("#models tbody tr")
-                await page.screenshot(path=str(out / "landing.png"))
+                await page.screenshot(path=path("landing"), full_page=True)
                 await log_in(page, queen.base_url)
                 await page.locator("canvas").nth(3).wait_for()
                 await expect(page.locator("#live")).to_have_attribute("data-updates", AT_LEAST_2)
-                await page.screenshot(path=str(out / "admin-overview.png"))
+                await page.screenshot(path=path("admin-overview"))
                 await page.goto(queen.base_url + "/admin/workers")
                 await page.click("th[data-key=jobs]")
                 await page.click("th[data-key=jobs]")
-                await page.screenshot(path=str(out / "admin-workers.png"))
+                await page.screenshot(path=path("admin-workers"))
                 first = await page.get_attribute("#workers tbody tr", "data-key")
                 await page.goto(f"{queen.base_url}/admin/workers/{first}")
                 await page.locator("canvas").nth(1).wait_for()
-                await page.screenshot(path=str(out / "admin-worker.png"))
+                await page.screenshot(path=path("admin-worker"))
+                await page.goto(queen.base_url + "/admin/api-keys")
+                await page.fill("#create-name", "bob's laptop")
+                await page.fill("#create-credit", "10,000")
+                await page.click("#create-form button[type=submit]")
+                await page.locator("#new-key").wait_for()
+                await page.screenshot(path=path("admin-keys"), full_page=True)
             for worker in workers:
                 await worker.stop()
     log.info("screenshots in %s", out)
@@ -135,7 +161,8 @@ async def main(out: Path) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("docs/screenshots"))
+    parser.add_argument("--only", help="comma-separated names to write (default: all)")
     logging.basicConfig(level=logging.WARNING)
-    target = parser.parse_args().out
-    target.mkdir(parents=True, exist_ok=True)
-    asyncio.run(main(target))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    asyncio.run(main(args.out, set(args.only.split(",")) if args.only else None))

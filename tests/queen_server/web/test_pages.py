@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
+import pytest
 from playwright.async_api import Browser, Page, expect
 
 from queen_server.identity import public_id
@@ -28,6 +29,7 @@ from tests.queen_server.web.support import (
     new_page,
     queen_with_pages,
 )
+from tests.support.fake_hub import FakeHub, pricing_repos
 from tests.support.queen import QueenHarness
 from tests.support.workers import ECHO_MODEL, ScriptedWorker
 
@@ -66,7 +68,7 @@ async def test_landing_page_shows_the_swarm_models_prices_and_a_working_sdk_exam
         # 135M parameters: the "tiny" class, 100 and 200 msat per 1k tokens.
         await expect(row.locator("td")).to_have_text([ECHO_MODEL, "1", "tiny", "0.1", "0.2"])
         await expect(page.locator('[data-field="workers_online"]')).to_have_text("1")
-        await expect(page.locator('[data-field="gpus"]')).to_have_text("1")
+        await expect(page.locator('[data-kind="gpu_share"]')).to_have_text("1 with a GPU")
         await expect(page.locator('[data-field="vram_total_mb"]')).to_have_text("24.0 GB")
 
         base = web_queen.base_url
@@ -94,6 +96,7 @@ async def test_landing_page_shows_the_swarm_models_prices_and_a_working_sdk_exam
         async with workers(ScriptedWorker(web_queen.ws_url, models=[GAMMA])):
             await expect(models).to_have_count(2)
             await expect(page.locator('[data-field="workers_online"]')).to_have_text("2")
+            await expect(page.locator('[data-kind="gpu_share"]')).to_have_text("1 with a GPU")
             await expect(page.locator(f'#models tbody tr[data-key="{GAMMA}"]')).to_be_visible()
         await expect(page.locator('[data-field="workers_online"]')).to_have_text("1")
         await expect(models).to_have_count(1)
@@ -295,16 +298,26 @@ async def test_worker_detail_page_shows_its_jobs_and_updates_live(
                       "(Not Found)"]
 
 
+@pytest.fixture
+async def hub_queen(tmp_path: Path) -> AsyncIterator[QueenHarness]:
+    """A queen with the pages that reads ALPHA's size (7B) from a fake hub's GGUF header."""
+    with FakeHub(pricing_repos({ALPHA: 7_000_000_000})) as hub:
+        async with queen_with_pages(tmp_path, hub_endpoint=hub.url) as harness:
+            yield harness
+
+
 async def test_models_and_jobs_pages_update_live(
-        web_queen: QueenHarness, browser: Browser) -> None:
+        hub_queen: QueenHarness, browser: Browser) -> None:
+    web_queen = hub_queen
     errors: list[str] = []
+    # The worker claims 1 parameter; the queen shows and prices the 7B it read on the hub.
     async with workers(GpuWorker(web_queen.ws_url, models=[ALPHA],
-                                 parameter_count=7_000_000_000)) as (worker,):
+                                 parameter_count=1)) as (worker,):
         await chat(web_queen, ALPHA)
         page = await new_page(browser, errors)
         await log_in(page, web_queen.base_url, then="/admin/models")
         await expect(page.locator(f'#rows tbody tr[data-key="{ALPHA}"] td')).to_have_text(
-            [ALPHA, "1", "1", "7B", "medium", "0.8", "1.6"])
+            [ALPHA, "1", "1", "7B", "verified", "medium", "0.8", "1.6"])
         async with workers(ScriptedWorker(web_queen.ws_url, models=[ALPHA, GAMMA])):
             await expect(page.locator("#rows tbody tr")).to_have_count(2)
             await expect(page.locator(f'#rows tbody tr[data-key="{ALPHA}"] td').nth(1)

@@ -93,7 +93,8 @@ async def test_a_new_admin_token_ends_old_sessions(tmp_path: Path) -> None:
 
 
 async def test_static_files_are_served(http: httpx.AsyncClient) -> None:
-    for name in ("app.js", "app.css", "uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE"):
+    for name in ("app.js", "app.css", "uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE",
+                 "favicon.ico"):
         response = await http.get(f"/static/{name}")
         assert response.status_code == 200, name
     landing = (await http.get("/")).text
@@ -116,6 +117,12 @@ CASES: list[tuple[object, str]] = [
     ("2026-01-02T05:04:05+02:00", "time"), ("2026-01-02T03:04:05", "time"),
     (True, "online"), (False, "online"), (True, "revoked"), (False, "revoked"),
     ("ok", "outcome"), ("<b>x</b>", "text"), ("abc", "worker"),
+    ({"workers_online": 0, "workers_with_gpu": 0, "gpus": 0}, "gpu_share"),
+    ({"workers_online": 3, "workers_with_gpu": 1, "gpus": 1}, "gpu_share"),
+    ({"workers_online": 1, "workers_with_gpu": 1, "gpus": 1}, "gpu_share"),
+    ({"workers_online": 2, "workers_with_gpu": 2, "gpus": 5}, "gpu_share"),
+    ({"workers_online": 2000, "workers_with_gpu": 1500, "gpus": 1600}, "gpu_share"),
+    ({"workers_online": 2}, "gpu_share"), ([1, 2], "gpu_share"), (None, "gpu_share"),
 ]
 
 

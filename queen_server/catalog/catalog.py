@@ -1,0 +1,221 @@
+"""The queen's own readings of the models its workers serve, kept fresh and cached by sha256.
+
+``refresh(name)`` starts a reading in the background (a hub name that has none, or an old one);
+``settle(name)`` does that and waits a bounded time for it, which is what a billed request does
+before it is priced. A reading lists the repo, picks the file the worker would load, and reads
+its GGUF header with Range requests (2 MiB first, more only if a vocabulary makes the header
+longer, never past ``max_header_bytes``). A header already read under the same sha256 is not read
+again, whichever name or repo it came from. Failures are remembered too: a lasting one (no such
+repo) until ``ttl_s``, one that may pass (the hub out of reach) until ``retry_s``; in both cases
+the model is priced as unverified, and a fresh failure never erases an earlier good reading of
+the same name unless the hub said the name is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from queen_server.catalog.facts import (
+    HeaderFacts,
+    ModelFacts,
+    RemoteFile,
+    RepoFiles,
+    header_facts,
+    hub_name,
+    model_facts,
+    pick_file,
+)
+from queen_server.errors import ModelUnverified
+from shared_schema.errors import GgufTruncated, InvalidGgufFile, ModelNameError
+from shared_schema.gguf import parse_gguf_header
+
+__all__ = ["FileReader", "ModelCatalog", "Reading"]
+
+logger = logging.getLogger(__name__)
+
+FIRST_READ_BYTES = 2 << 20
+# A worker's hello may list many names; the queen reads ahead only this many of them at once,
+# so that a worker listing thousands of made-up names cannot make it fetch thousands of headers
+# (the others are read when a client asks for them).
+PREFETCH_PER_WORKER = 16
+
+Status = Literal["verified", "unverified", "pending", "local"]
+
+
+class FileReader(Protocol):
+    """What the catalog needs from the hub (``HubFiles``); blocking, run in a thread."""
+
+    def listing(self, repo_id: str) -> RepoFiles: ...
+
+    def read_prefix(self, repo_id: str, commit: str, path: str, nbytes: int) -> bytes: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    facts: ModelFacts | None
+    problem: str | None
+    expires: float
+
+
+class ModelCatalog:
+    def __init__(
+        self,
+        reader: FileReader,
+        *,
+        ttl_s: float = 3600.0,
+        retry_s: float = 300.0,
+        wait_s: float = 10.0,
+        max_header_bytes: int = 64 << 20,
+        max_entries: int = 10_000,
+        concurrency: int = 4,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.reader = reader
+        self.ttl_s = ttl_s
+        self.retry_s = retry_s
+        self.wait_s = wait_s
+        self.max_header_bytes = max_header_bytes
+        self.max_entries = max_entries
+        self.clock = clock
+        self._readings: OrderedDict[str, Reading] = OrderedDict()
+        self._headers: OrderedDict[str, HeaderFacts] = OrderedDict()  # by sha256
+        self._pending: dict[str, asyncio.Task[None]] = {}
+        self._local: set[str] = set()  # names seen that are not hub names
+        self._gate = asyncio.Semaphore(concurrency)
+        self.header_reads = 0  # Range requests made (for tests and /metrics-like counts)
+
+    # --- what the rest of the queen asks --------------------------------------------------------
+
+    def facts(self, name: str) -> ModelFacts | None:
+        """The queen's latest good reading of ``name`` (None: none, or not a hub name)."""
+        reading = self._readings.get(name)
+        return reading.facts if reading is not None else None
+
+    def parameter_count(self, name: str) -> int | None:
+        facts = self.facts(name)
+        return facts.parameter_count if facts is not None else None
+
+    def status(self, name: str) -> Status:
+        if hub_name(name) is None:
+            return "local"
+        if self.facts(name) is not None:
+            return "verified"
+        return "pending" if name in self._pending else "unverified"
+
+    def problem(self, name: str) -> str | None:
+        reading = self._readings.get(name)
+        return reading.problem if reading is not None else None
+
+    def refresh(self, name: str) -> None:
+        """Start reading ``name`` in the background if it is a hub name with no fresh reading
+        (needs a running event loop)."""
+        reading = self._readings.get(name)  # on every request: set and dict lookups first
+        if name in self._pending or name in self._local or (
+                reading is not None and reading.expires > self.clock()):
+            return
+        if hub_name(name) is None:  # a local name: nothing to read, ever
+            if len(self._local) >= self.max_entries:  # kept apart from the readings, so that
+                self._local.clear()  # made-up names never push a real reading out
+            self._local.add(name)
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called outside the queen's loop (a script, a sync test)
+            return
+        task = loop.create_task(self._read(name))
+        self._pending[name] = task
+        task.add_done_callback(lambda _t: self._pending.pop(name, None))
+
+    def prefetch(self, names: Iterable[str]) -> None:
+        """``refresh`` the first ``PREFETCH_PER_WORKER`` of a worker's names, so that the queen
+        has read them before the first request comes."""
+        for name in itertools.islice(names, PREFETCH_PER_WORKER):
+            self.refresh(name)
+
+    async def settle(self, name: str) -> None:
+        """``refresh``, then wait up to ``wait_s`` for a reading in progress."""
+        self.refresh(name)
+        task = self._pending.get(name)
+        if task is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(task), self.wait_s)
+
+    async def close(self) -> None:
+        tasks = list(self._pending.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- reading --------------------------------------------------------------------------------
+
+    async def _read(self, name: str) -> None:
+        parsed = hub_name(name)
+        assert parsed is not None
+        now = self.clock()
+        try:
+            async with self._gate:
+                listing = await asyncio.to_thread(self.reader.listing, parsed.repo_id)
+                try:
+                    _, remotes = pick_file(listing, parsed)
+                except ModelNameError as exc:
+                    raise ModelUnverified(f"{parsed.repo_id}: {exc}", lasting=True) from exc
+                headers = [await self._header(listing, remote) for remote in remotes]
+        except ModelUnverified as exc:
+            old = self._readings.get(name)
+            keep = old.facts if old is not None and not exc.lasting else None
+            wait = self.ttl_s if exc.lasting else self.retry_s
+            logger.warning("cannot read %s to price it (%s); priced as %s until it can be read",
+                           name, exc, "before" if keep else "unverified")
+            self._remember(name, Reading(keep, str(exc), now + wait))
+            return
+        facts = model_facts(name, listing, remotes, headers)
+        logger.info("read %s: %s parameters in %s (sha256 %s…)", name,
+                    f"{facts.parameter_count:,}", ", ".join(facts.paths), facts.sha256[:12])
+        self._remember(name, Reading(facts, None, now + self.ttl_s))
+
+    async def _header(self, listing: RepoFiles, remote: RemoteFile) -> HeaderFacts:
+        assert remote.sha256 is not None  # pick_file refuses files with none
+        known = self._headers.get(remote.sha256)
+        if known is not None:
+            self._headers.move_to_end(remote.sha256)
+            return known
+        size = remote.size
+        nbytes = min(FIRST_READ_BYTES, self.max_header_bytes, size or FIRST_READ_BYTES)
+        while True:
+            self.header_reads += 1
+            data = await asyncio.to_thread(
+                self.reader.read_prefix, listing.repo_id, listing.commit, remote.path, nbytes)
+            file_size = len(data) if len(data) < nbytes else (size or 1 << 62)
+            try:
+                facts = header_facts(parse_gguf_header(data, remote.path, file_size))
+            except GgufTruncated as exc:
+                if nbytes >= self.max_header_bytes:
+                    raise ModelUnverified(
+                        f"{remote.path}: its header is longer than {self.max_header_bytes:,} "
+                        "bytes (APIARY_MAX_HEADER_BYTES)", lasting=True) from exc
+                nbytes = min(max(exc.needed, 2 * nbytes), self.max_header_bytes)
+                continue
+            except InvalidGgufFile as exc:
+                raise ModelUnverified(str(exc), lasting=True) from exc
+            self._headers[remote.sha256] = facts
+            _trim(self._headers, self.max_entries)
+            return facts
+
+    def _remember(self, name: str, reading: Reading) -> None:
+        self._readings[name] = reading
+        self._readings.move_to_end(name)
+        _trim(self._readings, self.max_entries)
+
+
+def _trim(cache: OrderedDict[str, object], limit: int) -> None:
+    while len(cache) > limit:
+        cache.popitem(last=False)
