@@ -208,7 +208,7 @@ class EarningsView(QWidget):
         figures.addWidget(self.payouts)
         layout = QVBoxLayout(self)
         layout.addWidget(self.note)
-        layout.addWidget(self.not_paying)
+        layout.addWidget(self.not_paying, 0, Qt.AlignmentFlag.AlignTop)
         layout.addWidget(self.figures, 1)
         service.updated.connect(self.show_earnings)
         service.note.connect(self.show_note)
