@@ -67,7 +67,13 @@ class Tray(QObject):
 
     def tooltip(self) -> str:
         status = STATE_TEXT.get(TrayState(self.state), self.state)
-        return f"Apiary: {status}\nToday: {sats(self.earnings.earnings.today_msat)}"
+        return f"Apiary: {status}\n{self.today_text()}"
+
+    def today_text(self) -> str:
+        """Today's sats, or, on a queen that does not pay its workers, that it does not."""
+        if self.earnings.pays is False:
+            return "This queen does not pay its workers"
+        return f"Today: {sats(self.earnings.earnings.today_msat)}"
 
     def rebuild(self) -> None:
         """The menu, as it should read now (connected to ``aboutToShow``)."""
@@ -77,7 +83,7 @@ class Tray(QObject):
         toggle.triggered.connect(self.controller.toggle)
         open_action = self.menu.addAction("Open Apiary")
         open_action.triggered.connect(self.open_window)
-        today = self.menu.addAction(f"Today: {sats(self.earnings.earnings.today_msat)}")
+        today = self.menu.addAction(self.today_text())
         today.setEnabled(False)
         self.menu.addSeparator()
         quit_action = self.menu.addAction("Quit Apiary")

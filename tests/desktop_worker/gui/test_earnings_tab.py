@@ -83,6 +83,9 @@ async def test_a_queen_that_does_not_pay_says_so(tmp_path, settings_for, qtbot):
         await until(lambda: app.earnings.pays is False, 10, "the welcome's terms")
         view = app.window.earnings
         assert app.header.today.text() == "This queen does not pay its workers"
+        app.tray.rebuild()  # the tray's menu and tooltip say it too, not "Today: 0 sats"
+        assert app.tray.actions["today"].text() == "This queen does not pay its workers"
+        assert app.tray.tooltip().endswith("\nThis queen does not pay its workers")
         assert view.not_paying.isVisibleTo(view)
         assert "does not pay its workers" in view.not_paying.text()
         assert not view.figures.isVisibleTo(view)  # no "0 job(s) settled", no zeros
