@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from shared_schema.errors import (
     AmbiguousFilter,
@@ -44,10 +45,12 @@ from shared_schema.errors import (
 
 __all__ = [
     "ModelName",
+    "RemoteFile",
     "ResolvedFile",
     "check_repo_path",
     "parse_model_name",
     "quant_tag",
+    "remote_files",
     "resolve_filter",
     "split_part",
     "validate_local_name",
@@ -345,3 +348,24 @@ def _base_of(path: str) -> str:
 
 def _name(path: str) -> str:
     return path.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A file in a hub repo. ``sha256`` is known for files stored with LFS (all GGUF files)."""
+
+    path: str
+    size: int | None
+    sha256: str | None = None
+
+
+def remote_files(siblings: Iterable[Any]) -> tuple[RemoteFile, ...]:
+    """A repo's files from ``huggingface_hub``'s ``model_info(files_metadata=True).siblings``
+    (read by attribute, so this module needs no huggingface_hub): both sides' hub edges list
+    repos through it."""
+    files = []
+    for sibling in siblings:
+        lfs = sibling.lfs
+        size = sibling.size if sibling.size is not None else (lfs.size if lfs else None)
+        files.append(RemoteFile(sibling.rfilename, size, lfs.sha256 if lfs else None))
+    return tuple(files)

@@ -9,9 +9,9 @@ from PySide6.QtCore import QObject
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
-from desktop_worker.gui.common import Icons, notification_text, sats
+from desktop_worker.gui.common import Icons, notification_text
 from desktop_worker.gui.notify import Notice
-from desktop_worker.gui.services.earnings import EarningsService
+from desktop_worker.gui.services.earnings import EarningsService, today_text
 from desktop_worker.gui.services.worker import STATE_TEXT, TrayState, WorkerController
 
 LEVELS = {
@@ -70,10 +70,7 @@ class Tray(QObject):
         return f"Apiary: {status}\n{self.today_text()}"
 
     def today_text(self) -> str:
-        """Today's sats, or, on a queen that does not pay its workers, that it does not."""
-        if self.earnings.pays is False:
-            return "This queen does not pay its workers"
-        return f"Today: {sats(self.earnings.earnings.today_msat)}"
+        return today_text(self.earnings.earnings.today_msat, self.earnings.pays)
 
     def rebuild(self) -> None:
         """The menu, as it should read now (connected to ``aboutToShow``)."""

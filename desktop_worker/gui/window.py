@@ -23,7 +23,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop_worker.gui.common import Icons, plain_label, sats
+from desktop_worker.gui.common import Icons, plain_label
+from desktop_worker.gui.services.earnings import today_text
 from desktop_worker.gui.services.worker import (
     FIX_LABELS,
     STATE_TEXT,
@@ -165,10 +166,7 @@ class Header(QFrame):
 
     def show_today(self, msat: int, pays: bool | None = None) -> None:
         """Today's sats; on a queen that said it pays nothing, that instead of a zero."""
-        if pays is False:
-            self.today.setText("This queen does not pay its workers")
-        else:
-            self.today.setText(f"Today: {sats(msat)}")
+        self.today.setText(today_text(msat, pays))
 
 
 TABS = ("Hardware", "Models", "Jobs", "Earnings", "Settings", "Logs")

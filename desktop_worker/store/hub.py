@@ -53,6 +53,7 @@ from desktop_worker.errors import (
     RemoteFileNotFound,
     RepoNotFound,
 )
+from shared_schema.model_names import RemoteFile, remote_files
 
 __all__ = [
     "DEFAULT_ENDPOINT",
@@ -87,15 +88,6 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 
 
 _TRANSPORT_ERRORS = _transport_errors()
-
-
-@dataclass(frozen=True)
-class RemoteFile:
-    """A file in a hub repo. ``sha256`` is known for files stored with LFS (all GGUF files)."""
-
-    path: str
-    size: int | None
-    sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -264,13 +256,9 @@ class HubClient:
             info = api.model_info(repo_id, files_metadata=True, timeout=self.timeout_s)
         except Exception as exc:
             raise self._translate(exc, repo_id) from exc
-        files = []
-        for sibling in info.siblings or ():
-            lfs = sibling.lfs
-            size = sibling.size if sibling.size is not None else (lfs.size if lfs else None)
-            files.append(RemoteFile(sibling.rfilename, size, lfs.sha256 if lfs else None))
+        files = remote_files(info.siblings or ())
         logger.debug("%s at %s has %d files", repo_id, info.sha, len(files))
-        return RepoListing(repo_id=repo_id, commit=info.sha, files=tuple(files))
+        return RepoListing(repo_id=repo_id, commit=info.sha, files=files)
 
     def download(
         self,

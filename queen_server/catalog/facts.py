@@ -14,7 +14,13 @@ from dataclasses import dataclass
 
 from shared_schema.errors import ModelNameError
 from shared_schema.gguf import GgufHeader, as_int
-from shared_schema.model_names import ModelName, ResolvedFile, parse_model_name, resolve_filter
+from shared_schema.model_names import (
+    ModelName,
+    RemoteFile,
+    ResolvedFile,
+    parse_model_name,
+    resolve_filter,
+)
 
 __all__ = [
     "HeaderFacts",
@@ -25,13 +31,6 @@ __all__ = [
     "hub_name",
     "pick_file",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteFile:
-    path: str
-    size: int | None
-    sha256: str | None  # from the hub's LFS metadata (every GGUF file on the hub has it)
 
 
 @dataclass(frozen=True, slots=True)

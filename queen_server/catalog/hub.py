@@ -21,8 +21,9 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from queen_server.catalog.facts import RemoteFile, RepoFiles
+from queen_server.catalog.facts import RepoFiles
 from queen_server.errors import ModelUnverified
+from shared_schema.model_names import remote_files
 
 __all__ = ["DEFAULT_ENDPOINT", "HubFiles"]
 
@@ -51,12 +52,7 @@ class HubFiles:
             raise self._unverified(exc, repo_id) from exc
         if not info.sha:
             raise ModelUnverified(f"{self.endpoint} gave no commit for {repo_id}", lasting=False)
-        files = []
-        for sibling in info.siblings or ():
-            lfs = sibling.lfs
-            size = sibling.size if sibling.size is not None else (lfs.size if lfs else None)
-            files.append(RemoteFile(sibling.rfilename, size, lfs.sha256 if lfs else None))
-        return RepoFiles(repo_id, info.sha, tuple(files))
+        return RepoFiles(repo_id, info.sha, remote_files(info.siblings or ()))
 
     def read_prefix(self, repo_id: str, commit: str, path: str, nbytes: int) -> bytes:
         """The first ``nbytes`` of a file at ``commit`` (fewer if the file is shorter)."""

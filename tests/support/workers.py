@@ -165,6 +165,9 @@ class ScriptedWorker:
         self.jobs: list[Job] = []
         self.cancels: list[Cancel] = []
         self.cancelled = asyncio.Event()
+        self.answer_cancels = True  # a worker that ignores cancels sets this False
+        self.errors: list[JobError] = []  # error frames the queen sent back
+        self.told = asyncio.Event()
         self.job_arrived = asyncio.Event()
         self.release = asyncio.Event()
         self.closed = asyncio.Event()
@@ -223,8 +226,12 @@ class ScriptedWorker:
                 elif isinstance(message, Cancel):
                     self.cancels.append(message)
                     self.cancelled.set()
-                    await self._send(JobError(id=message.id, code="cancelled",
-                                              message="cancelled by the queen"))
+                    if self.answer_cancels:
+                        await self._send(JobError(id=message.id, code="cancelled",
+                                                  message="cancelled by the queen"))
+                elif isinstance(message, JobError):  # the queen's answer to a bad frame
+                    self.errors.append(message)
+                    self.told.set()
                 elif isinstance(message, Ping) and self.answer_pongs:
                     await self._send(Pong(ts=message.ts))
         except ConnectionClosed:

@@ -17,6 +17,7 @@ from PySide6.QtCore import QObject, Signal
 
 from desktop_worker.earnings import fetch_earnings
 from desktop_worker.errors import WorkerError
+from desktop_worker.gui.common import sats
 from desktop_worker.identity import WorkerIdentity
 from shared_schema import WorkerEarnings
 from shared_schema.protocol import Welcome
@@ -152,6 +153,12 @@ NOT_PAYING_DETAIL = (NOT_PAYING + ": it serves requests without keys or keeps no
                      "jobs you serve here earn nothing. To earn sats, join a queen that pays "
                      "(Settings, Queen).")
 PROOF_OF_WORK = "proof of work: your first job is unpaid"
+
+
+def today_text(today_msat: int, pays: bool | None) -> str:
+    """The header's and the tray's line: today's sats, or, on a queen that said it pays
+    nothing, that instead of a zero."""
+    return NOT_PAYING if pays is False else f"Today: {sats(today_msat)}"
 
 
 def proof_of_work_row(earnings: WorkerEarnings) -> tuple[str, str, str]:

