@@ -1,4 +1,5 @@
-"""Running the queen's jobs on the engine: chat (streamed or whole) and embeddings.
+"""Running the queen's jobs on the engine: chat and text completions (streamed or whole) and
+embeddings.
 
 ``JobRunner`` is widget-free and socket-free: it reports through a ``JobSink`` (the link) and
 through ``on_started`` / ``on_finished`` callbacks (the CLI's log line, the app's jobs table).
@@ -93,7 +94,7 @@ class JobRunner:
     async def _run(self, job: Job, sink: JobSink, cancel: threading.Event) -> None:
         request = job.openai_req
         model = str(request.get("model", ""))
-        kind = "embeddings" if job.openai_url.endswith("/embeddings") else "chat"
+        kind = job_kind(job.openai_url)
         started = time.perf_counter()
         usage = Usage(prompt_tokens=0, total_tokens=0)
         outcome = "ok"
@@ -104,7 +105,7 @@ class JobRunner:
             if kind == "embeddings":
                 usage = await self._embeddings(job, model, sink)
             else:
-                usage = await self._chat(job, model, sink, cancel)
+                usage = await self._generate(job, kind, model, sink, cancel)
                 if cancel.is_set():
                     raise _JobFailure("cancelled", "cancelled by the queen", retryable=False)
         except _JobFailure as failure:
@@ -134,10 +135,14 @@ class JobRunner:
         for callback in self.on_finished:
             callback(record)
 
-    async def _chat(self, job: Job, model: str, sink: JobSink, cancel: threading.Event) -> Usage:
+    async def _generate(
+        self, job: Job, kind: str, model: str, sink: JobSink, cancel: threading.Event
+    ) -> Usage:
         stream = bool(job.openai_req.get("stream"))
         collected: list[dict[str, Any]] = []
-        unsaved: list[str] = []  # a plain answer's text since its last checkpoint
+        unsaved: list[str] = []  # a plain answer's text (choice 0) since its last checkpoint
+        unsaved_logprobs: list[Any] = []
+        with_logprobs = bool(job.openai_req.get("logprobs"))
         saved_at = time.monotonic()
 
         async def on_chunk(chunk: dict[str, Any]) -> None:
@@ -147,29 +152,65 @@ class JobRunner:
                 return
             collected.append(chunk)
             for choice in chunk.get("choices") or ():
+                if choice.get("index", 0) != 0:
+                    continue
                 if (choice.get("delta") or {}).get("content"):
                     unsaved.append(choice["delta"]["content"])
+                entries = (choice.get("logprobs") or {}).get("content")
+                if entries:
+                    unsaved_logprobs.extend(entries)
             if unsaved and time.monotonic() - saved_at >= self.checkpoint_s:
                 saved_at = time.monotonic()
-                await sink.chunk(job.id, checkpoint_chunk(unsaved))
+                await sink.chunk(job.id, checkpoint_chunk(
+                    unsaved, list(unsaved_logprobs) if with_logprobs else None))
                 unsaved.clear()
+                unsaved_logprobs.clear()
 
-        counts = await self.pool.chat(model, job.openai_req, cancel, on_chunk,
-                                      continuation=job.continuation)
+        if kind == "completions":
+            counts = await self.pool.complete(model, job.openai_req, cancel, on_chunk)
+        else:
+            counts = await self.pool.chat(model, job.openai_req, cancel, on_chunk,
+                                          continuation=job.continuation)
         usage = Usage(**counts)
         if not cancel.is_set():
             await sink.result(job.id, {} if stream else answer_from_chunks(collected), usage)
         return usage
 
     async def _embeddings(self, job: Job, model: str, sink: JobSink) -> Usage:
-        raw = job.openai_req.get("input")
-        inputs = [raw] if isinstance(raw, str) else raw
-        if not isinstance(inputs, list) or not all(isinstance(item, str) for item in inputs):
-            raise UnsupportedRequest("this worker embeds text inputs (a string or a list of them)")
+        inputs = embedding_inputs(job.openai_req.get("input"))
         vectors, tokens = await self.pool.embed(model, inputs)
         usage = Usage(prompt_tokens=tokens, total_tokens=tokens)
         await sink.result(job.id, embedding_list(model, vectors), usage)
         return usage
+
+
+def job_kind(openai_url: str) -> str:
+    """"embeddings", "completions" (raw prompts) or "chat", from a job's OpenAI path."""
+    if openai_url.endswith("/embeddings"):
+        return "embeddings"
+    if openai_url.endswith("/completions") and not openai_url.endswith("/chat/completions"):
+        return "completions"
+    return "chat"
+
+
+def embedding_inputs(raw: Any) -> list[str] | list[list[int]]:
+    """An embeddings job's inputs: texts, or token-id lists (one list of ids is one input)."""
+    if isinstance(raw, str):
+        return [raw]
+    if isinstance(raw, list) and raw:
+        if all(isinstance(item, str) for item in raw):
+            return raw
+        if all(_is_token(item) for item in raw):
+            return [raw]
+        if all(isinstance(item, list) and item and all(_is_token(t) for t in item)
+               for item in raw):
+            return raw
+    raise UnsupportedRequest("embeddings input must be a string, a list of strings, a list of "
+                             "token ids or a list of token-id lists")
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class _JobFailure(Exception):

@@ -24,12 +24,15 @@ from desktop_worker.link.client import LinkClient
 from desktop_worker.settings import WorkerSettings
 from desktop_worker.store import LocalModel, ModelStore
 from desktop_worker.store.names import validate_local_name
-from shared_schema import CAPABILITY_CONTINUE, PROTOCOL_VERSION, Hello, Status
+from shared_schema import CAPABILITY_CONTINUE, PROTOCOL_VERSION, Hello, Status, capabilities
 
 log = logging.getLogger(__name__)
 
-# "continue": this worker can go on from another worker's partial answer (Job.continuation).
-CAPABILITIES = ["chat", "stream", "embeddings", CAPABILITY_CONTINUE]
+# What this worker honours (shared_schema.capabilities): "continue" goes on from another
+# worker's partial answer (Job.continuation); the rest are the OpenAI fields of issue 15.
+CAPABILITIES = ["chat", "stream", "embeddings", CAPABILITY_CONTINUE, capabilities.GRAMMAR,
+                capabilities.LOGPROBS, capabilities.LOGIT_BIAS, capabilities.CHOICES,
+                capabilities.COMPLETIONS, capabilities.EMBED_TOKENS]
 
 
 def default_budget_mb() -> int:

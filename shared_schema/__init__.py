@@ -3,12 +3,15 @@
 from shared_schema.errors import InvalidQueenUrl, ProtocolError, SchemaError
 from shared_schema.hardware import ClGpu, DownloadProgress, ModelDescriptor, NvGpu
 from shared_schema.legacy import LegacyRegistration, LegacyRequest, looks_like_registration
+from shared_schema.openai_requests import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    EmbeddingRequest,
+)
 from shared_schema.openai_types import (
     ChatCompletion,
     ChatCompletionChunk,
-    ChatCompletionRequest,
-    ChatMessage,
-    EmbeddingRequest,
     EmbeddingResponse,
     ErrorDetail,
     ErrorResponse,
@@ -63,6 +66,7 @@ __all__ = [
     "ChatMessage",
     "Chunk",
     "ClGpu",
+    "CompletionRequest",
     "DownloadProgress",
     "EmbeddingRequest",
     "EmbeddingResponse",

@@ -114,12 +114,20 @@ def usage_counts(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def checkpoint_chunk(pieces: list[str]) -> dict[str, Any]:
-    """The text of a worker's plain answer so far, in one chunk the queen keeps (never relays):
-    if this worker is lost, another continues the answer from there. ``usage`` counts its
-    tokens (one per piece), which the queen credits to this worker."""
+def checkpoint_chunk(
+    pieces: list[str], logprobs: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The text of a worker's plain answer so far (choice 0), in one chunk the queen keeps
+    (never relays): if this worker is lost, another continues the answer from there. ``usage``
+    counts its tokens (one per piece, or one per log probability entry when the answer carries
+    them: those are exactly its tokens), which the queen credits to this worker. ``logprobs``:
+    the ``logprobs.content`` entries of that text, when the client asked for them."""
     data = {"object": CHAT_CHUNK, **content_chunk("".join(pieces))}
-    data["usage"] = usage_counts(0, len(pieces))
+    if logprobs is not None:
+        delta = data["choices"][0]["delta"]
+        data["choices"][0] = {"index": 0, "delta": delta, "logprobs": {"content": logprobs},
+                              "finish_reason": None}
+    data["usage"] = usage_counts(0, len(pieces) if logprobs is None else len(logprobs))
     return data
 
 
@@ -136,22 +144,34 @@ def message_choice(
 
 def answer_from_chunks(chunks: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """A whole chat answer from its chunks (a worker's answer to a client that did not ask for
-    a stream): choice 0's text, and the last finish reason given ("stop" if none)."""
-    text: list[str] = []
-    finish_reason = STOP
+    a stream): per choice ``index`` (choice 0 when there are none), its text, the last finish
+    reason given ("stop" if none) and, when the chunks carried them, its log probabilities
+    (then every choice has ``logprobs``)."""
+    texts: dict[int, list[str]] = {}
+    finishes: dict[int, str] = {}
+    logprobs: dict[int, list[Any]] = {}
     for chunk in chunks:
         for choice in chunk.get("choices") or []:
+            index = choice.get("index", 0)
+            text = texts.setdefault(index, [])
             content = (choice.get("delta") or {}).get("content")
             if content:
                 text.append(content)
             if choice.get("finish_reason"):
-                finish_reason = choice["finish_reason"]
+                finishes[index] = choice["finish_reason"]
+            entries = (choice.get("logprobs") or {}).get("content")
+            if isinstance(entries, list):
+                logprobs.setdefault(index, []).extend(entries)
     # Workers have always sent this key order, and the queen relays the answer as it comes.
-    return {
-        "object": CHAT_ANSWER,
-        "choices": [{"index": 0, "finish_reason": finish_reason,
-                     "message": {"role": ASSISTANT, "content": "".join(text)}}],
-    }
+    choices = []
+    for index in sorted(texts) or [0]:
+        out: dict[str, Any] = {
+            "index": index, "finish_reason": finishes.get(index, STOP),
+            "message": {"role": ASSISTANT, "content": "".join(texts.get(index, []))}}
+        if logprobs:
+            out["logprobs"] = {"content": logprobs.get(index, [])}
+        choices.append(out)
+    return {"object": CHAT_ANSWER, "choices": choices}
 
 
 def chunks_from_answer(answer: dict[str, Any]) -> list[dict[str, Any]]:
@@ -161,8 +181,11 @@ def chunks_from_answer(answer: dict[str, Any]) -> list[dict[str, Any]]:
     for choice in answer.get("choices") or []:
         index = choice.get("index", 0)
         message = choice.get("message") or {}
-        out.append(opening_chunk(message.get("content", ""), message.get("role", ASSISTANT),
-                                 index))
+        opening = opening_chunk(message.get("content", ""), message.get("role", ASSISTANT),
+                                index)
+        if choice.get("logprobs") is not None:
+            opening["choices"][0]["logprobs"] = choice["logprobs"]
+        out.append(opening)
         out.append(finish_chunk(choice.get("finish_reason") or STOP, index))
     return out
 
@@ -248,6 +271,10 @@ def answer_problem(message: Chunk | Result | JobError, *, embeddings: bool = Fal
             if not isinstance(part.get("content"), str | None) or not isinstance(
                     part.get("role"), str | None):
                 return f"a choice's '{inner}' has a 'content' or 'role' that is not a string"
+            logprobs = choice.get("logprobs")
+            if logprobs is not None and not (isinstance(logprobs, dict) and isinstance(
+                    logprobs.get("content"), list | None)):
+                return "a choice's 'logprobs' is not an object with a 'content' list"
     items = data.get("data")
     if isinstance(message, Result) and (items is not None or embeddings):
         if not isinstance(items, list):

@@ -1,15 +1,15 @@
-"""The OpenAI API shapes Apiary serves and relays: chat completions, embeddings, models, errors.
+"""The OpenAI API shapes Apiary answers and relays: chat completions, embeddings, models, errors.
 
-Requests are validated with unknown fields ignored (OpenAI adds parameters often); the fields
-Apiary honours are typed and range-checked, so a bad value is a 400 naming its ``param``.
+The request bodies are ``shared_schema.openai_requests``' (every field honoured or refused, the
+list in ``shared_schema.openai_fields``).
 """
 
 from __future__ import annotations
 
 from datetime import date, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field
 
 from shared_schema.base import LenientModel, WireModel
 
@@ -33,45 +33,6 @@ class ReportedUsage(Usage):
 
 
 # --- chat completions -------------------------------------------------------------------------
-
-
-class ChatMessage(WireModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
-    name: str | None = None
-
-
-class StreamOptions(WireModel):
-    include_usage: bool = False
-
-
-class ChatCompletionRequest(WireModel):
-    model: str = Field(min_length=1, max_length=512)
-    messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, ge=0, le=1)
-    stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
-    n: int = 1
-    user: str | None = Field(default=None, max_length=512)
-
-    @field_validator("n")
-    @classmethod
-    def _only_one_choice(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError("only n=1 is supported")
-        return value
-
-    @field_validator("stop")
-    @classmethod
-    def _at_most_four_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(value, list) and len(value) > 4:
-            raise ValueError("at most 4 stop sequences are allowed")
-        return value
 
 
 class AssistantMessage(LenientModel):
@@ -117,21 +78,6 @@ class ChatCompletionChunk(LenientModel):
 
 
 # --- embeddings -------------------------------------------------------------------------------
-
-
-class EmbeddingRequest(WireModel):
-    model: str = Field(min_length=1, max_length=512)
-    input: str | list[str] | list[TokenId] | list[list[TokenId]]
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(default=None, ge=1, le=2**20)
-    user: str | None = Field(default=None, max_length=512)
-
-    @field_validator("input")
-    @classmethod
-    def _not_empty(cls, value: Any) -> Any:
-        if isinstance(value, list) and not value:
-            raise ValueError("input must not be empty")
-        return value
 
 
 class Embedding(LenientModel):

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import orjson
 from pydantic import Field, TypeAdapter, ValidationError, field_validator
 
+from shared_schema import capabilities as caps
 from shared_schema.base import WireModel
 from shared_schema.errors import InvalidQueenUrl, ProtocolError
 from shared_schema.hardware import (
@@ -43,7 +44,8 @@ EARNINGS_SIGNATURE_CONTEXT = b"apiary-earnings/2"
 # queen sends it no challenge and waits for its bare registration, as the original server did.
 SUBPROTOCOL = "apiary.v1"
 # A worker with this capability can continue an answer another worker began (``Job.continuation``).
-CAPABILITY_CONTINUE = "continue"
+# The others are in ``shared_schema.capabilities``.
+CAPABILITY_CONTINUE = caps.CONTINUE
 
 # Close codes the queen uses on the worker websocket (RFC 6455 private range for our own).
 CLOSE_GOING_AWAY = 1001

@@ -1,4 +1,5 @@
-"""One loaded llama.cpp context: blocking chat generation and embeddings, with true usage.
+"""One loaded llama.cpp context: blocking generation (chat and text completions) and
+embeddings, with true usage.
 
 Everything here blocks and runs in a worker thread, never on the event loop. One context
 serves one generation at a time; ``ModelPool`` hands contexts out.
@@ -8,118 +9,45 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import llama_cpp
 from llama_cpp import Llama
-from llama_cpp.llama_chat_format import (
-    ChatFormatterResponse,
-    Jinja2ChatFormatter,
-    chat_formatter_to_chat_completion_handler,
-)
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter, format_llama2
 
 from desktop_worker.engine.fitting import LoadPlan
+from desktop_worker.engine.generation import Counts, Generation, Pieces, Prompt
+from desktop_worker.engine.grammar import grammar_text
+from desktop_worker.engine.settings import chat_messages, completion_prompts, read_settings
 from desktop_worker.errors import ModelLoadError, UnsupportedRequest
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Meter:
-    """Counts a generation's tokens as llama.cpp sees them."""
-
-    prompt_tokens: int = 0
-    sampled: list[int] = field(default_factory=list)
-
-
-class MeteredLlama(Llama):
-    """``Llama`` that records the prompt length and every sampled token of a generation.
-
-    llama-cpp-python reports no usage for streamed completions; this makes usage exact for
-    both modes at the cost of one list append per token.
-    """
-
-    meter: Meter
-
-    def generate(self, tokens: Sequence[int], *args: Any, **kwargs: Any) -> Iterator[int]:
-        meter = self.meter = Meter(prompt_tokens=len(tokens))
-        append = meter.sampled.append
-        for token in super().generate(tokens, *args, **kwargs):
-            append(token)
-            yield token
-
-    def continuation_handler(self, prefill: str) -> Any:
-        """A chat handler whose prompt is the usual one (ending with the assistant's turn opened)
-        plus ``prefill``: the model continues that text instead of starting a new answer."""
-        template = self.metadata.get("tokenizer.chat_template")
-        if not template:
+def chat_prompt(llama: Llama, messages: list[dict[str, str]], continuation: str | None) -> str:
+    """The prompt text of a conversation, ending with the assistant's turn opened, in the
+    model's own Jinja2 chat template (llama.cpp's Llama-2 format for a model without one, as
+    llama-cpp-python falls back to)."""
+    template = llama.metadata.get("tokenizer.chat_template")
+    if not template:
+        if continuation:
             raise UnsupportedRequest("this model has no chat template in its metadata, so it "
                                      "cannot continue another worker's answer")
-        eos_id, bos_id = self.token_eos(), self.token_bos()
-        vocab = self._model
-        formatter = Jinja2ChatFormatter(
-            template=template,
-            eos_token=vocab.token_get_text(eos_id) if eos_id != -1 else "",
-            bos_token=vocab.token_get_text(bos_id) if bos_id != -1 else "",
-            stop_token_ids=[eos_id],
-        )
-        return chat_formatter_to_chat_completion_handler(_Prefilled(formatter, prefill))
-
-    def completion_tokens(self) -> int:
-        sampled = self.meter.sampled
-        if sampled and llama_cpp.llama_vocab_is_eog(self._model.vocab, sampled[-1]):
-            return len(sampled) - 1
-        return len(sampled)
-
-
-class _Prefilled:
-    """A chat formatter that appends already-written assistant text after the prompt."""
-
-    def __init__(self, inner: Jinja2ChatFormatter, prefill: str) -> None:
-        self.inner = inner
-        self.prefill = prefill
-
-    def __call__(self, **kwargs: Any) -> ChatFormatterResponse:
-        response = self.inner(**kwargs)
-        response.prompt += self.prefill
-        return response
-
-
-def _text(content: Any) -> str:
-    """OpenAI message content (a string or a list of parts) as plain text."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    parts = [part.get("text", "") for part in content if isinstance(part, dict)]
-    if len(parts) != len(content) or any(
-        part.get("type") not in (None, "text") for part in content
-    ):
-        raise UnsupportedRequest("only text message content is supported")
-    return "".join(parts)
-
-
-def sampling_args(request: dict[str, Any]) -> dict[str, Any]:
-    """Map an OpenAI chat request onto ``create_chat_completion`` arguments (OpenAI defaults)."""
-    max_tokens = request.get("max_completion_tokens") or request.get("max_tokens")
-    args: dict[str, Any] = {
-        "messages": [
-            {"role": m["role"], "content": _text(m.get("content"))}
-            for m in request.get("messages", [])
-        ],
-        "temperature": 1.0 if request.get("temperature") is None else request["temperature"],
-        "top_p": 1.0 if request.get("top_p") is None else request["top_p"],
-        "max_tokens": max_tokens,
-        "stop": request.get("stop") or [],
-        "seed": request.get("seed"),
-    }
-    for name in ("presence_penalty", "frequency_penalty"):
-        if request.get(name) is not None:
-            args[name] = request[name]
-    return args
+        return format_llama2(messages=messages).prompt  # type: ignore[arg-type]
+    eos_id, bos_id = llama.token_eos(), llama.token_bos()
+    vocab = llama._model
+    formatter = Jinja2ChatFormatter(
+        template=template,
+        eos_token=vocab.token_get_text(eos_id) if eos_id != -1 else "",
+        bos_token=vocab.token_get_text(bos_id) if bos_id != -1 else "",
+        stop_token_ids=[eos_id],
+    )
+    try:
+        return formatter(messages=messages).prompt  # type: ignore[arg-type]
+    except Exception as exc:  # the template's own raise_exception, or a Jinja2 error
+        raise UnsupportedRequest(f"the model's chat template refused the messages: {exc}") from exc
 
 
 class LlamaContext:
@@ -148,58 +76,117 @@ class LlamaContext:
         if embedding:
             kwargs.update(embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN)
         try:
-            self.llama = MeteredLlama(**kwargs)
+            self.llama = Llama(**kwargs)
         except (ValueError, RuntimeError, OSError) as exc:
             raise ModelLoadError(f"llama.cpp could not load {name}: {exc}") from exc
         self.busy = threading.Lock()
+        self._pieces = Pieces(self.llama._model.vocab)
+        self._counts = Counts()
 
     def close(self) -> None:
         self.llama.close()
 
-    def stream_chat(
-        self, request: dict[str, Any], cancel: threading.Event, continuation: str | None = None
+    def stream(
+        self,
+        kind: str,
+        request: dict[str, Any],
+        cancel: threading.Event,
+        continuation: str | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Yield OpenAI chunk dicts as tokens are produced; stops within a token of ``cancel``.
-
-        With ``continuation`` (assistant text another worker already delivered), the model goes
-        on from the end of that text; the chunks carry only the new text. After the generator
-        ends, ``usage()`` gives the true token counts (the continuation counts as prompt).
-        """
+        """Yield chat.completion.chunk dicts as tokens are produced; stops within a token of
+        ``cancel``. ``kind``: "chat" (messages, the chat template) or "completion" (raw
+        prompts). With ``continuation`` (assistant text another worker already delivered), the
+        model goes on from the end of that text (a grammar must accept it first); the chunks
+        carry only the new text. After the generator ends, ``usage()`` gives the true token
+        counts (the continuation counts as prompt)."""
+        settings = read_settings(request)
+        grammar = grammar_text(settings.response_format)
         llama = self.llama
-        llama.meter = Meter()
+        self._counts = Counts()
+        if kind == "chat":
+            prompts = [self._chat_prompt(request, continuation)]
+        else:
+            prompts = [Prompt(self._completion_tokens(prompt))
+                       for prompt in completion_prompts(request)]
+        generation = Generation(llama, settings, grammar, cancel, self._pieces)
+        self._counts = generation.counts
         try:
-            if continuation:
-                handler = llama.continuation_handler(continuation)
-                chunks = handler(llama=llama, **sampling_args(request), stream=True)
-            else:
-                chunks = llama.create_chat_completion(**sampling_args(request), stream=True)
-        except ValueError as exc:  # e.g. the prompt does not fit the context
+            yield from generation.run(prompts)
+        except ValueError as exc:  # llama.cpp's own checks (e.g. a decode that failed)
             raise UnsupportedRequest(str(exc)) from exc
-        try:
-            for chunk in chunks:
-                if cancel.is_set():
-                    break
-                yield chunk
-        except ValueError as exc:
-            raise UnsupportedRequest(str(exc)) from exc
-        finally:
-            chunks.close()
+
+    def _chat_prompt(self, request: dict[str, Any], continuation: str | None) -> Prompt:
+        llama = self.llama
+        text = chat_prompt(llama, chat_messages(request), continuation)
+        tokens = llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        delivered = (llama.tokenize(continuation.encode("utf-8"), add_bos=False, special=False)
+                     if continuation else [])
+        return Prompt(tokens + delivered, delivered)
+
+    def _completion_tokens(self, prompt: str | list[int]) -> list[int]:
+        """A raw prompt's tokens: text with BOS (when the model adds one) as llama.cpp's own
+        completion reads it; token ids as they are."""
+        if isinstance(prompt, list):
+            return prompt
+        llama = self.llama
+        tokens = llama.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
+        if not tokens and llama.token_bos() != -1:
+            tokens = [llama.token_bos()]
+        if not tokens:
+            raise UnsupportedRequest("the prompt is empty")
+        return tokens
 
     def usage(self) -> dict[str, int]:
-        prompt = self.llama.meter.prompt_tokens
-        completion = self.llama.completion_tokens()
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        }
+        return self._counts.usage()
 
-    def embed(self, inputs: list[str]) -> tuple[list[list[float]], int]:
-        """One mean-pooled vector per input, and the number of tokens read."""
+    def embed(self, inputs: list[str] | list[list[int]]) -> tuple[list[list[float]], int]:
+        """One mean-pooled vector per input (texts, or token-id lists), and the number of
+        tokens read."""
         if not self.embedding:
             raise UnsupportedRequest("this context was not loaded for embeddings")
         try:
-            vectors, tokens = self.llama.embed(inputs, return_count=True)
+            if inputs and all(isinstance(item, list) for item in inputs):
+                return self._embed_tokens(inputs)  # type: ignore[arg-type]
+            vectors, tokens = self.llama.embed(inputs, return_count=True)  # type: ignore[arg-type]
         except (ValueError, RuntimeError) as exc:
             raise UnsupportedRequest(f"embedding failed: {exc}") from exc
         return [list(map(float, vector)) for vector in vectors], int(tokens)
+
+    def _embed_tokens(self, inputs: list[list[int]]) -> tuple[list[list[float]], int]:
+        """``Llama.embed`` for token ids (it only takes text): the same batching, one sequence
+        per input, mean-pooled by the context."""
+        llama = self.llama
+        n_batch, n_embd, n_vocab = llama.n_batch, llama.n_embd(), llama.n_vocab()
+        n_seq_max = llama.context_params.n_seq_max
+        for tokens in inputs:
+            if not tokens or any(not 0 <= token < n_vocab for token in tokens):
+                raise UnsupportedRequest("an embeddings input has a token id outside this "
+                                         f"model's vocabulary (ids 0 to {n_vocab - 1})")
+            if len(tokens) > n_batch:
+                raise UnsupportedRequest(f"an embeddings input is {len(tokens)} tokens; this "
+                                         f"worker embeds at most {n_batch} at once")
+        vectors: list[list[float]] = []
+
+        def decode(count: int) -> None:
+            llama._ctx.kv_cache_clear()
+            llama._ctx.decode(llama._batch)
+            llama._batch.reset()
+            for seq in range(count):
+                pointer = llama_cpp.llama_get_embeddings_seq(llama._ctx.ctx, seq)
+                vectors.append([float(x) for x in pointer[:n_embd]])
+
+        llama._batch.reset()
+        seqs = used = 0
+        try:
+            for tokens in inputs:
+                if used + len(tokens) > n_batch or seqs >= n_seq_max:
+                    decode(seqs)
+                    seqs = used = 0
+                llama._batch.add_sequence(tokens, seqs, True)
+                seqs += 1
+                used += len(tokens)
+            decode(seqs)
+        finally:
+            llama._ctx.kv_cache_clear()
+            llama.reset()
+        return vectors, sum(len(tokens) for tokens in inputs)

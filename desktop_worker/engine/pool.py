@@ -204,15 +204,36 @@ class ModelPool:
         on_chunk: Callable[[dict[str, Any]], Awaitable[None]],
         continuation: str | None = None,
     ) -> dict[str, int]:
-        """Generate in a thread, awaiting ``on_chunk`` for every chunk; returns the usage.
-        ``continuation``: assistant text to go on from (see ``LlamaContext.stream_chat``)."""
+        """Generate a chat answer in a thread, awaiting ``on_chunk`` for every chunk; returns
+        the usage. ``continuation``: assistant text to go on from (see ``LlamaContext.stream``)."""
+        return await self._generate(name, "chat", request, cancel, on_chunk, continuation)
+
+    async def complete(
+        self,
+        name: str,
+        request: dict[str, Any],
+        cancel: threading.Event,
+        on_chunk: Callable[[dict[str, Any]], Awaitable[None]],
+    ) -> dict[str, int]:
+        """A ``/v1/completions`` job (raw prompts, no chat template), as ``chat``."""
+        return await self._generate(name, "completion", request, cancel, on_chunk, None)
+
+    async def _generate(
+        self,
+        name: str,
+        kind: str,
+        request: dict[str, Any],
+        cancel: threading.Event,
+        on_chunk: Callable[[dict[str, Any]], Awaitable[None]],
+        continuation: str | None,
+    ) -> dict[str, int]:
         entry, context = await self._acquire(name)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
         def generate() -> dict[str, int]:
             try:
-                for chunk in context.stream_chat(request, cancel, continuation):
+                for chunk in context.stream(kind, request, cancel, continuation):
                     loop.call_soon_threadsafe(queue.put_nowait, chunk)
                 return context.usage()
             finally:
@@ -232,7 +253,10 @@ class ModelPool:
         finally:
             await self._release(entry, context)
 
-    async def embed(self, name: str, inputs: list[str]) -> tuple[list[list[float]], int]:
+    async def embed(
+        self, name: str, inputs: list[str] | list[list[int]]
+    ) -> tuple[list[list[float]], int]:
+        """One vector per input (texts, or token-id lists) and the tokens read."""
         entry = await self._entry(name)
         entry.active += 1
         try:

@@ -216,9 +216,12 @@ class Billing:
         request: dict[str, Any],
         *,
         completion_limit: str | None = "max_tokens",
+        choices: int = 1,
     ) -> Hold | None:
         """Reserve the most this request can cost. Sets ``request[completion_limit]`` when the
-        client gave none, to what the balance and ``default_max_tokens`` allow."""
+        client gave none, to what the balance and ``default_max_tokens`` allow. ``choices``:
+        answers made for the request (``n``, times the prompts of a text completion), each up
+        to the completion limit."""
         if principal.key is None or self.ledger is None:
             return None
         key = principal.key
@@ -229,12 +232,13 @@ class Billing:
         if completion_limit is not None:
             asked = request.get("max_completion_tokens") or request.get(completion_limit)
             if asked is None:
-                affordable = price.max_completion_tokens(state.available, prompt)
+                affordable = price.max_completion_tokens(state.available, prompt) // choices
                 completion = min(self.settings.default_max_tokens, affordable)
                 if completion >= 1:
                     request[completion_limit] = completion
             else:
                 completion = int(asked)
+            completion *= choices
         amount = price.cost_msat(prompt, completion)
         # Check and debit with no await in between: this is what keeps balances >= 0.
         if amount > state.available or (completion_limit is not None and completion < 1):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from queen_server.errors import InvalidRequest, PayloadTooLarge
+from shared_schema.openai_fields import FieldRule, refusal
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -29,14 +30,20 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-def parse(model: type[M], body: bytes) -> M:
-    """Validate a JSON body, or raise a 400 that names the offending parameter."""
+def parse(model: type[M], body: bytes, fields: Mapping[str, FieldRule] | None = None) -> M:
+    """Validate a JSON body, or raise a 400 that names the offending parameter.
+
+    With ``fields`` (an OpenAI endpoint's list in ``shared_schema.openai_fields``), a field the
+    model does not hold is refused with a 400 naming it: why, if OpenAI defines it, or that it
+    is unrecognised. Without, unknown fields are ignored (Apiary's own admin bodies)."""
     if not body:
         raise InvalidRequest("the request body is empty; send a JSON object", code="invalid_json")
     try:
-        return model.model_validate_json(body, extra="ignore")
+        if fields is None:
+            return model.model_validate_json(body, extra="ignore")
+        return model.model_validate_json(body)
     except ValidationError as exc:
-        raise validation_error(exc) from exc
+        raise validation_error(exc, fields) from exc
 
 
 def request_schema(model: type[BaseModel], **kwargs: Any) -> dict[str, Any]:
@@ -54,12 +61,29 @@ def request_schema(model: type[BaseModel], **kwargs: Any) -> dict[str, Any]:
     return lenient(model.model_json_schema(**kwargs))
 
 
-def validation_error(exc: ValidationError) -> InvalidRequest:
-    first = exc.errors(include_url=False)[0]
+def validation_error(
+    exc: ValidationError, fields: Mapping[str, FieldRule] | None = None
+) -> InvalidRequest:
+    errors = exc.errors(include_url=False)
+    first = errors[0]
     if first["type"] == "json_invalid":
         return InvalidRequest(
             f"the request body is not valid JSON: {first['msg']}", code="invalid_json"
         )
+    if fields is not None:
+        # A field the queen does not honour is the clearest thing to say.
+        extra = next((error for error in errors if error["type"] == "extra_forbidden"
+                      and len(error["loc"]) == 1), None)
+        if extra is None and first["type"] == "extra_forbidden":
+            extra = first
+        if extra is not None:
+            param = param_name(extra["loc"]) or "the request body"
+            if len(extra["loc"]) == 1:
+                message, code = refusal(fields, param)
+            else:
+                message, code = f"Unrecognized request argument supplied: {param}", (
+                    "unknown_parameter")
+            return InvalidRequest(message, param=param, code=code)
     param = param_name(first["loc"])
     code = "missing_required_parameter" if first["type"] == "missing" else "invalid_value"
     where = f"'{param}'" if param else "the request body"
@@ -72,7 +96,7 @@ def param_name(loc: Iterable[Any]) -> str | None:
     for part in loc:
         if isinstance(part, int):
             parts.append(str(part))
-        elif part in ("body", "query") and not parts:
+        elif (part in ("body", "query") and not parts) or part.startswith("type:"):
             continue
         elif part.lower() in _TYPE_WORDS or any(c in part for c in "[]-"):
             break

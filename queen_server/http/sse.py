@@ -1,7 +1,9 @@
-"""Server-sent events: a streamed chat completion as the bytes its client reads.
+"""Server-sent events: a streamed answer as the bytes its client reads.
 
-Each chunk goes out as one ``data: <json>`` event, stamped with the queen's completion id; the
-stream ends with ``data: [DONE]``, or with an error event when the answer breaks. The books of
+Each relayed chunk goes through the request's ``ChatView`` (the queen's stamp, tool calls, the
+shaper of the API the client called) and out as ``data: <json>`` events (``event: <name>`` too,
+for the Responses API); a chat or text completion stream ends with ``data: [DONE]``, and every
+stream with the shaper's error events when the answer breaks. The books of
 the answer (what was delivered, by which worker, the failover to a twin) are the swarm's
 (``queen_server.swarm.relay``), and the chunk shapes are ``shared_schema.answers``'; this module
 frames them and owns the stream's life as an HTTP response body, which Starlette cancels (with
@@ -17,18 +19,14 @@ import anyio
 import orjson
 
 from queen_server.errors import ApiError
+from queen_server.shaping.base import Event
+from queen_server.shaping.view import ChatView
 from queen_server.swarm.dispatch import Dispatcher, JobRun, can_fail_over
 from queen_server.swarm.jobs import JobEvent, WorkerLost
 from queen_server.swarm.metering import Meter
-from queen_server.swarm.relay import (
-    CompletionContext,
-    Delivered,
-    failure,
-    hand_over,
-    message_text,
-)
+from queen_server.swarm.relay import Delivered, failure, hand_over, message_text
 from shared_schema import Chunk, JobError, Result
-from shared_schema.answers import CHAT_CHUNK, chunks_from_answer, usage_chunk
+from shared_schema.answers import chunks_from_answer
 
 DONE = b"data: [DONE]\n\n"
 
@@ -38,24 +36,35 @@ def sse(data: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(data) + b"\n\n"
 
 
-def error_event(error: ApiError) -> bytes:
-    """The event that ends a broken stream: the error body a plain answer would have had."""
-    return sse(error.body().model_dump())
+def frame(events: list[Event]) -> list[bytes]:
+    """Shaped events as the bytes of the stream (a named event has an ``event:`` line)."""
+    return [sse(data) if name is None
+            else b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+            for name, data in events]
 
 
-def answer_events(ctx: CompletionContext, answer: dict[str, Any]) -> list[bytes]:
+def error_event(view: ChatView, error: ApiError) -> bytes:
+    """The events that end a broken stream: the error body a plain answer would have had."""
+    return b"".join(frame(view.failed(error.body().model_dump())))
+
+
+def answer_events(view: ChatView, answer: dict[str, Any]) -> list[bytes]:
     """A whole chat answer (a worker that did not stream), as the events of its chunks."""
-    return [sse(ctx.stamp(chunk, CHAT_CHUNK)) for chunk in chunks_from_answer(answer)]
+    out: list[bytes] = []
+    for chunk in chunks_from_answer(answer):
+        out.extend(frame(view.chunk(chunk)))
+    return out
 
 
-async def stream_chat(
+async def stream_answer(
     run: JobRun,
-    ctx: CompletionContext,
+    view: ChatView,
     dispatcher: Dispatcher,
     finish: Callable[..., Awaitable[None]],
     meter: Meter,
 ) -> AsyncIterator[bytes]:
-    """The SSE body of a streamed chat completion. If the worker is lost mid-answer, the
+    """The SSE body of a streamed answer, shaped by ``view`` for the API the client called
+    (chat, text completions, Responses). If the worker is lost mid-answer, the
     answer goes on on a twin worker (``Dispatcher.fail_over``) with no break in the stream.
     Always ends the job's lease, and calls ``finish`` once with every worker's ``parts``: the
     true usage when the answer ends, or only the tokens delivered when it breaks (no twin,
@@ -66,19 +75,23 @@ async def stream_chat(
     """
     answer = Delivered(meter)
     client_left = True  # until the stream ends by itself: a stream the client left pays its prompt
-    stamp = ctx.stamp
+    chunk_events = view.chunk
     current: JobRun | None = run
     event: JobEvent = run.first
+    opening = frame(view.opening())
     try:
         while True:
-            out: list[bytes] = []
+            out: list[bytes] = opening
+            opening = []
             ended = False
             failed: JobError | WorkerLost | None = None
             for item in (event, *run.take_ready()):
                 if isinstance(item, Chunk):
                     data = answer.take(item.data)
                     if data is not None:
-                        out.append(sse(stamp(data, CHAT_CHUNK)))
+                        events = chunk_events(data)
+                        if events:
+                            out.extend(frame(events))
                     continue
                 if isinstance(item, Result):
                     parts, usage = answer.done(
@@ -89,10 +102,10 @@ async def stream_chat(
                         streamed=True)
                     await finish(parts=parts)
                     if not answer.saw_chunk:
-                        out.extend(answer_events(ctx, item.data))
-                    if ctx.include_usage:
-                        out.append(sse(stamp(usage_chunk(usage.model_dump()), CHAT_CHUNK)))
-                    out.append(DONE)
+                        out.extend(answer_events(view, item.data))
+                    out.extend(frame(view.closing(usage.model_dump())))
+                    if view.sse_done:
+                        out.append(DONE)
                     ended = True
                 else:
                     failed = item
@@ -109,12 +122,12 @@ async def stream_chat(
                         run = await hand_over(run, answer, dispatcher)
                     except ApiError as exc:
                         client_left = False
-                        yield error_event(exc)
+                        yield b"".join(out) + error_event(view, exc)
                         return
                     current = run
                     event = run.first
                     continue
-                out.append(error_event(error))
+                out.append(error_event(view, error))
                 ended = True
             if ended:
                 client_left = False
@@ -125,7 +138,7 @@ async def stream_chat(
                 event = await run.next()
             except ApiError as exc:  # the total timeout (recorded by run.next)
                 client_left = False
-                yield error_event(exc)
+                yield error_event(view, exc)
                 return
     finally:
         # Starlette cancels the body with anyio when the client goes away; anyio re-delivers a

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from queen_server.errors import (
     GatewayTimeout,
+    InvalidRequest,
     ModelNotFound,
     NoCapacity,
     RateLimited,
@@ -122,6 +123,9 @@ class JobRequest:
     # False for a billed job when the ``legacy_workers`` setting is "unbilled": no legacy
     # worker, whose answers the queen cannot verify, may take it (nor a retry or failover of it).
     legacy_ok: bool = True
+    # The capabilities a worker needs for this request, each with the field that needs it
+    # (``shared_schema.capabilities.needs``): only such workers take it, retries and twins too.
+    needs: Mapping[str, str] = field(default_factory=dict)
 
 
 class JobRun:
@@ -225,6 +229,7 @@ class Dispatcher:
         billed: bool = False,
         admission: Admission | None = None,
         sent: Callable[[str | None], None] | None = None,
+        needs: Mapping[str, str] | None = None,
     ) -> JobRun:
         """Send the job to the best worker and wait for the answer's first event. ``billed``:
         the caller pays for it (``Principal.billed``), which may keep it off legacy workers.
@@ -232,11 +237,14 @@ class Dispatcher:
         holds one of the caller's ``max_queued_per_key`` places (429 when none is left).
         The ticket stays the caller's to ``leave``. ``sent(earnings key)`` is told each time a
         worker is given the job (it reads the prompt from then on), so that a client who
-        leaves before the first event still pays for the prompt read for it."""
+        leaves before the first event still pays for the prompt read for it. ``needs``: the
+        capabilities a worker must have (``capabilities.needs``), each with the field that
+        needs it; a 400 naming that field when no connected worker of the model has them."""
         settings = self.settings
         deadline = asyncio.get_running_loop().time() + settings.total_timeout_s
         request = JobRequest(job_id, model, openai_url, openai_req, stream, deadline,
-                             legacy_ok=not billed or settings.legacy_workers != "unbilled")
+                             legacy_ok=not billed or settings.legacy_workers != "unbilled",
+                             needs=needs or {})
         return await self._launch(request, settings.max_attempts, admission=admission, sent=sent)
 
     async def fail_over(self, run: JobRun, delivered_text: str, delivered_tokens: int) -> JobRun:
@@ -291,7 +299,7 @@ class Dispatcher:
         for _ in range(attempts):
             worker, connection = await self._acquire(request.model, tried, last_error, accept,
                                                      legacy_ok=request.legacy_ok,
-                                                     admission=admission)
+                                                     admission=admission, needs=request.needs)
             request.attempts += 1
             # What the worker may send for this attempt is tied to its ``max_tokens`` (``body``:
             # a continuation's is what is left of the answer).
@@ -338,12 +346,16 @@ class Dispatcher:
             f"the job failed on {len(tried)} worker(s); last error: {last_error}",
         )
 
-    def require_servable(self, model: str) -> None:
-        """404 ``model_not_found`` unless some connected worker could serve ``model``."""
-        if not self.registry.candidates(model):
+    def require_servable(self, model: str, needs: Mapping[str, str] | None = None) -> None:
+        """404 ``model_not_found`` unless some connected worker could serve ``model``; 400
+        naming the field when none of them has the capabilities ``needs`` asks for."""
+        candidates = self.registry.candidates(model)
+        if not candidates:
             raise ModelNotFound(
                 f"The model '{model}' is not served by any connected worker.", param="model"
             )
+        if needs:
+            _check_capable(model, candidates, needs)
 
     async def _acquire(
         self,
@@ -354,6 +366,7 @@ class Dispatcher:
         *,
         legacy_ok: bool = True,
         admission: Admission | None = None,
+        needs: Mapping[str, str] | None = None,
     ) -> tuple[Worker, Connection]:
         """The best (acceptable) worker with a free slot and the connection that holds it,
         waiting in the admission queue if all are busy. Without ``legacy_ok``, legacy workers
@@ -372,6 +385,12 @@ class Dispatcher:
                             f"The model '{model}' is not served by any connected worker that takes "
                             "billed requests.", param="model",
                         )
+                if needs and candidates:
+                    if not tried:
+                        _check_capable(model, candidates, needs)
+                    wanted = needs.keys()
+                    candidates = [worker for worker in candidates
+                                  if wanted <= worker.capabilities]
                 if accept is not None:
                     candidates = [worker for worker in candidates if accept(worker)]
                     if not candidates or all(worker.key in tried for worker in candidates):
@@ -451,3 +470,19 @@ class Dispatcher:
         """A job did not finish on its worker (lost, failed, or ``timeout``)."""
         elapsed = asyncio.get_running_loop().time() - handle.started_at
         self.stats.job_failed(handle, outcome, elapsed)
+
+
+def _check_capable(model: str, candidates: list[Worker], needs: Mapping[str, str]) -> None:
+    """400 naming the first field no worker of ``model`` can honour (the request asks for
+    something only newer workers do; none is connected)."""
+    for capability, param in needs.items():
+        if not any(capability in worker.capabilities for worker in candidates):
+            raise InvalidRequest(
+                f"'{param}' is not supported by any connected worker serving '{model}' (it "
+                f"needs workers with the '{capability}' capability; try again later or without "
+                f"'{param}').", param=param, code="unsupported_by_workers")
+    if not any(needs.keys() <= worker.capabilities for worker in candidates):
+        fields = ", ".join(f"'{param}'" for param in dict.fromkeys(needs.values()))
+        raise InvalidRequest(
+            f"No connected worker serving '{model}' supports {fields} together.",
+            param=next(iter(needs.values())), code="unsupported_by_workers")

@@ -60,11 +60,32 @@ def completion_limit(openai_req: Mapping[str, Any], default_max_tokens: int) -> 
     return default_max_tokens
 
 
+# With ``logprobs``, each token also carries an entry for itself and one per ``top_logprobs``:
+# its piece (escaped, as above), its bytes as a JSON list (up to 4 characters a byte) and the
+# number: 6 * 128 + 4 * 128 + 64 characters.
+LOGPROB_ENTRY_CHARS = 6 * TOKEN_PIECE_BYTES + 4 * TOKEN_PIECE_BYTES + 64
+
+
+def choices_in(openai_req: Mapping[str, Any]) -> int:
+    """How many answers one job makes: ``n``, times the prompts of a text completion."""
+    n = openai_req.get("n")
+    choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
+    prompt = openai_req.get("prompt")
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        choices *= len(prompt)
+    return choices
+
+
 def answer_budget(openai_req: Mapping[str, Any], default_max_tokens: int = DEFAULT_MAX_TOKENS
                   ) -> int:
-    """The characters of chunk frames a worker may send for one job of ``openai_req``."""
-    return completion_limit(openai_req, default_max_tokens) * FRAME_CHARS_PER_TOKEN + (
-        BUDGET_SLACK_CHARS)
+    """The characters of chunk frames a worker may send for one job of ``openai_req``: per
+    token of every choice, the frame and its log probabilities if asked."""
+    per_token = FRAME_CHARS_PER_TOKEN
+    if openai_req.get("logprobs"):
+        top = openai_req.get("top_logprobs")
+        per_token += LOGPROB_ENTRY_CHARS * (1 + (top if isinstance(top, int) else 0))
+    tokens = completion_limit(openai_req, default_max_tokens) * choices_in(openai_req)
+    return tokens * per_token + BUDGET_SLACK_CHARS * choices_in(openai_req)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from queen_server.swarm.jobs import choices_in
 from shared_schema import Usage
 
 # Tokens a chat template may add around each message (role markers, separators).
@@ -83,9 +84,24 @@ class Meter:
                 framing += utf8_bytes(str(name))
             bound += utf8_bytes(text) + framing + PER_MESSAGE_TOKENS
             estimate += len(text) + PER_MESSAGE_TOKENS
-        stop = request.get("stop")
-        end = END_TOKENS if stop is None else stop_bytes(stop) + END_TOKENS
-        return cls(bound, min(bound, estimate), end)
+        return cls(bound, min(bound, estimate), end_allowance(request))
+
+    @classmethod
+    def for_completions(cls, request: Mapping[str, Any], template_allowance: int) -> Meter:
+        """A text completion's prompts: text (bytes bound its tokens, plus a BOS) or token ids
+        (their count is exact); each prompt is read once, whatever ``n`` is."""
+        prompt = request.get("prompt")
+        prompts = [prompt] if isinstance(prompt, str) or _is_ids(prompt) else list(prompt or [])
+        bound = template_allowance
+        estimate = 0
+        for item in prompts:
+            if isinstance(item, str):
+                bound += utf8_bytes(item) + PER_INPUT_TOKENS
+                estimate += len(item) + PER_INPUT_TOKENS
+            elif isinstance(item, list):
+                bound += len(item)
+                estimate += len(item)
+        return cls(bound, min(bound, estimate), end_allowance(request))
 
     @classmethod
     def for_embeddings(cls, request: Mapping[str, Any]) -> Meter:
@@ -112,6 +128,14 @@ class Meter:
         prompt = min(claimed.prompt_tokens, self.prompt_bound)
         completion = min(claimed.completion_tokens, self.completion_bound(delivered_bytes))
         return counted(prompt, completion)
+
+
+def end_allowance(request: Mapping[str, Any]) -> int:
+    """Tokens the ends of a request's answers may add past the bytes delivered: per choice, the
+    longest stop string and the end token."""
+    stop = request.get("stop")
+    end = END_TOKENS if stop is None else stop_bytes(stop) + END_TOKENS
+    return end * choices_in(request)
 
 
 def counted(prompt: int, completion: int) -> Usage:

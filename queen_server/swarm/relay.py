@@ -16,7 +16,7 @@ import functools
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from queen_server.errors import WorkerFailed
+from queen_server.errors import ApiError, InvalidRequest, WorkerFailed
 from queen_server.swarm.dispatch import Dispatcher, JobRun, can_fail_over
 from queen_server.swarm.jobs import Part, WorkerLost
 from queen_server.swarm.metering import UNBOUNDED, Meter, content_text, counted, utf8_bytes
@@ -37,10 +37,15 @@ class CompletionContext(AnswerStamp):
         self.include_usage = include_usage
 
 
-def failure(event: JobError | WorkerLost) -> WorkerFailed:
-    """The client's error for a job that failed (the worker gave up, or was lost)."""
+def failure(event: JobError | WorkerLost) -> ApiError:
+    """The client's error for a job that failed (the worker gave up, or was lost). A worker
+    that refused the request as invalid (a schema its grammar cannot express, a token id past
+    its vocabulary) gives the client a 400 with its reason."""
     if isinstance(event, WorkerLost):
         return WorkerFailed(f"the worker was lost mid-answer: {event.reason}", code="worker_lost")
+    if event.code == "invalid_request":
+        return InvalidRequest(f"the worker refused the request: {event.message[:2000]}",
+                              code="invalid_request")
     return WorkerFailed(f"the worker failed: {event.message}", code=event.code or "worker_error")
 
 
@@ -56,8 +61,9 @@ class Delivered:
     use) never rest on a worker's word alone.
     """
 
-    __slots__ = ("_part_start", "_text", "carried", "continuing", "finish_reason", "meter",
-                 "parts", "saw_chunk", "serving", "single", "started", "tokens")
+    __slots__ = ("_part_start", "_text", "carried", "carried_logprobs", "continuing",
+                 "finish_reason", "logprobs",
+                 "meter", "parts", "saw_chunk", "serving", "single", "started", "tokens")
 
     def __init__(self, meter: Meter = UNBOUNDED) -> None:
         self.meter = meter
@@ -72,6 +78,10 @@ class Delivered:
         self.finish_reason: str | None = None
         self.started = False  # a worker has the job (it has read the prompt, or is reading it)
         self.serving: str | None = None  # that worker's earnings key (None: it is not paid)
+        # The log probabilities of the text so far, when the answer carries them (a plain
+        # answer's checkpoints do): a twin's whole answer only has those of its own text.
+        self.logprobs: list[Any] | None = None
+        self.carried_logprobs: list[Any] | None = None  # those of ``carried``
 
     @property
     def text(self) -> str:
@@ -98,6 +108,11 @@ class Delivered:
                 self._text.append(content)
                 self.tokens += _tokens_in(data)
                 keep = True
+                logprobs = choice.get("logprobs")
+                if logprobs and isinstance(logprobs.get("content"), list):
+                    if self.logprobs is None:
+                        self.logprobs = []
+                    self.logprobs.extend(logprobs["content"])
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
                 keep = True
@@ -117,6 +132,7 @@ class Delivered:
         self._part_start = len(self._text)
         self.continuing = True
         self.carried = self.text
+        self.carried_logprobs = None if self.logprobs is None else list(self.logprobs)
 
     def done(
         self, worker_key: str | None, usage: Usage, final_text: str | None = None
@@ -210,20 +226,29 @@ class Collected:
         self.usage = usage
 
 
-def assemble_chat(ctx: CompletionContext, collected: Collected) -> dict[str, Any]:
+def assemble_chat(ctx: AnswerStamp, collected: Collected) -> dict[str, Any]:
     """The whole answer of a chat completion, from the worker's answer or the chunks."""
     result = collected.result
     if result.data.get("choices") and not collected.answer.continuing:
         answer = ctx.stamp(dict(result.data), CHAT_ANSWER)
     else:
-        text = collected.answer.text
-        finish_reason = collected.answer.finish_reason
+        delivered = collected.answer
+        text = delivered.text
+        finish_reason = delivered.finish_reason
+        logprobs = delivered.logprobs
         if result.data.get("choices"):  # the last worker's whole part, after a failover
-            text = collected.answer.carried
+            text = delivered.carried
+            logprobs = delivered.carried_logprobs
             for choice in result.data["choices"]:
                 text += (choice.get("message") or {}).get("content") or ""
                 finish_reason = choice.get("finish_reason") or finish_reason
-        answer = ctx.answer([message_choice(text, finish_reason or STOP)])
+                last = choice.get("logprobs")
+                if last and isinstance(last.get("content"), list):
+                    logprobs = [*(logprobs or []), *last["content"]]
+        choice = message_choice(text, finish_reason or STOP)
+        if logprobs is not None:
+            choice["logprobs"] = {"content": logprobs}
+        answer = ctx.answer([choice])
     answer["usage"] = collected.usage.model_dump()
     return answer
 

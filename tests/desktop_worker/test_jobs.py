@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from desktop_worker.jobs import JobRunner
+import pytest
+
+from desktop_worker.errors import UnsupportedRequest
+from desktop_worker.jobs import JobRunner, embedding_inputs, job_kind
 from shared_schema import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -115,3 +118,36 @@ async def test_every_frame_the_worker_sends_passes_the_queens_check():
     assert [item.index for item in embeddings.data] == [0, 1]
     assert embeddings.model == ECHO_MODEL
     assert usage.prompt_tokens == 3
+
+
+def test_a_jobs_kind_comes_from_its_path():
+    assert job_kind("/v1/chat/completions") == "chat"
+    assert job_kind("/v1/completions") == "completions"
+    assert job_kind("/v1/embeddings") == "embeddings"
+
+
+def test_embedding_inputs_are_texts_or_token_lists():
+    assert embedding_inputs("a") == ["a"]
+    assert embedding_inputs(["a", "b"]) == ["a", "b"]
+    assert embedding_inputs([1, 2]) == [[1, 2]]
+    assert embedding_inputs([[1], [2, 3]]) == [[1], [2, 3]]
+    for bad in (None, [], [[]], ["a", 1], [True], [1.5], [-1], {"a": 1}):
+        with pytest.raises(UnsupportedRequest):
+            embedding_inputs(bad)
+
+
+async def test_bad_embeddings_input_is_a_non_retryable_invalid_request():
+    errors: list[tuple[str, bool]] = []
+    done = asyncio.Event()
+
+    class Errors(Sink):
+        async def error(self, job_id: str, code: str, message: str, retryable: bool) -> None:
+            errors.append((code, retryable))
+            done.set()
+
+    runner = JobRunner(StubPool(token_delay_s=0.0), has_model=lambda _: True)  # type: ignore[arg-type]
+    runner.start(Job(id="e", openai_url="/v1/embeddings",
+                     openai_req={"model": ECHO_MODEL, "input": [["x"]]}), Errors())
+    async with asyncio.timeout(10):
+        await done.wait()
+    assert errors == [("invalid_request", False)]

@@ -120,7 +120,7 @@ def test_request_parses_and_its_body_is_a_chat_completion_request():
     assert body.messages[0].role == "user"
     assert body.messages[0].content == "Who won the world series in 2020?"
     assert body.stream is False
-    assert body.n == 1
+    assert body.choices == 1
     assert body.model_dump(exclude_unset=True) == original["openai_req"]
 
 

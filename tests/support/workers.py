@@ -143,8 +143,10 @@ class ScriptedWorker:
         die_after: int = 2,
         claims: Usage | None = None,
         origin: str | None = None,
+        capabilities: list[str] | None = None,
     ) -> None:
         self.ws_url = ws_url
+        self.extra_capabilities = capabilities or []  # e.g. "grammar", as a newer worker's
         # What its hello is signed for: the origin of the URL it dials, unless a test says.
         self.origin = origin or queen_origin(ws_url)
         self.claims = claims  # a lying worker: the usage it reports, whatever it did
@@ -193,7 +195,7 @@ class ScriptedWorker:
 
     def hello(self, nonce: str) -> Hello:
         """The signed hello this worker sends (subclasses add hardware facts)."""
-        capabilities = ["chat", "embeddings", "stream"]
+        capabilities = ["chat", "embeddings", "stream", *self.extra_capabilities]
         if self.continues:
             capabilities.append(CAPABILITY_CONTINUE)
         return signed_hello(self.key, nonce, models=self.models, max_jobs=self.max_jobs,

@@ -26,7 +26,7 @@ from queen_server.http.fastpath import FastPath
 from tests.support.queen import running_queen
 from tests.support.workers import ECHO_MODEL, ScriptedWorker
 
-HOT = ("/v1/chat/completions", "/v1/embeddings")
+HOT = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
 USER = [{"role": "user", "content": "one two three"}]
 DEV_KEY = "dev-key-for-fastpath-tests"
 ERROR_FIELDS = ["message", "type", "param", "code"]

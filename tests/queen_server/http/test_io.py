@@ -84,7 +84,7 @@ def test_parse_missing_field(body, param):
     ("body", "param"),
     [
         (_body(temperature=3), "temperature"),
-        (_body(n=2), "n"),
+        (_body(n=0), "n"),
         (_body(stop=["a", "b", "c", "d", "e"]), "stop"),
         (_body(stop=5), "stop"),
         (_body(messages=[]), "messages"),

@@ -133,7 +133,7 @@ async def test_unknown_model_is_404_model_not_found(queen, worker):
         ({"model": ECHO_MODEL}, "messages", "missing_required_parameter"),
         ({"model": ECHO_MODEL, "messages": USER, "temperature": "hot"}, "temperature",
          "invalid_value"),
-        ({"model": ECHO_MODEL, "messages": USER, "n": 3}, "n", "invalid_value"),
+        ({"model": ECHO_MODEL, "messages": USER, "n": 0}, "n", "invalid_value"),
         ({"model": ECHO_MODEL, "messages": [{"role": "robot", "content": "x"}]},
          "messages.0.role", "invalid_value"),
         ({"model": ECHO_MODEL, "messages": USER, "max_tokens": 0}, "max_tokens",

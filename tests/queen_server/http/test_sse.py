@@ -10,25 +10,28 @@ import orjson
 import pytest
 
 from queen_server.errors import GatewayTimeout, WorkerFailed
-from queen_server.http.sse import DONE, answer_events, error_event, sse, stream_chat
+from queen_server.http.sse import DONE, answer_events, error_event, sse, stream_answer
+from queen_server.shaping.chat import ChatShaper
+from queen_server.shaping.view import ChatView
 from queen_server.swarm.jobs import WorkerLost
 from queen_server.swarm.metering import UNBOUNDED
-from queen_server.swarm.relay import CompletionContext
 from shared_schema import JobError
+from shared_schema.answers import AnswerStamp
 from tests.support.job_runs import Charges, FakeDispatcher, FakeRun, chunk, result
 
 HEAD = b'"id":"chatcmpl-q","object":"chat.completion.chunk","created":1700000000,' \
        b'"model":"org/repo:Q4_K_M"'
 
 
-def context(include_usage: bool = False) -> CompletionContext:
-    return CompletionContext("chatcmpl-q", "org/repo:Q4_K_M", 1_700_000_000, include_usage)
+def context(include_usage: bool = False) -> ChatView:
+    stamp = AnswerStamp("chatcmpl-q", "org/repo:Q4_K_M", 1_700_000_000)
+    return ChatView(stamp, ChatShaper(include_usage, stamp))
 
 
-async def body_of(run: FakeRun, ctx: CompletionContext, dispatcher: FakeDispatcher,
+async def body_of(run: FakeRun, ctx: ChatView, dispatcher: FakeDispatcher,
                   charges: Charges) -> list[bytes]:
     async with asyncio.timeout(5):
-        body = stream_chat(run, ctx, dispatcher, charges, UNBOUNDED)  # type: ignore[arg-type]
+        body = stream_answer(run, ctx, dispatcher, charges, UNBOUNDED)  # type: ignore[arg-type]
         return [part async for part in body]
 
 
@@ -38,7 +41,7 @@ def test_an_event_is_one_data_line_and_a_blank_line():
 
 
 def test_an_error_event_carries_the_body_a_plain_answer_would_have():
-    event = error_event(WorkerFailed("the worker failed: boom", code="engine_error"))
+    event = error_event(context(), WorkerFailed("the worker failed: boom", code="engine_error"))
     assert event == (b'data: {"error":{"message":"the worker failed: boom","type":"server_error",'
                      b'"param":null,"code":"engine_error"}}\n\n')
 
@@ -120,7 +123,8 @@ async def test_no_twin_or_the_total_timeout_ends_the_stream_with_an_error_event(
     late = FakeRun(chunk("Hel", role="assistant"))
     late.feed(GatewayTimeout("the worker did not finish the answer in time"))
     body = await body_of(late, context(), FakeDispatcher(), Charges())
-    assert body[-1] == error_event(GatewayTimeout("the worker did not finish the answer in time"))
+    assert body[-1] == error_event(
+        context(), GatewayTimeout("the worker did not finish the answer in time"))
     assert late.finished == ["client went away"]
 
 
@@ -144,7 +148,7 @@ async def test_a_client_gone_mid_stream_is_charged_what_it_got_and_the_lease_end
         async with anyio.create_task_group() as group:
 
             async def client() -> None:
-                async for part in stream_chat(run, context(), FakeDispatcher(), charges,
+                async for part in stream_answer(run, context(), FakeDispatcher(), charges,
                                                UNBOUNDED):  # type: ignore[arg-type]
                     received.append(part)
 

@@ -9,7 +9,7 @@ import asyncio
 import orjson
 import pytest
 
-from queen_server.errors import WorkerFailed
+from queen_server.errors import InvalidRequest, WorkerFailed
 from queen_server.swarm.jobs import WorkerLost
 from queen_server.swarm.metering import UNBOUNDED
 from queen_server.swarm.relay import CompletionContext, assemble_chat, collect, run_to_end
@@ -170,11 +170,20 @@ async def test_collect_ends_the_lease_even_when_cancelled_while_ending_it():
 
 
 async def test_collect_raises_a_failure_that_cannot_fail_over_and_ends_the_lease():
-    run = FakeRun(JobError(id="job", code="invalid_request", message="bad", retryable=False))
+    run = FakeRun(JobError(id="job", code="engine_error", message="bad", retryable=False))
     with pytest.raises(WorkerFailed, match="bad"):
         await collect(run, FakeDispatcher(), UNBOUNDED)  # type: ignore[arg-type]
-    assert run.failures == ["invalid_request"]
+    assert run.failures == ["engine_error"]
     assert run.finished == ["client went away"]
+
+
+async def test_a_request_the_worker_refuses_as_invalid_is_the_clients_400():
+    run = FakeRun(JobError(id="job", code="invalid_request", message="schema too deep",
+                           retryable=False))
+    with pytest.raises(InvalidRequest, match="schema too deep") as caught:
+        await collect(run, FakeDispatcher(), UNBOUNDED)  # type: ignore[arg-type]
+    assert caught.value.status_code == 400
+    assert run.failures == ["invalid_request"]
 
 
 async def test_a_plain_answer_goes_on_on_a_twin_and_reads_as_one():

@@ -1,0 +1,123 @@
+"""One choice's llama.cpp sampler chain, built from the request's settings.
+
+The chain is llama.cpp's own (``llama_sampler_chain``): logit bias, then presence/frequency
+penalties, then the grammar, then greedy (temperature 0) or top-k 40 / top-p / min-p 0.05 /
+temperature / seeded draw (llama-cpp-python's defaults, which the worker has always used). It
+runs in C over the whole vocabulary; Python sees one token per step.
+
+The grammar sampler is also kept apart, to check a token before it is accepted: accepting a
+token the grammar rejects throws a C++ exception inside llama.cpp, which aborts the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Sequence
+
+import llama_cpp
+
+from desktop_worker.engine.settings import GenerationSettings
+from desktop_worker.errors import UnsupportedRequest
+
+log = logging.getLogger(__name__)
+
+TOP_K = 40
+MIN_P = 0.05
+
+
+class SamplerChain:
+    """A sampler chain for one choice; ``close`` frees it (and every sampler in it)."""
+
+    def __init__(
+        self,
+        vocab: llama_cpp.llama_vocab_p,
+        n_vocab: int,
+        n_ctx: int,
+        settings: GenerationSettings,
+        seed: int,
+        grammar: str | None,
+    ) -> None:
+        self._chain = llama_cpp.llama_sampler_chain_init(
+            llama_cpp.llama_sampler_chain_default_params())
+        self._grammar: llama_cpp.llama_sampler_p | None = None
+        self._check = llama_cpp.llama_token_data_array()
+        self._candidate = llama_cpp.llama_token_data()
+        try:
+            self._build(vocab, n_vocab, n_ctx, settings, seed, grammar)
+        except BaseException:
+            self.close()
+            raise
+
+    def _add(self, sampler: llama_cpp.llama_sampler_p) -> None:
+        llama_cpp.llama_sampler_chain_add(self._chain, sampler)
+
+    def _build(self, vocab: llama_cpp.llama_vocab_p, n_vocab: int, n_ctx: int,
+               settings: GenerationSettings, seed: int, grammar: str | None) -> None:
+        if settings.logit_bias:
+            biases = (llama_cpp.llama_logit_bias * len(settings.logit_bias))()
+            for i, (token, bias) in enumerate(settings.logit_bias.items()):
+                biases[i].token = token
+                biases[i].bias = bias
+            self._add(llama_cpp.llama_sampler_init_logit_bias(
+                n_vocab, len(settings.logit_bias), biases))
+        if settings.presence_penalty or settings.frequency_penalty:
+            # Over every token of the answer (the window is the whole context), as OpenAI's.
+            self._add(llama_cpp.llama_sampler_init_penalties(
+                n_vocab, n_ctx, 1.0, settings.frequency_penalty, settings.presence_penalty))
+        if grammar is not None:
+            sampler = llama_cpp.llama_sampler_init_grammar(
+                vocab, grammar.encode("utf-8"), b"root")
+            if not sampler:
+                raise UnsupportedRequest("llama.cpp refused the grammar made from the "
+                                         "response_format schema")
+            self._grammar = sampler
+            self._add(sampler)
+        if settings.temperature <= 0:
+            self._add(llama_cpp.llama_sampler_init_greedy())
+            return
+        self._add(llama_cpp.llama_sampler_init_top_k(TOP_K))
+        self._add(llama_cpp.llama_sampler_init_top_p(settings.top_p, 1))
+        self._add(llama_cpp.llama_sampler_init_min_p(MIN_P, 1))
+        self._add(llama_cpp.llama_sampler_init_temp(settings.temperature))
+        self._add(llama_cpp.llama_sampler_init_dist(seed))
+
+    @property
+    def constrained(self) -> bool:
+        return self._grammar is not None
+
+    def sample(self, ctx: llama_cpp.llama_context_p) -> int:
+        """Sample (and accept) a token from the last evaluated position's logits."""
+        return int(llama_cpp.llama_sampler_sample(self._chain, ctx, -1))
+
+    def allows(self, token: int) -> bool:
+        """Whether the grammar (if any) accepts ``token`` next: its ``apply`` on a one-candidate
+        array, which marks a rejected token with a logit of minus infinity."""
+        if self._grammar is None:
+            return True
+        self._candidate.id = token
+        self._candidate.logit = 0.0
+        self._candidate.p = 0.0
+        self._check.data = ctypes.pointer(self._candidate)
+        self._check.size = 1
+        self._check.selected = -1
+        self._check.sorted = False
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(self._check))
+        return self._candidate.logit != float("-inf")
+
+    def accept_prefix(self, tokens: Sequence[int]) -> None:
+        """Feed already-written tokens (a continuation) through the chain: the grammar must
+        accept each, checked before it is accepted; ``UnsupportedRequest`` at the first one
+        it rejects."""
+        for position, token in enumerate(tokens):
+            if not self.allows(token):
+                raise UnsupportedRequest(
+                    "the continuation cannot start an answer of the requested format (the "
+                    f"grammar rejects its token {position + 1} of {len(tokens)})")
+            llama_cpp.llama_sampler_accept(self._chain, token)
+
+    def close(self) -> None:
+        if self._chain is not None:
+            llama_cpp.llama_sampler_free(self._chain)
+            self._chain = None
+            self._grammar = None

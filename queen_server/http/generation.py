@@ -1,0 +1,130 @@
+"""Serving one generation request, whichever API it came by: chat, text completions, Responses.
+
+Every route turns its request into a ``Generation``: the job a worker gets (chat-shaped, see
+``shaping.requests``), the bounds of its bill (``Meter``), and the ``ChatView`` that shapes the
+answer for the client. ``serve`` then does what every billed answer needs: refuse early what no
+connected worker can honour, count the caller, price and hold the money, dispatch to a capable
+worker, relay (streamed or whole, with failover), and settle the books exactly once.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from queen_server.billing.service import Billing, Hold, Principal
+from queen_server.http.deps import json_response
+from queen_server.http.io import ClientGone, DisconnectGuard
+from queen_server.http.sse import stream_answer
+from queen_server.shaping.view import ChatView
+from queen_server.swarm.admission import Admission
+from queen_server.swarm.jobs import choices_in
+from queen_server.swarm.metering import Meter
+from queen_server.swarm.relay import Delivered, assemble_chat, collect
+from shared_schema import capabilities
+
+if TYPE_CHECKING:
+    from queen_server.runtime import QueenState
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass(slots=True)
+class Generation:
+    """One request's job, bounds and shaping, ready to serve."""
+
+    job_id: str
+    model: str  # the model the client named
+    worker_url: str  # the job's kind as the worker reads it (chat or text completion)
+    worker_req: dict[str, Any]  # what the worker gets
+    stream: bool
+    meter: Meter  # built from ``worker_req``: what the worker reads is what is bounded
+    prompt_texts: list[str]  # the hold's estimate of the prompt
+    view: ChatView
+
+
+def caller_of(request: Request, principal: Principal) -> str:
+    """Whom the per-caller limits count a request against: a key by its id, a development key
+    by its hash (each its own caller), anyone else (open access) by the client's address."""
+    if principal.key is not None:
+        return f"key:{principal.key.id}"
+    if principal.digest is not None:  # hashed once, when the key was checked
+        return "dev:" + principal.digest
+    return "addr:" + (request.client.host if request.client is not None else "unknown")
+
+
+async def settle(billing: Billing, hold: Hold | None, admission: Admission,
+                 **kwargs: Any) -> None:
+    """``Billing.finish`` for a streamed answer, which also gives back the caller's place:
+    the stream calls it at the answer's end and again (a no-op) when it closes."""
+    try:
+        await billing.finish(hold, **kwargs)
+    finally:
+        admission.leave()
+
+
+async def admit_and_hold(state: QueenState, request: Request, principal: Principal, job_id: str,
+                         model: str, *hold_args: Any, **hold_kwargs: Any,
+                         ) -> tuple[Admission, Hold | None]:
+    """Count the request against its caller (429 past the limits) before reserving anything,
+    then price the model and reserve its money; a refused hold gives the place back."""
+    admission = state.dispatcher.admit(caller_of(request, principal))
+    try:
+        if principal.billed:  # priced by the queen's own reading of the model, once it has one
+            await state.catalog.settle(model)
+        price = state.price_of(model)
+        return admission, await state.billing.hold(principal, job_id, price, *hold_args,
+                                                   **hold_kwargs)
+    except BaseException:
+        admission.leave()
+        raise
+
+
+async def serve(state: QueenState, request: Request, principal: Principal,
+                gen: Generation) -> Response:
+    """Answer ``gen``: a stream of shaped events, or one shaped JSON answer."""
+    dispatcher, billing = state.dispatcher, state.billing
+    worker_req = gen.worker_req
+    needs = capabilities.needs(gen.worker_url, worker_req)
+    dispatcher.require_servable(gen.model, needs)
+    answer = Delivered(gen.meter)
+    admission, hold = await admit_and_hold(
+        state, request, principal, gen.job_id, gen.model, gen.prompt_texts, worker_req,
+        choices=choices_in(worker_req))
+    if "max_tokens" not in worker_req and "max_completion_tokens" not in worker_req:
+        # Unbilled (billed ones got theirs from the hold): the worker stops where the queen's
+        # budget for the answer ends, rather than running on into a failed job.
+        worker_req["max_tokens"] = state.settings.default_max_tokens
+    streaming = False
+    try:
+        async with DisconnectGuard(request):
+            run = await dispatcher.start(
+                gen.job_id, gen.model, gen.worker_url, worker_req, stream=gen.stream,
+                billed=principal.billed, admission=admission, sent=answer.sent, needs=needs,
+            )
+            if gen.stream:  # the stream now owns the hold and the caller's place
+                body = stream_answer(run, gen.view, dispatcher,
+                                     functools.partial(settle, billing, hold, admission),
+                                     gen.meter)
+                hold, streaming = None, True
+                return StreamingResponse(body, media_type="text/event-stream",
+                                         headers=SSE_HEADERS)
+            collected = await collect(run, dispatcher, gen.meter, answer)
+    except ClientGone:
+        # A client that leaves pays for what the swarm did for it: the prompt a worker read
+        # and the tokens it made (nothing if no worker had started).
+        left = answer.broken(answer.serving, client_left=True) if answer.started else None
+        await billing.finish(hold, parts=left)
+        return Response(status_code=499)
+    except BaseException:
+        await billing.finish(hold)  # a failed job is charged nothing
+        raise
+    finally:
+        if not streaming:
+            admission.leave()
+    await billing.finish(hold, parts=collected.parts)
+    return json_response(gen.view.whole(assemble_chat(gen.view.stamp, collected)))

@@ -1,0 +1,60 @@
+"""What a worker says it can do (``Hello.capabilities``), and what a job needs of it.
+
+Every capability is additive: a worker without one is never sent a job that needs it, and a
+request that needs one no connected worker of its model has is refused with a 400 naming the
+field, never answered by a worker that would drop it. ``needs`` is the queen's reading of a job,
+the same for every attempt and failover of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# Continue an answer another worker began (``Job.continuation``).
+CONTINUE = "continue"
+# ``response_format`` json_object / json_schema, enforced by a grammar; with ``continuation``
+# the grammar first accepts the text delivered so far. (Tools are sent as a json_schema.)
+GRAMMAR = "grammar"
+# ``logprobs`` and ``top_logprobs`` on every content chunk and whole answer.
+LOGPROBS = "logprobs"
+# ``logit_bias`` (token ids of the model's vocabulary).
+LOGIT_BIAS = "logit_bias"
+# ``n`` > 1: the choices one after another, each chunk's ``index`` set.
+CHOICES = "choices"
+# ``/v1/completions`` jobs: a raw prompt (text or token ids), no chat template.
+COMPLETIONS = "completions"
+# ``/v1/embeddings`` jobs whose inputs are token ids.
+EMBED_TOKENS = "embed_tokens"
+
+# What a field of a job's request needs, with the field a refusal names.
+_FIELD_NEEDS = (
+    ("response_format", GRAMMAR),
+    ("logprobs", LOGPROBS),
+    ("logit_bias", LOGIT_BIAS),
+    ("n", CHOICES),
+)
+
+
+def needs(openai_url: str, request: Mapping[str, Any]) -> dict[str, str]:
+    """The capabilities a job needs, each with the request field that needs it (for the 400
+    that names it). ``request`` is the job's request as the worker gets it."""
+    out: dict[str, str] = {}
+    if openai_url.endswith("/embeddings"):
+        value = request.get("input")
+        if isinstance(value, list) and value and not any(isinstance(v, str) for v in value):
+            out[EMBED_TOKENS] = "input"
+        return out
+    if openai_url.endswith("/completions") and not openai_url.endswith("/chat/completions"):
+        out[COMPLETIONS] = "prompt"
+    for field, capability in _FIELD_NEEDS:
+        value = request.get(field)
+        if field == "response_format":
+            if isinstance(value, Mapping) and value.get("type") not in (None, "text"):
+                out[capability] = field
+        elif field == "n":
+            if isinstance(value, int) and value > 1:
+                out[capability] = field
+        elif value:
+            out[capability] = field
+    return out
