@@ -7,7 +7,7 @@ list in ``shared_schema.openai_fields``).
 from __future__ import annotations
 
 from datetime import date, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -40,10 +40,18 @@ class AssistantMessage(LenientModel):
     content: str | None = None
 
 
+class ChoiceLogprobs(LenientModel):
+    """A choice's log probabilities: one entry per token (``token``, ``logprob``, ``bytes``,
+    ``top_logprobs``), as OpenAI's chat answers carry them."""
+
+    content: list[dict[str, Any]] | None = None
+
+
 class Choice(LenientModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: str | None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(LenientModel):
@@ -66,6 +74,7 @@ class ChunkChoice(LenientModel):
     index: int = 0
     delta: Delta
     finish_reason: str | None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(LenientModel):

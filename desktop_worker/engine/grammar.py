@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
@@ -20,6 +21,44 @@ from desktop_worker.errors import UnsupportedRequest
 log = logging.getLogger(__name__)
 
 GRAMMAR_ROOT = "root"
+# An integer range with at most this many values becomes an enum (the converter ignores
+# minimum/maximum, so the grammar would allow any integer).
+MAX_ENUM_RANGE = 1024
+
+
+def bounded_integers(schema: Any) -> Any:
+    """``schema`` with each small bounded integer range (``minimum``/``maximum`` and their
+    exclusive forms) written as an ``enum`` of its values, which the converter does honour."""
+    if isinstance(schema, list):
+        return [bounded_integers(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: bounded_integers(value) for key, value in schema.items()}
+    if out.get("type") != "integer":
+        return out
+    low, high = _bound(out, "minimum", "exclusiveMinimum", 1), _bound(
+        out, "maximum", "exclusiveMaximum", -1)
+    if low is None or high is None or high < low or high - low >= MAX_ENUM_RANGE:
+        return out
+    kept = {key: value for key, value in out.items() if key not in (
+        "type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")}
+    return {**kept, "enum": list(range(low, high + 1))}
+
+
+def _bound(schema: dict[str, Any], inclusive: str, exclusive: str, step: int) -> int | None:
+    """The inclusive integer bound a schema sets on one side, or None."""
+    values = []
+    if isinstance(schema.get(inclusive), int | float) and not isinstance(
+            schema.get(inclusive), bool):
+        value = schema[inclusive]
+        values.append(math.ceil(value) if step > 0 else math.floor(value))
+    if isinstance(schema.get(exclusive), int | float) and not isinstance(
+            schema.get(exclusive), bool):
+        value = schema[exclusive]
+        values.append(math.floor(value) + 1 if step > 0 else math.ceil(value) - 1)
+    if not values:
+        return None
+    return max(values) if step > 0 else min(values)
 
 
 def grammar_text(response_format: dict[str, Any] | None) -> str | None:
@@ -34,7 +73,7 @@ def grammar_text(response_format: dict[str, Any] | None) -> str | None:
     spec = response_format.get("json_schema") or {}
     schema = spec.get("schema") or {}
     try:
-        return json_schema_to_gbnf(json.dumps(schema))
+        return json_schema_to_gbnf(json.dumps(bounded_integers(schema)))
     except RecursionError:
         raise UnsupportedRequest("the response_format schema nests too deeply to become a "
                                  "grammar") from None

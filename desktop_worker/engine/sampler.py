@@ -5,8 +5,12 @@ penalties, then the grammar, then greedy (temperature 0) or top-k 40 / top-p / m
 temperature / seeded draw (llama-cpp-python's defaults, which the worker has always used). It
 runs in C over the whole vocabulary; Python sees one token per step.
 
-The grammar sampler is also kept apart, to check a token before it is accepted: accepting a
-token the grammar rejects throws a C++ exception inside llama.cpp, which aborts the process.
+The grammar sampler is kept out of the chain. Applying a grammar to the whole vocabulary each
+step halves the speed (bench/grammar_cost.py), so, as llama.cpp's own ``common_sampler`` does,
+the chain first picks a token freely and the grammar checks only that one; only when it
+rejects it is the grammar applied to every candidate and the chain run again. The same check
+guards a continuation's tokens: accepting a token the grammar rejects throws a C++ exception
+inside llama.cpp, which aborts the process.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import logging
 from collections.abc import Sequence
 
 import llama_cpp
+import numpy as np
 
 from desktop_worker.engine.settings import GenerationSettings
 from desktop_worker.errors import UnsupportedRequest
@@ -41,6 +46,11 @@ class SamplerChain:
         self._chain = llama_cpp.llama_sampler_chain_init(
             llama_cpp.llama_sampler_chain_default_params())
         self._grammar: llama_cpp.llama_sampler_p | None = None
+        self._n_vocab = n_vocab
+        self._ids = np.arange(n_vocab, dtype=np.int32)
+        self._data = np.zeros(n_vocab, dtype=np.dtype(
+            [("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True))
+        self._candidates = llama_cpp.llama_token_data_array()
         self._check = llama_cpp.llama_token_data_array()
         self._candidate = llama_cpp.llama_token_data()
         try:
@@ -72,7 +82,6 @@ class SamplerChain:
                 raise UnsupportedRequest("llama.cpp refused the grammar made from the "
                                          "response_format schema")
             self._grammar = sampler
-            self._add(sampler)
         if settings.temperature <= 0:
             self._add(llama_cpp.llama_sampler_init_greedy())
             return
@@ -88,7 +97,35 @@ class SamplerChain:
 
     def sample(self, ctx: llama_cpp.llama_context_p) -> int:
         """Sample (and accept) a token from the last evaluated position's logits."""
-        return int(llama_cpp.llama_sampler_sample(self._chain, ctx, -1))
+        if self._grammar is None:
+            return int(llama_cpp.llama_sampler_sample(self._chain, ctx, -1))
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1),
+                                       shape=(self._n_vocab,))
+        token = self._pick(logits, constrained=False)
+        if not self.allows(token):
+            token = self._pick(logits, constrained=True)
+        llama_cpp.llama_sampler_accept(self._grammar, token)
+        llama_cpp.llama_sampler_accept(self._chain, token)
+        return token
+
+    def _pick(self, logits: np.ndarray, *, constrained: bool) -> int:
+        """The chain's choice over every token (the grammar applied first when
+        ``constrained``), without accepting it."""
+        data = self._data
+        data["id"] = self._ids
+        data["logit"] = logits
+        data["p"] = 0.0
+        candidates = self._candidates
+        candidates.data = data.ctypes.data_as(llama_cpp.llama_token_data_p)
+        candidates.size = self._n_vocab
+        candidates.selected = -1
+        candidates.sorted = False
+        if constrained:
+            llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(candidates))
+        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(candidates))
+        if not 0 <= candidates.selected < candidates.size:
+            raise RuntimeError("llama.cpp's sampler chain selected no token")
+        return int(data["id"][candidates.selected])
 
     def allows(self, token: int) -> bool:
         """Whether the grammar (if any) accepts ``token`` next: its ``apply`` on a one-candidate
@@ -114,10 +151,13 @@ class SamplerChain:
                 raise UnsupportedRequest(
                     "the continuation cannot start an answer of the requested format (the "
                     f"grammar rejects its token {position + 1} of {len(tokens)})")
+            llama_cpp.llama_sampler_accept(self._grammar, token)  # type: ignore[arg-type]
             llama_cpp.llama_sampler_accept(self._chain, token)
 
     def close(self) -> None:
+        if self._grammar is not None:
+            llama_cpp.llama_sampler_free(self._grammar)
+            self._grammar = None
         if self._chain is not None:
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = None
-            self._grammar = None

@@ -87,7 +87,8 @@ def validation_error(
     param = param_name(first["loc"])
     code = "missing_required_parameter" if first["type"] == "missing" else "invalid_value"
     where = f"'{param}'" if param else "the request body"
-    return InvalidRequest(f"Invalid value for {where}: {first['msg']}", param=param, code=code)
+    message = first["msg"].removeprefix("Value error, ")  # a validator's own words
+    return InvalidRequest(f"Invalid value for {where}: {message}", param=param, code=code)
 
 
 def param_name(loc: Iterable[Any]) -> str | None:

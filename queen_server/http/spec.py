@@ -23,7 +23,6 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel
 
-from queen_server.http.io import request_schema
 from shared_schema import ErrorResponse
 
 log = logging.getLogger(__name__)
@@ -60,7 +59,9 @@ def install_docs(app: FastAPI) -> None:
 
 
 def publish_request_schemas(app: FastAPI, bodies: Iterable[type[BaseModel]]) -> None:
-    """Routes parse their own bodies; put those bodies' schemas into the OpenAPI spec."""
+    """Routes parse their own bodies; put those bodies' schemas into the OpenAPI spec, as
+    strict as the parsing (an OpenAI body's unknown field is refused, so its schema says
+    ``additionalProperties: false``)."""
 
     bodies = tuple(bodies)
 
@@ -74,7 +75,7 @@ def publish_request_schemas(app: FastAPI, bodies: Iterable[type[BaseModel]]) -> 
             )
             schemas = spec.setdefault("components", {}).setdefault("schemas", {})
             for model in bodies:
-                schema = request_schema(model, ref_template="#/components/schemas/{model}")
+                schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 schemas.update(schema.pop("$defs", {}))
                 schemas[model.__name__] = schema
             _document_errors(spec)

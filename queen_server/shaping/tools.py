@@ -234,7 +234,7 @@ def answer_message(text: str, plan: ToolPlan, finish_reason: str) -> tuple[dict[
     content = "".join(delta.get("content", "") for delta in deltas)
     calls = [{"id": call.id, "type": "function",
               "function": {"name": call.name, "arguments": "".join(call.arguments)}}
-             for call in stream.complete_calls() if _is_json("".join(call.arguments))]
+             for call in stream.complete_calls()]
     if not calls:
         return {"role": "assistant", "content": content}, reason
     return {"role": "assistant", "content": content or None, "tool_calls": calls}, reason
@@ -242,9 +242,10 @@ def answer_message(text: str, plan: ToolPlan, finish_reason: str) -> tuple[dict[
 
 def _is_json(text: str) -> bool:
     try:
-        return json.loads(text) is not ...
+        json.loads(text)
     except ValueError:
         return False
+    return True
 
 
 def new_call_id() -> str:
@@ -301,8 +302,9 @@ class CallStream:
         self._args: list[str] = []
 
     def complete_calls(self) -> list[StreamedCall]:
-        """The calls whose name and arguments are complete, in order."""
-        return [call for call in self._calls if call.index >= 0 and call.done]
+        """The calls whose name and arguments are complete (the arguments are JSON), in order."""
+        return [call for call in self._calls
+                if call.index >= 0 and call.done and _is_json("".join(call.arguments))]
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         """The deltas for the next piece of the answer's text."""

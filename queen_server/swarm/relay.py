@@ -26,17 +26,6 @@ from shared_schema.answers import CHAT_ANSWER, STOP, AnswerStamp, message_choice
 T = TypeVar("T")
 
 
-class CompletionContext(AnswerStamp):
-    """What every chunk and answer of one completion carries, and whether the client asked for
-    the usage chunk at the end of a stream."""
-
-    __slots__ = ("include_usage",)
-
-    def __init__(self, completion_id: str, model: str, created: int, include_usage: bool) -> None:
-        super().__init__(completion_id, model, created)
-        self.include_usage = include_usage
-
-
 def failure(event: JobError | WorkerLost) -> ApiError:
     """The client's error for a job that failed (the worker gave up, or was lost). A worker
     that refused the request as invalid (a schema its grammar cannot express, a token id past

@@ -234,6 +234,8 @@ BROKEN_CHUNKS = {
     "delta not an object": _chunk_with(delta="x"),
     "content not a string": _chunk_with(delta={"content": 5}),
     "role not a string": _chunk_with(delta={"role": ["assistant"]}),
+    "logprobs not an object": _chunk_with(logprobs=[{"token": "x"}]),
+    "logprobs content not a list": _chunk_with(logprobs={"content": "x"}),
 }
 BROKEN_ANSWERS = {
     "no message": {"choices": [{"index": 0, "finish_reason": "stop"}]},

@@ -25,7 +25,7 @@ ASK = {"model": "smol", "messages": [{"role": "user", "content": "Name three col
        "temperature": 0, "max_tokens": 12}
 SCHEMA = {"type": "object", "properties": {
     "colour": {"type": "string", "maxLength": 12},
-    "count": {"type": "integer"},
+    "count": {"type": "integer", "minimum": 0, "maximum": 120},
     "warm": {"type": "boolean"}},
     "required": ["colour", "count", "warm"], "additionalProperties": False}
 SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA,

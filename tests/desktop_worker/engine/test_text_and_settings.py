@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from desktop_worker.engine.grammar import bounded_integers
 from desktop_worker.engine.logprobs import log_softmax, top_indices
 from desktop_worker.engine.settings import (
     RANDOM_SEED,
@@ -134,3 +135,16 @@ def test_log_softmax_is_a_distribution_and_top_indices_are_sorted():
     assert top_indices(logprobs, 3) == [1, 3, 2]
     assert top_indices(logprobs, 0) == []
     assert top_indices(logprobs, 10) == [1, 3, 2, 0]
+
+
+def test_small_integer_ranges_become_enums_the_grammar_converter_honours():
+    schema = {"type": "object", "properties": {
+        "age": {"type": "integer", "minimum": 0, "maximum": 3, "description": "years"},
+        "odd": {"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 4.5},
+        "open": {"type": "integer", "minimum": 0},
+        "huge": {"type": "integer", "minimum": 0, "maximum": 10**6}}}
+    props = bounded_integers(schema)["properties"]
+    assert props["age"] == {"description": "years", "enum": [0, 1, 2, 3]}
+    assert props["odd"] == {"enum": [2, 3, 4]}
+    assert props["open"] == schema["properties"]["open"]  # unbounded: left as it is
+    assert props["huge"] == schema["properties"]["huge"]  # too many values for an enum

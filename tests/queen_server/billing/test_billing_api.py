@@ -267,3 +267,24 @@ async def test_a_spend_budget_caps_what_a_key_can_spend(billed):
     assert caught.value.code == "budget_exceeded"
     assert queen.state.billing._states[key_id].spent == spent
     assert await queen.state.billing.ledger.key_spent(key_id) == spent
+
+
+async def test_n_choices_reserve_n_answers_so_a_key_cannot_overspend_with_n(tmp_path, db_url):
+    """A key that can pay for one 1,000-token answer but not eight asks for n=8: refused with
+    402 before any worker runs, since each choice may be 1,000 tokens long."""
+    async with running_queen(tmp_path, auth="keys", db=db_url) as queen:
+        worker = await ScriptedWorker(queen.ws_url, capabilities=["choices"]).start()
+        try:
+            prompt = len(USER[0]["content"]) + 8  # the hold's estimate of the prompt
+            secret, _ = await funded_key(queen, TINY.cost_msat(prompt, 4000) / 1000)
+            client = queen.client(api_key=secret)
+            with pytest.raises(openai.APIStatusError) as caught:
+                await client.chat.completions.create(model=ECHO_MODEL, messages=USER,
+                                                     max_tokens=1000, n=8)
+            assert caught.value.status_code == 402
+            assert worker.jobs == []
+            await client.chat.completions.create(model=ECHO_MODEL, messages=USER,
+                                                 max_tokens=1000, n=2)
+            assert worker.jobs[0].openai_req["n"] == 2
+        finally:
+            await worker.stop()

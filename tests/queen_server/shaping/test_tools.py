@@ -304,8 +304,8 @@ def test_broken_json_keeps_what_came_before_and_no_broken_call():
     message, reason = tools.answer_message('{"content": "ok" ]]] trailing', plan, "stop")
     assert (message, reason) == ({"role": "assistant", "content": "ok"}, "stop")
     bad_args = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": tru}}]}'
-    message, _ = tools.answer_message(bad_args, plan, "stop")
-    assert "tool_calls" not in message
+    message, reason = tools.answer_message(bad_args, plan, "stop")
+    assert (message, reason) == ({"role": "assistant", "content": ""}, "stop")
 
 
 def test_unknown_keys_are_skipped_and_arguments_may_come_first():

@@ -12,11 +12,12 @@ import pytest
 from queen_server.errors import InvalidRequest, WorkerFailed
 from queen_server.swarm.jobs import WorkerLost
 from queen_server.swarm.metering import UNBOUNDED
-from queen_server.swarm.relay import CompletionContext, assemble_chat, collect, run_to_end
+from queen_server.swarm.relay import assemble_chat, collect, run_to_end
 from shared_schema import JobError
+from shared_schema.answers import AnswerStamp
 from tests.support.job_runs import FakeDispatcher, FakeRun, chunk, result
 
-CTX = CompletionContext("chatcmpl-q", "org/repo:Q4_K_M", 1_700_000_000, include_usage=False)
+CTX = AnswerStamp("chatcmpl-q", "org/repo:Q4_K_M", 1_700_000_000)
 
 
 # --- run_to_end ---------------------------------------------------------------------------------
@@ -203,6 +204,29 @@ async def test_a_plain_answer_goes_on_on_a_twin_and_reads_as_one():
         b'"model":"org/repo:Q4_K_M","choices":[{"index":0,"message":{"role":"assistant",'
         b'"content":"Hello world"},"finish_reason":"length"}],"usage":{"prompt_tokens":8,'
         b'"completion_tokens":4,"total_tokens":12}}')
+
+
+def _scored(token: str, logprob: float) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []}
+
+
+async def test_a_plain_answer_with_logprobs_keeps_them_across_a_failover():
+    """The checkpoint's log probabilities, then the twin's: one entry per token of the text."""
+    checkpoint = chunk("Hello", role="assistant")
+    checkpoint.data["choices"][0]["logprobs"] = {"content": [_scored("Hel", -0.1),
+                                                             _scored("lo", -0.2)]}
+    first = FakeRun(checkpoint)
+    first.feed(WorkerLost("socket closed"))
+    twin = FakeRun(result(9, 1, data={"choices": [
+        {"index": 0, "message": {"role": "assistant", "content": " world"},
+         "logprobs": {"content": [_scored(" world", -0.3)]}, "finish_reason": "stop"}]}),
+        worker="worker-b")
+    collected = await collect(first, FakeDispatcher(twin), UNBOUNDED)  # type: ignore[arg-type]
+    [choice] = assemble_chat(CTX, collected)["choices"]
+    assert choice["message"]["content"] == "Hello world"
+    tokens = [entry["token"] for entry in choice["logprobs"]["content"]]
+    assert "".join(tokens) == "Hello world"
+    assert [entry["logprob"] for entry in choice["logprobs"]["content"]] == [-0.1, -0.2, -0.3]
 
 
 # --- assemble_chat ------------------------------------------------------------------------------
