@@ -34,6 +34,7 @@ _FIELD_NEEDS = (
     ("logit_bias", LOGIT_BIAS),
     ("n", CHOICES),
 )
+_FIELDS = frozenset(field for field, _ in _FIELD_NEEDS)
 
 
 def needs(openai_url: str, request: Mapping[str, Any]) -> dict[str, str]:
@@ -47,6 +48,8 @@ def needs(openai_url: str, request: Mapping[str, Any]) -> dict[str, str]:
         return out
     if openai_url.endswith("/completions") and not openai_url.endswith("/chat/completions"):
         out[COMPLETIONS] = "prompt"
+    elif _FIELDS.isdisjoint(request.keys()):  # a plain chat request: runs for every one
+        return out
     for field, capability in _FIELD_NEEDS:
         value = request.get(field)
         if field == "response_format":

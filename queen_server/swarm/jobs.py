@@ -69,8 +69,10 @@ LOGPROB_ENTRY_CHARS = 6 * TOKEN_PIECE_BYTES + 4 * TOKEN_PIECE_BYTES + 64
 def choices_in(openai_req: Mapping[str, Any]) -> int:
     """How many answers one job makes: ``n``, times the prompts of a text completion."""
     n = openai_req.get("n")
-    choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
     prompt = openai_req.get("prompt")
+    if n is None and prompt is None:  # a chat request with one choice: most of them
+        return 1
+    choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
     if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
         choices *= len(prompt)
     return choices
