@@ -16,9 +16,9 @@ from shared_schema import (
     EmbeddingResponse,
     Job,
     Result,
-    Usage,
 )
 from shared_schema.answers import answer_problem
+from tests.support.job_sink import RecordingSink
 from tests.support.stub_worker import StubPool
 from tests.support.workers import ECHO_MODEL, echo_words
 
@@ -26,29 +26,14 @@ WORDS = " ".join(f"w{i}" for i in range(30))
 REQUEST = {"model": ECHO_MODEL, "messages": [{"role": "user", "content": WORDS}]}
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.chunks: list[dict[str, Any]] = []
-        self.results: list[tuple[dict[str, Any], Usage]] = []
-        self.done = asyncio.Event()
-
-    async def chunk(self, job_id: str, data: dict[str, Any]) -> None:
-        self.chunks.append(data)
-
-    async def result(self, job_id: str, data: dict[str, Any], usage: Usage) -> None:
-        self.results.append((data, usage))
-        self.done.set()
-
-    async def error(self, job_id: str, code: str, message: str, retryable: bool) -> None:
-        raise AssertionError(f"{code}: {message}")
-
-
-async def run(runner: JobRunner, request: dict[str, Any], continuation: str | None = None) -> Sink:
-    sink = Sink()
+async def run(runner: JobRunner, request: dict[str, Any], continuation: str | None = None
+              ) -> RecordingSink:
+    sink = RecordingSink()
     runner.start(Job(id="j1", openai_url="/v1/chat/completions", openai_req=request,
                      continuation=continuation), sink)
     async with asyncio.timeout(10):
         await sink.done.wait()
+    assert sink.errors == []
     return sink
 
 
@@ -107,7 +92,7 @@ async def test_every_frame_the_worker_sends_passes_the_queens_check():
         assert answer_problem(Result(id="j1", data=data, usage=usage)) is None
     ChatCompletion.model_validate(plain.results[0][0])
 
-    sink = Sink()
+    sink = RecordingSink()
     runner.start(Job(id="e1", openai_url="/v1/embeddings",
                      openai_req={"model": ECHO_MODEL, "input": ["a b", "c"]}), sink)
     async with asyncio.timeout(10):
@@ -137,17 +122,11 @@ def test_embedding_inputs_are_texts_or_token_lists():
 
 
 async def test_bad_embeddings_input_is_a_non_retryable_invalid_request():
-    errors: list[tuple[str, bool]] = []
-    done = asyncio.Event()
-
-    class Errors(Sink):
-        async def error(self, job_id: str, code: str, message: str, retryable: bool) -> None:
-            errors.append((code, retryable))
-            done.set()
-
+    sink = RecordingSink()
     runner = JobRunner(StubPool(token_delay_s=0.0), has_model=lambda _: True)  # type: ignore[arg-type]
     runner.start(Job(id="e", openai_url="/v1/embeddings",
-                     openai_req={"model": ECHO_MODEL, "input": [["x"]]}), Errors())
+                     openai_req={"model": ECHO_MODEL, "input": [["x"]]}), sink)
     async with asyncio.timeout(10):
-        await done.wait()
-    assert errors == [("invalid_request", False)]
+        await sink.done.wait()
+    assert [(code, retryable) for code, _, retryable in sink.errors] == [
+        ("invalid_request", False)]

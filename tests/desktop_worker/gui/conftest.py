@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import importlib.resources
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
@@ -70,6 +71,18 @@ def settings_for(tmp_path: Path) -> Callable[..., WorkerSettings]:
         return WorkerSettings(**values)
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def collect_on_the_gui_thread() -> Iterator[None]:
+    """Collect what earlier tests left in reference cycles, here on the GUI thread. A cyclic
+    collection runs on whichever thread happens to allocate (a store import in a worker thread,
+    say); a Qt object with a live timer destroyed there leaves its timer registered, and Qt's
+    next tick on the GUI thread reaches freed memory (a segfault in
+    ``QTimerInfoList::activateTimers``, seen once this suite grew)."""
+    gc.collect()
+    yield
+    gc.collect()
 
 
 @contextlib.asynccontextmanager
