@@ -29,6 +29,7 @@ from PySide6.QtWidgets import QApplication
 from desktop_worker import __version__
 from desktop_worker.errors import WorkerError
 from desktop_worker.gui.common import Icons, spawn
+from desktop_worker.gui.gui_gc import GuiThreadCollector
 from desktop_worker.gui.notify import Notice, NotificationPolicy
 from desktop_worker.gui.services.earnings import EarningsService
 from desktop_worker.gui.services.logs import OncePerRun
@@ -371,6 +372,8 @@ def run_app(settings: WorkerSettings | None = None, argv: list[str] | None = Non
         return 0
     loop = qasync.QEventLoop(qt_app)
     asyncio.set_event_loop(loop)
+    collector = GuiThreadCollector(qt_app)  # Qt objects are only ever freed on this thread
+    collector.start()
     try:
         app = ApiaryApp(settings or WorkerSettings(), autostart=autostart_for_platform())
         qt_app.setWindowIcon(app.icons.app())
@@ -385,4 +388,5 @@ def run_app(settings: WorkerSettings | None = None, argv: list[str] | None = Non
         log.info("Apiary stopped")
         return code
     finally:
+        collector.stop()
         guard.release()
