@@ -1,5 +1,5 @@
-"""Running the queen's jobs on the engine: chat and text completions (streamed or whole) and
-embeddings.
+"""Running the queen's jobs on the engine: chat and text completions (streamed or whole),
+embeddings, and re-scoring audits (``score`` jobs, see ``engine.scoring``).
 
 ``JobRunner`` is widget-free and socket-free: it reports through a ``JobSink`` (the link) and
 through ``on_started`` / ``on_finished`` callbacks (the CLI's log line, the app's jobs table).
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from desktop_worker.engine.pool import ModelPool
+from desktop_worker.engine.scoring import SCORE_URL, read_score_request
 from desktop_worker.errors import EngineError, ModelStoreError, UnsupportedRequest, WorkerError
 from shared_schema import Job, Usage
 from shared_schema.answers import answer_from_chunks, checkpoint_chunk, embedding_list
@@ -104,6 +105,8 @@ class JobRunner:
                                   retryable=True)
             if kind == "embeddings":
                 usage = await self._embeddings(job, model, sink)
+            elif kind == "score":
+                usage = await self._score(job, model, sink, cancel)
             else:
                 usage = await self._generate(job, kind, model, sink, cancel)
                 if cancel.is_set():
@@ -176,6 +179,16 @@ class JobRunner:
             await sink.result(job.id, {} if stream else answer_from_chunks(collected), usage)
         return usage
 
+    async def _score(self, job: Job, model: str, sink: JobSink,
+                     cancel: threading.Event) -> Usage:
+        """A re-scoring audit (issue 16): the delivered answer's per-token scores, no text."""
+        score = await self.pool.score(model, read_score_request(job.openai_req), cancel)
+        if score is None:
+            raise _JobFailure("cancelled", "cancelled by the queen", retryable=False)
+        usage = Usage(**score.usage())
+        await sink.result(job.id, score.data(), usage)
+        return usage
+
     async def _embeddings(self, job: Job, model: str, sink: JobSink) -> Usage:
         inputs = embedding_inputs(job.openai_req.get("input"))
         vectors, tokens = await self.pool.embed(model, inputs)
@@ -185,7 +198,10 @@ class JobRunner:
 
 
 def job_kind(openai_url: str) -> str:
-    """"embeddings", "completions" (raw prompts) or "chat", from a job's OpenAI path."""
+    """"score" (a re-scoring audit), "embeddings", "completions" (raw prompts) or "chat", from
+    a job's path."""
+    if openai_url == SCORE_URL:
+        return "score"
     if openai_url.endswith("/embeddings"):
         return "embeddings"
     if openai_url.endswith("/completions") and not openai_url.endswith("/chat/completions"):

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 # worker's partial answer (Job.continuation); the rest are the OpenAI fields of issue 15.
 CAPABILITIES = ["chat", "stream", "embeddings", CAPABILITY_CONTINUE, capabilities.GRAMMAR,
                 capabilities.LOGPROBS, capabilities.LOGIT_BIAS, capabilities.CHOICES,
-                capabilities.COMPLETIONS, capabilities.EMBED_TOKENS]
+                capabilities.COMPLETIONS, capabilities.EMBED_TOKENS, capabilities.SCORE]
 
 
 def default_budget_mb() -> int:

@@ -26,6 +26,9 @@ CHOICES = "choices"
 COMPLETIONS = "completions"
 # ``/v1/embeddings`` jobs whose inputs are token ids.
 EMBED_TOKENS = "embed_tokens"
+# ``/apiary/score`` jobs (issue 16's re-scoring audits): per-token log-probabilities of a
+# delivered answer in one teacher-forced pass. The queen sends them only to workers with this.
+SCORE = "score"
 
 # What a field of a job's request needs, with the field a refusal names.
 _FIELD_NEEDS = (

@@ -20,6 +20,14 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter, format_llama2
 from desktop_worker.engine.fitting import LoadPlan
 from desktop_worker.engine.generation import Counts, Generation, Pieces, Prompt
 from desktop_worker.engine.grammar import grammar_text
+from desktop_worker.engine.scoring import (
+    Bias,
+    Score,
+    ScoreRequest,
+    check_fits,
+    end_tokens,
+    teacher_forced,
+)
 from desktop_worker.engine.settings import chat_messages, completion_prompts, read_settings
 from desktop_worker.errors import ModelLoadError, UnsupportedRequest
 
@@ -82,6 +90,7 @@ class LlamaContext:
         self.busy = threading.Lock()
         self._pieces = Pieces(self.llama._model.vocab)
         self._counts = Counts()
+        self._end_tokens: list[int] | None = None
 
     def close(self) -> None:
         self.llama.close()
@@ -114,6 +123,30 @@ class LlamaContext:
             yield from generation.run(prompts)
         except ValueError as exc:  # llama.cpp's own checks (e.g. a decode that failed)
             raise UnsupportedRequest(str(exc)) from exc
+
+    def score(self, job: ScoreRequest, cancel: threading.Event) -> Score | None:
+        """The scores of ``job.answer`` as the continuation of the prompt generation would
+        build for ``job.request`` (see ``engine.scoring``); ``None`` if cancelled."""
+        llama = self.llama
+        settings = read_settings(job.request)
+        settings.check_vocabulary(llama.n_vocab())
+        if job.kind == "chat":
+            prompt = self._chat_prompt(job.request, None).tokens
+        else:
+            prompts = completion_prompts(job.request)
+            if len(prompts) != 1:
+                raise UnsupportedRequest(f"a score job scores one prompt's answer; this request "
+                                         f"has {len(prompts)} prompts")
+            prompt = self._completion_tokens(prompts[0])
+            if any(not 0 <= token < llama.n_vocab() for token in prompt):
+                raise UnsupportedRequest("the prompt has a token id outside this model's "
+                                         f"vocabulary (ids 0 to {llama.n_vocab() - 1})")
+        answer = llama.tokenize(job.answer.encode("utf-8"), add_bos=False, special=False)
+        check_fits(len(prompt), len(answer), llama.n_ctx())
+        if self._end_tokens is None:
+            self._end_tokens = end_tokens(llama)
+        return teacher_forced(llama, prompt, answer, Bias(settings.logit_bias), cancel,
+                              self._end_tokens)
 
     def _chat_prompt(self, request: dict[str, Any], continuation: str | None) -> Prompt:
         llama = self.llama

@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol
 
 from desktop_worker.engine.fitting import MB, LoadPlan, ModelShape, kv_bytes_per_layer, plan_load
 from desktop_worker.engine.llama_model import LlamaContext
+from desktop_worker.engine.scoring import Score, ScoreRequest
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +218,23 @@ class ModelPool:
     ) -> dict[str, int]:
         """A ``/v1/completions`` job (raw prompts, no chat template), as ``chat``."""
         return await self._generate(name, "completion", request, cancel, on_chunk, None)
+
+    async def score(self, name: str, job: ScoreRequest,
+                    cancel: threading.Event) -> Score | None:
+        """Score a delivered answer on a free chat context of ``name`` in a thread (one
+        teacher-forced pass, see ``engine.scoring``); ``None`` if cancelled."""
+        entry, context = await self._acquire(name)
+        try:
+            done = asyncio.get_running_loop().run_in_executor(
+                self._executor, context.score, job, cancel)
+            try:
+                return await asyncio.shield(done)
+            except asyncio.CancelledError:
+                cancel.set()  # stop the thread (between decodes) before the context goes back
+                await asyncio.wait([done])
+                raise
+        finally:
+            await self._release(entry, context)
 
     async def _generate(
         self,
