@@ -55,13 +55,16 @@ class ScoreRequest:
 @dataclass(slots=True)
 class Score:
     """The scores of one answer: per answer token, its log-probability and whether it was the
-    model's top choice; ``end_logprob``: the log-probability of the model ending right after
-    the answer (its end-of-generation tokens; a truncated answer scores low here), ``None``
-    when the model names no such token."""
+    model's top choice, and the top choice's log-probability (``best_logprobs``: a delivered
+    token a hair below the top is a near-tie that another machine's arithmetic may flip, which
+    the queen can tell from a real miss); ``end_logprob``: the log-probability of the model
+    ending right after the answer (its end-of-generation tokens; a truncated answer scores low
+    here), ``None`` when the model names no such token."""
 
     prompt_tokens: int
     logprobs: list[float] = field(default_factory=list)
     argmax: list[bool] = field(default_factory=list)
+    best_logprobs: list[float] = field(default_factory=list)
     end_logprob: float | None = None
 
     @property
@@ -72,7 +75,8 @@ class Score:
         """The Result's ``data``."""
         return {"object": SCORE_OBJECT, "prompt_tokens": self.prompt_tokens,
                 "answer_tokens": self.answer_tokens, "logprobs": self.logprobs,
-                "argmax": self.argmax, "end_logprob": self.end_logprob}
+                "argmax": self.argmax, "best_logprobs": self.best_logprobs,
+                "end_logprob": self.end_logprob}
 
     def usage(self) -> dict[str, int]:
         """Every token evaluated is prompt work; nothing is generated."""
@@ -127,11 +131,14 @@ class Bias:
         return biased
 
 
-def token_score(logits: npt.NDArray[np.float32], token: int) -> tuple[float, bool]:
-    """The log-probability of ``token`` at temperature 1 under ``logits``, and whether it is
-    the top choice (a tie with the top counts as top: greedy could have picked it)."""
-    logprob = float(log_softmax(logits)[token])
-    return min(0.0, logprob), bool(logits[token] >= logits.max())
+def token_score(logits: npt.NDArray[np.float32], token: int) -> tuple[float, bool, float]:
+    """The log-probability of ``token`` at temperature 1 under ``logits``, whether it is the
+    top choice (a tie with the top counts as top: greedy could have picked it), and the top
+    choice's log-probability."""
+    logprobs = log_softmax(logits)
+    best = int(np.argmax(logits))
+    return (min(0.0, float(logprobs[token])), bool(logits[token] >= logits[best]),
+            min(0.0, float(logprobs[best])))
 
 
 def end_score(logits: npt.NDArray[np.float32], end_tokens: Sequence[int]) -> float | None:
@@ -193,9 +200,10 @@ def teacher_forced(
                     llama_cpp.llama_get_logits_ith(ctx, i), shape=(n_vocab,)))
                 target = position + 1 - len(prompt)  # the answer token these logits predict
                 if target < len(answer):
-                    logprob, top = token_score(logits, answer[target])
+                    logprob, top, best = token_score(logits, answer[target])
                     score.logprobs.append(logprob)
                     score.argmax.append(top)
+                    score.best_logprobs.append(best)
                 else:
                     score.end_logprob = end_score(logits, ends)
     except RuntimeError as exc:  # llama_decode failed (out of memory): another worker may not
