@@ -21,6 +21,7 @@ import qasync
 from PySide6.QtWidgets import QApplication
 
 from desktop_worker.gui.app import ApiaryApp
+from desktop_worker.gui.gui_gc import GuiThreadCollector
 from desktop_worker.gui.services.advice import SMOLLM2
 from desktop_worker.hardware import HardwareReport, NullGpuDetector, detect_hardware
 from desktop_worker.settings import WorkerSettings
@@ -74,15 +75,21 @@ def settings_for(tmp_path: Path) -> Callable[..., WorkerSettings]:
 
 
 @pytest.fixture(autouse=True)
-def collect_on_the_gui_thread() -> Iterator[None]:
-    """Collect what earlier tests left in reference cycles, here on the GUI thread. A cyclic
-    collection runs on whichever thread happens to allocate (a store import in a worker thread,
-    say); a Qt object with a live timer destroyed there leaves its timer registered, and Qt's
-    next tick on the GUI thread reaches freed memory (a segfault in
-    ``QTimerInfoList::activateTimers``, seen once this suite grew)."""
+def collect_on_the_gui_thread(qapp: QApplication) -> Iterator[None]:
+    """Cyclic garbage is collected on the GUI thread only, as in the app (``run_app`` starts a
+    ``GuiThreadCollector``): a collection that runs on whichever thread allocates (a store
+    import in a worker thread, say) can free a Qt object with a live timer there, leaving the
+    timer registered for Qt's next tick on the GUI thread to reach freed memory (seen as a
+    segfault in ``QTimerInfoList::activateTimers``, and as a stalled event loop). What earlier
+    tests left is collected before it starts (once: a full collection of this heap is slow)."""
     gc.collect()
-    yield
-    gc.collect()
+    collector = GuiThreadCollector(qapp)
+    collector.start()
+    try:
+        yield
+    finally:
+        collector.stop()
+        collector.deleteLater()
 
 
 @contextlib.asynccontextmanager

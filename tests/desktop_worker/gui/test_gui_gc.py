@@ -22,6 +22,7 @@ def test_collections_happen_on_the_gui_thread_only(qtbot) -> None:
         if phase == "start":
             threads.append(threading.current_thread().name)
 
+    was_enabled = gc.isenabled()  # the GUI tests' own collector may have turned it off
     collector = GuiThreadCollector(interval_ms=10)
     gc.callbacks.append(record)
     collector.start()
@@ -44,12 +45,13 @@ def test_collections_happen_on_the_gui_thread_only(qtbot) -> None:
     finally:
         collector.stop()
         gc.callbacks.remove(record)
-    assert gc.isenabled()
+    assert gc.isenabled() == was_enabled  # given back as it was
 
 
 def test_check_collects_the_oldest_generation_past_its_threshold() -> None:
     collector = GuiThreadCollector()
     gc.collect()
+    was_enabled = gc.isenabled()
     gc.disable()  # as ``start`` does: only ``check`` collects
     try:
         assert collector.check() is None  # nothing past a threshold right after a collection
@@ -58,4 +60,5 @@ def test_check_collects_the_oldest_generation_past_its_threshold() -> None:
         assert gc.get_count()[0] < gc.get_threshold()[0]
         del kept
     finally:
-        gc.enable()
+        if was_enabled:
+            gc.enable()
