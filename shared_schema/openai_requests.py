@@ -188,12 +188,18 @@ class NamedToolChoice(WireModel):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
-def _check_tool_choice(tools: list[Tool] | None, choice: ToolChoice | None) -> None:
-    names = [tool.function.name for tool in tools or []]
-    if choice is not None and not isinstance(choice, str) and choice.function.name not in names:
-        raise ValueError(f"tool_choice names '{choice.function.name}', which is not one of "
-                         "the tools")
-    if choice == "required" and not names:
+def check_tool_names(names: list[str]) -> None:
+    """Tools are called by name: no two may share one (chat's and the Responses API's)."""
+    if len(set(names)) != len(names):
+        raise ValueError("two tools have the same name")
+
+
+def check_tool_choice(names: list[str], named: str | None, required: bool) -> None:
+    """A ``tool_choice`` that names a function (``named``) must name one of the tools; one that
+    requires a call needs a tool to call."""
+    if named is not None and named not in names:
+        raise ValueError(f"tool_choice names '{named}', which is not one of the tools")
+    if required and not names:
         raise ValueError("tool_choice 'required' needs at least one tool")
 
 
@@ -251,16 +257,17 @@ class ChatCompletionRequest(WireModel):
                              "describe the answer's shape as a tool's parameters instead")
         if value and info.data.get("logprobs"):
             raise ValueError("'tools' cannot be combined with 'logprobs'")
-        names = [tool.function.name for tool in value or []]
-        if len(set(names)) != len(names):
-            raise ValueError("two tools have the same name")
+        check_tool_names([tool.function.name for tool in value or []])
         return value
 
     @field_validator("tool_choice")
     @classmethod
     def _choice_names_a_tool(cls, value: ToolChoice | None, info: ValidationInfo
                              ) -> ToolChoice | None:
-        _check_tool_choice(info.data.get("tools"), value)
+        tools = info.data.get("tools") or []
+        check_tool_choice([tool.function.name for tool in tools],
+                          None if value is None or isinstance(value, str) else value.function.name,
+                          value == "required")
         return value
 
     @property

@@ -30,8 +30,16 @@ from pydantic import (
 )
 
 from shared_schema.base import WireModel
-from shared_schema.json_schemas import check_json_schema
-from shared_schema.openai_requests import FUNCTION_NAME, MAX_TOOLS
+from shared_schema.openai_requests import (
+    FUNCTION_NAME,
+    MAX_TOOLS,
+    FunctionDefinition,
+    JsonObjectFormat,
+    JsonSchemaSpec,
+    check_tool_choice,
+    check_tool_names,
+)
+from shared_schema.openai_requests import TextFormat as ChatTextFormat
 from shared_schema.openai_types import MAX_TOKENS
 
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
@@ -184,25 +192,12 @@ Input = Annotated[
 # --- text format --------------------------------------------------------------------------------
 
 
-class TextFormatText(WireModel):
-    type: Literal["text"]
-
-
-class TextFormatJsonObject(WireModel):
-    type: Literal["json_object"]
-
-
-class TextFormatJsonSchema(WireModel):
-    """The Responses API's flat form of a JSON Schema format (chat nests it in
-    ``json_schema``)."""
+class TextFormatJsonSchema(JsonSchemaSpec):
+    """The Responses API's flat form of a JSON Schema format (chat nests the same fields in
+    ``json_schema``); here the schema is required."""
 
     type: Literal["json_schema"]
-    name: str = Field(pattern=FUNCTION_NAME)
     schema_: dict[str, Any] = Field(alias="schema")
-    description: str | None = Field(default=None, max_length=4096)
-    strict: bool | None = None
-
-    _valid_schema = field_validator("schema_")(check_json_schema)
 
 
 class _RefusedFormat(_Refused):
@@ -210,8 +205,8 @@ class _RefusedFormat(_Refused):
 
 
 TextFormat = Annotated[
-    Annotated[TextFormatText, Tag("type:text")]
-    | Annotated[TextFormatJsonObject, Tag("type:json_object")]
+    Annotated[ChatTextFormat, Tag("type:text")]
+    | Annotated[JsonObjectFormat, Tag("type:json_object")]
     | Annotated[TextFormatJsonSchema, Tag("type:json_schema")]
     | Annotated[_RefusedFormat, Tag("type:other")],
     Discriminator(_by_type(("text", "json_object", "json_schema"))),
@@ -227,16 +222,11 @@ class TextConfig(WireModel):
 # --- tools --------------------------------------------------------------------------------------
 
 
-class FunctionTool(WireModel):
-    """A function tool in the Responses API's flat shape (chat nests it in ``function``)."""
+class FunctionTool(FunctionDefinition):
+    """A function tool in the Responses API's flat shape (chat nests the same fields in
+    ``function``)."""
 
     type: Literal["function"]
-    name: str = Field(pattern=FUNCTION_NAME)
-    description: str | None = Field(default=None, max_length=16384)
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-    _valid_schema = field_validator("parameters")(check_json_schema)
 
 
 class _RefusedTool(_Refused):
@@ -305,13 +295,10 @@ class ResponsesRequest(WireModel):
     @model_validator(mode="after")
     def _consistent(self) -> ResponsesRequest:
         names = [tool.name for tool in self.function_tools]
-        if len(set(names)) != len(names):
-            raise ValueError("two tools have the same name")
+        check_tool_names(names)
         choice = self.tool_choice
-        if isinstance(choice, FunctionChoice) and choice.name not in names:
-            raise ValueError(f"tool_choice names '{choice.name}', which is not one of the tools")
-        if choice == "required" and not names:
-            raise ValueError("tool_choice 'required' needs at least one tool")
+        check_tool_choice(names, choice.name if isinstance(choice, FunctionChoice) else None,
+                          choice == "required")
         fmt = self.text.format if self.text is not None else None
         if names and fmt is not None and fmt.type != "text":
             raise ValueError("'text.format' cannot be combined with 'tools'; describe the "

@@ -113,9 +113,6 @@ class Generation:
                 raise UnsupportedRequest(
                     f"the prompt is {len(prompt.tokens)} tokens, which does not fit this "
                     f"worker's context of {self.llama.n_ctx()} tokens with room to answer")
-            if any(not 0 <= token < self._n_vocab for token in prompt.tokens):
-                raise UnsupportedRequest("the prompt has a token id outside this model's "
-                                         f"vocabulary (ids 0 to {self._n_vocab - 1})")
             self.counts.prompt_tokens += len(prompt.tokens)
             for i in range(n):
                 yield from self._choice(prompt, prompt_index * n + i, choice_seed(

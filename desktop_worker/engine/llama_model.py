@@ -20,15 +20,20 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter, format_llama2
 from desktop_worker.engine.fitting import LoadPlan
 from desktop_worker.engine.generation import Counts, Generation, Pieces, Prompt
 from desktop_worker.engine.grammar import grammar_text
+from desktop_worker.engine.logprobs import Bias
 from desktop_worker.engine.scoring import (
-    Bias,
     Score,
     ScoreRequest,
     check_fits,
     end_tokens,
     teacher_forced,
 )
-from desktop_worker.engine.settings import chat_messages, completion_prompts, read_settings
+from desktop_worker.engine.settings import (
+    chat_messages,
+    check_token_ids,
+    completion_prompts,
+    read_settings,
+)
 from desktop_worker.errors import ModelLoadError, UnsupportedRequest
 
 log = logging.getLogger(__name__)
@@ -138,9 +143,6 @@ class LlamaContext:
                 raise UnsupportedRequest(f"a score job scores one prompt's answer; this request "
                                          f"has {len(prompts)} prompts")
             prompt = self._completion_tokens(prompts[0])
-            if any(not 0 <= token < llama.n_vocab() for token in prompt):
-                raise UnsupportedRequest("the prompt has a token id outside this model's "
-                                         f"vocabulary (ids 0 to {llama.n_vocab() - 1})")
         answer = llama.tokenize(job.answer.encode("utf-8"), add_bos=False, special=False)
         check_fits(len(prompt), len(answer), llama.n_ctx())
         if self._end_tokens is None:
@@ -159,9 +161,9 @@ class LlamaContext:
     def _completion_tokens(self, prompt: str | list[int]) -> list[int]:
         """A raw prompt's tokens: text with BOS (when the model adds one) as llama.cpp's own
         completion reads it; token ids as they are."""
-        if isinstance(prompt, list):
-            return prompt
         llama = self.llama
+        if isinstance(prompt, list):
+            return check_token_ids(prompt, llama.n_vocab(), "the prompt")
         tokens = llama.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
         if not tokens and llama.token_bos() != -1:
             tokens = [llama.token_bos()]
@@ -192,9 +194,9 @@ class LlamaContext:
         n_batch, n_embd, n_vocab = llama.n_batch, llama.n_embd(), llama.n_vocab()
         n_seq_max = llama.context_params.n_seq_max
         for tokens in inputs:
-            if not tokens or any(not 0 <= token < n_vocab for token in tokens):
-                raise UnsupportedRequest("an embeddings input has a token id outside this "
-                                         f"model's vocabulary (ids 0 to {n_vocab - 1})")
+            if not tokens:
+                raise UnsupportedRequest("an embeddings input is empty")
+            check_token_ids(tokens, n_vocab, "an embeddings input")
             if len(tokens) > n_batch:
                 raise UnsupportedRequest(f"an embeddings input is {len(tokens)} tokens; this "
                                          f"worker embeds at most {n_batch} at once")

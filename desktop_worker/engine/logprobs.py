@@ -35,6 +35,23 @@ def _entry(text: str, logprob: float, piece: bytes) -> dict[str, Any]:
     return {"token": text, "logprob": min(0.0, float(logprob)), "bytes": list(piece)}
 
 
+class Bias:
+    """The request's ``logit_bias``, added to a row of logits (a copy) when there is one: the
+    distribution sampling drew from, which both logprobs and re-scoring report."""
+
+    def __init__(self, logit_bias: dict[int, float]) -> None:
+        self._ids = np.fromiter(logit_bias.keys(), dtype=np.int64, count=len(logit_bias))
+        self._values = np.fromiter(logit_bias.values(), dtype=np.float32,
+                                   count=len(logit_bias))
+
+    def __call__(self, logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        if not self._ids.size:
+            return logits
+        biased = logits.copy()
+        biased[self._ids] += self._values
+        return biased
+
+
 class Scorer:
     """Builds one ``TokenLogprob`` per sampled token of a choice."""
 
@@ -42,15 +59,11 @@ class Scorer:
                  piece: Callable[[int], bytes]) -> None:
         self.top = top
         self.piece = piece
-        self._bias_ids = np.fromiter(logit_bias.keys(), dtype=np.int64, count=len(logit_bias))
-        self._bias = np.fromiter(logit_bias.values(), dtype=np.float32, count=len(logit_bias))
+        self._bias = Bias(logit_bias)
 
     def score(self, logits: npt.NDArray[np.float32], token: int, piece: bytes) -> dict[str, Any]:
         """The entry of ``token`` (its ``token`` text is set when its text is released)."""
-        if self._bias_ids.size:
-            logits = logits.copy()
-            logits[self._bias_ids] += self._bias
-        logprobs = log_softmax(logits)
+        logprobs = log_softmax(self._bias(logits))
         entry = _entry(piece.decode("utf-8", errors="replace"), logprobs[token], piece)
         entry["top_logprobs"] = [
             _entry((alt := self.piece(i)).decode("utf-8", errors="replace"), logprobs[i], alt)

@@ -115,22 +115,6 @@ def check_fits(prompt_tokens: int, answer_tokens: int, n_ctx: int) -> None:
             f"not fit this worker's context of {n_ctx} tokens")
 
 
-class Bias:
-    """The request's ``logit_bias``, added to a row of logits (a copy) when there is one."""
-
-    def __init__(self, logit_bias: dict[int, float]) -> None:
-        self._ids = np.fromiter(logit_bias.keys(), dtype=np.int64, count=len(logit_bias))
-        self._values = np.fromiter(logit_bias.values(), dtype=np.float32,
-                                   count=len(logit_bias))
-
-    def __call__(self, logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-        if not self._ids.size:
-            return logits
-        biased = logits.copy()
-        biased[self._ids] += self._values
-        return biased
-
-
 def token_score(logits: npt.NDArray[np.float32], token: int) -> tuple[float, bool, float]:
     """The log-probability of ``token`` at temperature 1 under ``logits``, whether it is the
     top choice (a tie with the top counts as top: greedy could have picked it), and the top

@@ -190,3 +190,12 @@ def completion_prompts(request: dict[str, Any]) -> list[str | list[int]]:
 
 def _is_token(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_token_ids(tokens: list[int], n_vocab: int, what: str) -> list[int]:
+    """``tokens`` if every id is in the model's vocabulary; ``UnsupportedRequest`` naming
+    ``what`` ("the prompt", "an embeddings input") otherwise."""
+    if any(not 0 <= token < n_vocab for token in tokens):
+        raise UnsupportedRequest(f"{what} has a token id outside this model's vocabulary (ids 0 "
+                                 f"to {n_vocab - 1})")
+    return tokens

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from pydantic import BaseModel
 
 from queen_server import __version__
+from queen_server.billing.service import Principal
 from queen_server.errors import InvalidRequest, ModelNotFound
 from queen_server.http.deps import json_response, queen
 from queen_server.http.fastpath import HotRoutes
-from queen_server.http.generation import Generation, admit_and_hold, caller_of, serve
+from queen_server.http.generation import Generation, admit_and_hold, serve
 from queen_server.http.io import ClientGone, DisconnectGuard, parse, read_body
 from queen_server.shaping.chat import ChatShaper
 from queen_server.shaping.completions import (
@@ -47,13 +50,13 @@ from shared_schema import (
     capabilities,
 )
 from shared_schema.answers import AnswerStamp, embeddings_answer
-from shared_schema.openai_fields import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
+from shared_schema.openai_fields import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, FieldRule
 from shared_schema.responses import ResponsesRequest
 
 if TYPE_CHECKING:
     from queen_server.runtime import QueenState
 
-__all__ = ["caller_of"]  # the per-caller limits' key, which tests read from here
+M = TypeVar("M", bound=BaseModel)
 
 router = APIRouter()
 hot = HotRoutes()  # the billed routes, served by the fast path
@@ -71,6 +74,16 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         504: "The worker timed out",
     }.items()
 }
+
+
+async def read_request(request: Request, model: type[M], fields: Mapping[str, FieldRule]
+                       ) -> tuple[QueenState, Principal, M]:
+    """What every OpenAI route starts with: the queen, the caller (a 401 before the body is
+    read) and the body, parsed against its endpoint's field list (``openai_fields``)."""
+    state = queen(request)
+    principal = await state.billing.authenticate(request.headers.get("authorization"))
+    return state, principal, parse(model, await read_body(request, state.settings.max_body_bytes),
+                                   fields)
 
 
 def body_schema(name: str) -> dict[str, Any]:
@@ -98,10 +111,7 @@ def _streamed(answer: type[Any], chunk: str) -> dict[int | str, dict[str, Any]]:
     responses=_streamed(ChatCompletion, "ChatCompletionChunk"),
 )
 async def chat_completions(request: Request) -> Response:
-    state = queen(request)
-    principal = await state.billing.authenticate(request.headers.get("authorization"))
-    req = parse(ChatCompletionRequest, await read_body(request, state.settings.max_body_bytes),
-                CHAT)
+    state, principal, req = await read_request(request, ChatCompletionRequest, CHAT)
     completion_id = "chatcmpl-" + secrets.token_hex(12)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     stamp = AnswerStamp(completion_id, req.model, int(time.time()))
@@ -128,10 +138,7 @@ def chat_generation(state: QueenState, req: ChatCompletionRequest, job_id: str,
     responses=_streamed(dict, "CompletionRequest"),
 )
 async def completions(request: Request) -> Response:
-    state = queen(request)
-    principal = await state.billing.authenticate(request.headers.get("authorization"))
-    req = parse(CompletionRequest, await read_body(request, state.settings.max_body_bytes),
-                COMPLETIONS)
+    state, principal, req = await read_request(request, CompletionRequest, COMPLETIONS)
     problem = echo_problem(req)
     if problem is not None:
         raise InvalidRequest(problem, param="echo", code="unsupported_parameter")
@@ -154,10 +161,7 @@ async def completions(request: Request) -> Response:
     responses={200: {"description": "A response object, or its events"}, **ERRORS},
 )
 async def responses(request: Request) -> Response:
-    state = queen(request)
-    principal = await state.billing.authenticate(request.headers.get("authorization"))
-    req = parse(ResponsesRequest, await read_body(request, state.settings.max_body_bytes),
-                RESPONSES)
+    state, principal, req = await read_request(request, ResponsesRequest, RESPONSES)
     response_id = "resp_" + secrets.token_hex(12)
     created = int(time.time())
     stamp = AnswerStamp("chatcmpl-" + secrets.token_hex(12), req.model, created)
@@ -173,10 +177,7 @@ async def responses(request: Request) -> Response:
     responses={200: {"model": EmbeddingResponse}, **ERRORS},
 )
 async def embeddings(request: Request) -> Response:
-    state = queen(request)
-    principal = await state.billing.authenticate(request.headers.get("authorization"))
-    req = parse(EmbeddingRequest, await read_body(request, state.settings.max_body_bytes),
-                EMBEDDINGS)
+    state, principal, req = await read_request(request, EmbeddingRequest, EMBEDDINGS)
     openai_req = req.model_dump(mode="json", exclude_unset=True)
     openai_req.pop("user", None)
     openai_req["encoding_format"] = "float"  # workers send floats; the queen encodes base64

@@ -25,8 +25,6 @@ from shared_schema.openai_requests import CompletionRequest
 TEXT_COMPLETION = "text_completion"
 # OpenAI's default ``max_tokens`` for text completions (chat has none).
 DEFAULT_MAX_TOKENS = 16
-# Tokens a tokenizer may add around one text prompt (BOS, and EOS for the models that add it).
-SPECIAL_TOKENS_PER_PROMPT = 2
 FINISH_REASONS = frozenset({"stop", "length", "content_filter"})
 
 # Sampling fields the worker honours as the client gave them (chat-shaped names already).
@@ -74,25 +72,6 @@ def prompt_texts(req: CompletionRequest) -> list[str]:
     """One text per prompt, for the billing hold's estimate (``estimate_prompt_tokens``: a token
     per character): a text prompt as it is, a token-id prompt as a placeholder of its length."""
     return [prompt if isinstance(prompt, str) else " " * len(prompt) for prompt in req.prompts]
-
-
-def prompt_bound(req: CompletionRequest) -> int:
-    """The most prompt tokens an honest worker can claim for ``req`` (``Meter.prompt_bound``):
-    a text prompt tokenizes to at most one token per UTF-8 byte plus the tokenizer's special
-    tokens; a token-id prompt is used as it is. Prompts are counted once each, whatever ``n``."""
-    bound = 0
-    for prompt in req.prompts:
-        if isinstance(prompt, str):
-            bound += len(prompt.encode("utf-8", "surrogatepass")) + SPECIAL_TOKENS_PER_PROMPT
-        else:
-            bound += len(prompt)
-    return bound
-
-
-def completion_budget(req: CompletionRequest) -> int:
-    """The most completion tokens ``req`` can make: ``max_tokens`` for each choice of each
-    prompt (what a hold must reserve)."""
-    return (req.max_tokens or DEFAULT_MAX_TOKENS) * req.choices * len(req.prompts)
 
 
 # --- logprobs ---------------------------------------------------------------------------------

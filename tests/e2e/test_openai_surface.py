@@ -203,10 +203,11 @@ def test_seed_stop_and_logit_bias_are_honoured(swarm):
         model=MODEL, messages=ASK, max_tokens=1, temperature=0, logprobs=True,
         logit_bias={str(token_id(banned)): -100})
     assert biased.choices[0].logprobs.content[0].token != banned
-    penalised = swarm.chat.completions.create(model=MODEL, messages=ASK, max_tokens=12,
-                                              temperature=0, frequency_penalty=2.0,
-                                              presence_penalty=2.0)
-    assert penalised.choices[0].message.content
+    plain, penalised = (swarm.chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=30, temperature=0, **penalties
+    ).choices[0].message.content for penalties in ({}, {"frequency_penalty": 2.0,
+                                                        "presence_penalty": 2.0}))
+    assert penalised != plain  # a repeated word is penalised away
 
 
 # --- text completions, models, embeddings -----------------------------------------------------

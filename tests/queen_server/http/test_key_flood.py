@@ -16,7 +16,7 @@ from starlette.requests import Request
 
 from queen_server.billing.keys import hash_secret
 from queen_server.billing.service import DEV_NAME, OPEN, Principal
-from queen_server.http.openai import caller_of
+from queen_server.http.generation import caller_of
 from tests.support.queen import QueenHarness, running_queen
 from tests.support.workers import ECHO_MODEL, ScriptedWorker
 

@@ -18,13 +18,13 @@ from queen_server.http.io import param_name
 from queen_server.shaping.completions import (
     DEFAULT_MAX_TOKENS,
     CompletionShaper,
-    completion_budget,
     completion_logprobs,
     echo_problem,
-    prompt_bound,
     prompt_texts,
     worker_request,
 )
+from queen_server.swarm.jobs import choices_in
+from queen_server.swarm.metering import Meter
 from shared_schema.answers import CHAT_CHUNK, AnswerStamp, usage_counts
 from shared_schema.openai_requests import CompletionRequest
 
@@ -128,19 +128,23 @@ def test_worker_request_logprobs_zero_still_asks_for_the_chosen_tokens():
     assert out["top_logprobs"] == 0
 
 
+def bounds(req: CompletionRequest) -> tuple[int, int]:
+    """The prompt bound the queen meters the worker's request by, and what its hold reserves
+    for the completions (``max_tokens`` for each choice of each prompt)."""
+    job = worker_request(req)
+    return Meter.for_completions(job, 0).prompt_bound, job["max_tokens"] * choices_in(job)
+
+
 def test_prompt_texts_bound_and_budget_cover_text_and_token_prompts():
     req = request(prompt=["héllo", "ab"], n=3, max_tokens=10)
     assert prompt_texts(req) == ["héllo", "ab"]
-    assert prompt_bound(req) == (6 + 2) + (2 + 2)  # UTF-8 bytes plus special tokens
-    assert completion_budget(req) == 10 * 3 * 2
+    assert bounds(req) == ((6 + 2) + (2 + 2), 10 * 3 * 2)  # UTF-8 bytes plus special tokens
     ids = request(prompt=[5, 6, 7])
     assert prompt_texts(ids) == ["   "]
-    assert prompt_bound(ids) == 3  # token ids are used as they are
-    assert completion_budget(ids) == 16
+    assert bounds(ids) == (3, 16)  # token ids are used as they are
     lists = request(prompt=[[5, 6], [7]], n=2)
     assert [len(t) for t in prompt_texts(lists)] == [2, 1]
-    assert prompt_bound(lists) == 3
-    assert completion_budget(lists) == 16 * 2 * 2
+    assert bounds(lists) == (3, 16 * 2 * 2)
 
 
 def test_echo_with_token_id_prompts_is_refused_naming_why():
