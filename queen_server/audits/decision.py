@@ -1,93 +1,200 @@
-"""The audits' decision rule: is an audited answer suspicious, and when is a worker flagged.
+"""The audits' decision rule: how suspicious an audited answer is, and when a worker is flagged.
 
 An auditor re-scores a delivered answer (the worker's ``score`` job: one teacher-forced pass of
-prompt plus answer) and returns, per delivered token, its log-probability under the model at
-temperature 1 and whether it was the model's top choice, plus the answer's exact token count.
-From honest runs of the same model file the queen knows what an honest answer's scores look like
-at each temperature (``HonestBands``): at temperature 0 nearly every delivered token is the top
-choice; at higher temperatures the mean log-probability per token sits in a band. One job outside
-its band, or one whose claimed usage is past what the auditor counted, *fails*.
+prompt plus answer under the same model file) and returns, per delivered token, what the model
+thinks of it. The queen folds that into one ``JobScore`` per job:
 
-A single failed job flags nobody. Jobs combine per worker in Wald's sequential probability ratio
-test (``SprtParams``, ``Standing``): honest workers fail with a small probability ``p0`` (the
-band's own tail), cheats with a large one ``p1``; each job adds its log-likelihood ratio, and the
-worker is flagged when the sum crosses ``log((1 - beta) / alpha)``, or settles in good standing
-when it falls below ``log(beta / (1 - alpha))`` (where it is held, so evidence can accumulate
-again if the worker turns). ``alpha`` bounds the false-flag rate, ``beta`` the rate of missed
-cheats. Everything here is pure: the queen's audit service feeds it and acts on its answers.
+* **Greedy answers** (temperature 0): an honest worker's every token is the model's top choice,
+  so the evidence is the count of *mismatches* (a delivered token more than ``near_tie`` nats
+  below the top choice: another machine's arithmetic can flip a near-tie, never a clear miss).
+* **Sampled answers** (temperature > 0): for each delivered token the auditor gives its
+  log-probability ``lp`` at the request's temperature and, under the distribution the honest
+  sampler really draws from (top-k, top-p, min-p, temperature), its expectation ``mu`` and
+  variance. Honestly sampled tokens make ``sum(lp - mu)`` a martingale with mean 0 and variance
+  ``sum(var)``, so ``z = sum(lp - mu) / sqrt(sum(var))`` is close to a standard normal whatever
+  the prompt; a different model, garbage or text made for another prompt drives it far below 0,
+  and greedy text served for a sampled request (a replay) far above.
+* When the answer ended by the model's own choice (``finish_reason`` "stop" with no stop
+  string), the end is one more position: a truncated answer ends where the model would not.
+* The exact usage: a worker's claimed completion tokens against the auditor's count, and an
+  answer that claims it hit ``max_tokens`` with far fewer tokens.
+
+``HonestBands`` is what honest runs of the same file look like at each temperature (learned by
+``HonestBands.learn`` from real runs; ``DEFAULT_BANDS`` otherwise): the mismatch rate of greedy
+answers, and the mean and spread of ``z`` for sampled ones, so that each job's *suspicion* is a
+standardised number (``judge``): about N(0, 1) for an honest worker, clipped to ``±CLIP``, and
+``CLIP`` for a job that is certainly wrong (usage, length).
+
+A single job flags nobody. Jobs combine per worker in Wald's sequential probability ratio test
+(``SprtParams``, ``Standing``) between "honest" (suspicion ~ N(0, 1)) and "cheating" (~ N(delta,
+1)): each job adds ``delta * s - delta**2 / 2``; the worker is flagged when the sum crosses
+``log((1 - beta) / alpha)``, and is in good standing when it falls below ``log(beta / (1 -
+alpha))``, where it is held so that evidence can build again if the worker turns. ``alpha``
+bounds the false-flag rate, ``beta`` the missed cheats; with ``CLIP`` below the flag line no
+single job, however unlucky, can flag a worker. ``audit_rate`` audits most of a new worker's
+jobs and a few percent of an established one's, more as its test drifts. Everything here is
+pure: the audit service feeds it and acts on its answers.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
 
 State = Literal["unknown", "good", "flagged"]
+
+CLIP = 4.0  # the most one job can weigh, either way (in standard deviations)
+NEAR_TIE = 0.5  # nats: a greedy token this close to the top choice is a near-tie, not a miss
+MIN_TOKENS = 4  # shorter answers say too little to be judged on their scores
+USAGE_SLACK = 0.1  # re-tokenising a text can count a few tokens differently than generating it
+LENGTH_SHARE = 0.75  # an answer that "hit max_tokens" has at least this share of them
 
 
 @dataclass(frozen=True, slots=True)
 class JobScore:
-    """An auditor's reading of one delivered answer."""
+    """One audited job, as the queen reads the auditor's scores (see ``score_job``)."""
 
     temperature: float
     answer_tokens: int  # as the auditor tokenized the delivered text
-    logprobs: Sequence[float]  # per delivered token, at temperature 1
-    argmax: Sequence[bool]  # per delivered token: the model's top choice
     claimed_completion_tokens: int  # what the audited worker reported
+    positions: int = 0  # positions judged (answer tokens, and the end when it counts)
+    mismatches: int = 0  # greedy: positions where the delivered token was clearly not the top
+    deviation: float = 0.0  # sampled: sum(lp - mu)
+    variance: float = 0.0  # sampled: sum(var)
+    finish_reason: str = "stop"
+    max_tokens: int | None = None
+    comparable: bool = True  # False under a grammar or penalties: only the usage is judged
 
     @property
-    def mean_logprob(self) -> float:
-        return sum(self.logprobs) / len(self.logprobs) if self.logprobs else 0.0
+    def z(self) -> float:
+        """The sampled answer's standardised log-likelihood (0 with nothing to judge)."""
+        if self.variance <= 0:
+            return 0.0
+        return self.deviation / math.sqrt(self.variance)
 
-    @property
-    def top_share(self) -> float:
-        return sum(self.argmax) / len(self.argmax) if self.argmax else 1.0
+
+@dataclass(frozen=True, slots=True)
+class EndScore:
+    """The position after the answer, for an answer the model itself ended: the end's
+    log-probability and the top choice's (temperature 1), and, for a sampled answer, the end's
+    ``(lp, mu, var)`` at the request's temperature (every end token merged into one outcome)."""
+
+    logprob: float
+    best_logprob: float
+    sampled: tuple[float, float, float] | None = None
+
+
+def score_job(
+    *,
+    temperature: float,
+    claimed_completion_tokens: int,
+    logprobs: Sequence[float],
+    best_logprobs: Sequence[float],
+    sampled: tuple[Sequence[float], Sequence[float], Sequence[float]] | None = None,
+    end: EndScore | None = None,
+    finish_reason: str = "stop",
+    max_tokens: int | None = None,
+    comparable: bool = True,
+    near_tie: float = NEAR_TIE,
+) -> JobScore:
+    """A ``JobScore`` from an auditor's per-token numbers: ``logprobs`` and ``best_logprobs``
+    at temperature 1 (the delivered token's and the top choice's); ``sampled``, for a sampled
+    request, ``(lp, mu, var)`` per token at its temperature; ``end`` only when the answer ended
+    by the model's own choice (the caller knows: "stop" and no stop string)."""
+    positions = len(logprobs)
+    mismatches = sum(best - lp > near_tie
+                     for lp, best in zip(logprobs, best_logprobs, strict=True))
+    deviation = variance = 0.0
+    if sampled is not None:
+        lps, mus, variances = sampled
+        deviation = math.fsum(lp - mu for lp, mu in zip(lps, mus, strict=True))
+        variance = math.fsum(variances)
+    if end is not None:
+        positions += 1
+        mismatches += end.best_logprob - end.logprob > near_tie
+        if sampled is not None and end.sampled is not None:
+            end_lp, end_mu, end_var = end.sampled
+            deviation += end_lp - end_mu
+            variance += end_var
+    return JobScore(temperature, len(logprobs), claimed_completion_tokens, positions, mismatches,
+                    deviation, variance, finish_reason, max_tokens, comparable)
 
 
 @dataclass(frozen=True, slots=True)
 class Band:
-    """What honest answers score at one temperature: the lowest share of top choices and the
-    range of mean log-probabilities that count as honest (percentiles of honest runs)."""
+    """What honest answers look like at one temperature. Greedy (0): the rate of mismatches
+    per position. Sampled: the mean and spread of ``z``, and the highest ``z`` seen (an answer
+    far surer of itself than sampling makes it was not sampled)."""
 
     temperature: float
-    min_top_share: float
-    min_mean_logprob: float
-    max_mean_logprob: float
+    mismatch_rate: float = 0.01
+    z_mean: float = 0.0
+    z_sd: float = 1.0
+    z_max: float = CLIP
 
 
 @dataclass(frozen=True, slots=True)
 class HonestBands:
-    """Bands per temperature, learned from honest scores (``learn``); ``for_temperature`` picks
-    the nearest one learned."""
+    """Bands per temperature; ``for_temperature`` picks the nearest one learned (greedy only
+    for greedy jobs: the two kinds of evidence do not mix)."""
 
     bands: tuple[Band, ...]
 
     @classmethod
-    def learn(cls, honest: Iterable[JobScore], tail: float = 0.005,
-              min_tokens: int = 4) -> HonestBands:
-        """Each temperature's band spans its honest scores but the ``tail`` share at each end
-        (answers shorter than ``min_tokens`` say too little and are left out)."""
+    def learn(cls, honest: Iterable[JobScore], *, tail: float = 0.001,
+              min_tokens: int = MIN_TOKENS) -> HonestBands:
+        """Bands from honest jobs: per temperature, the greedy mismatch rate (with one extra
+        mismatch of slack per temperature, so a clean sample does not learn a rate of 0), or
+        the mean and standard deviation of ``z`` and its ``1 - tail`` quantile (plus one)."""
         by_temperature: dict[float, list[JobScore]] = {}
         for score in honest:
-            if score.answer_tokens >= min_tokens:
+            if score.comparable and score.answer_tokens >= min_tokens:
                 by_temperature.setdefault(round(score.temperature, 2), []).append(score)
         bands = []
         for temperature, scores in sorted(by_temperature.items()):
-            means = sorted(score.mean_logprob for score in scores)
-            shares = sorted(score.top_share for score in scores)
-            # Greedy answers have no upper bound: a model sure of every token is honest. At
-            # higher temperatures an answer too sure of itself was not sampled (a replay).
-            high = 0.0 if temperature == 0 else _quantile(means, 1 - tail)
-            bands.append(Band(temperature, _quantile(shares, tail), _quantile(means, tail),
-                              high))
+            if temperature == 0:
+                positions = sum(score.positions for score in scores)
+                mismatches = sum(score.mismatches for score in scores)
+                bands.append(Band(0.0, mismatch_rate=max(0.002, (mismatches + 1) / positions)))
+                continue
+            zs = sorted(score.z for score in scores)
+            mean = math.fsum(zs) / len(zs)
+            sd = math.sqrt(math.fsum((z - mean) ** 2 for z in zs) / max(1, len(zs) - 1))
+            sd = max(sd, 0.5)
+            high = (_quantile(zs, 1 - tail) - mean) / sd + 1.0
+            bands.append(Band(temperature, z_mean=mean, z_sd=sd, z_max=max(high, 3.0)))
         if not bands:
             raise ValueError("no honest scores to learn bands from")
         return cls(tuple(bands))
 
     def for_temperature(self, temperature: float) -> Band:
-        return min(self.bands, key=lambda band: abs(band.temperature - temperature))
+        greedy = temperature == 0
+        same_kind = [band for band in self.bands if (band.temperature == 0) == greedy]
+        pool = same_kind or [Band(0.0) if greedy else Band(temperature, z_sd=1.25)]
+        return min(pool, key=lambda band: abs(band.temperature - temperature))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bands": [asdict(band) for band in self.bands]}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> HonestBands:
+        """Bands as ``to_dict`` wrote them; ``ValueError`` on anything else."""
+        try:
+            bands = tuple(Band(**{name: float(value) for name, value in entry.items()})
+                          for entry in raw["bands"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a bands object: {exc}") from exc
+        if not bands or any(band.z_sd <= 0 or not 0 < band.mismatch_rate < 1 for band in bands):
+            raise ValueError("bands need a positive z_sd and a mismatch_rate in (0, 1)")
+        return cls(bands)
+
+
+# Where no honest runs of a file were learned: a standard normal z (a little wider), and one
+# greedy mismatch in fifty positions.
+DEFAULT_BANDS = HonestBands((Band(0.0, mismatch_rate=0.02),
+                             Band(0.7, z_mean=0.0, z_sd=1.25, z_max=CLIP)))
 
 
 def _quantile(ordered: Sequence[float], q: float) -> float:
@@ -100,48 +207,71 @@ def _quantile(ordered: Sequence[float], q: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    failed: bool
+    """One job's judgement: its ``suspicion`` (about N(0, 1) for honest work; None when the job
+    says nothing either way), whether it counts as failed (for the pages and refunds), and
+    why."""
+
+    suspicion: float | None
+    failed: bool = False
     reason: str = ""
 
 
-def judge(score: JobScore, bands: HonestBands, *, usage_slack: float = 0.1,
-          min_tokens: int = 4) -> Verdict:
-    """Whether one audited job fails: its claimed usage past the auditor's count (beyond
-    ``usage_slack``, for tokenizer boundaries), or its scores outside the honest band at its
-    temperature (only for answers of at least ``min_tokens``)."""
+FAIL_AT = 2.5  # a job this suspicious is shown (and refunded, if its worker is flagged) as failed
+
+
+def judge(score: JobScore, bands: HonestBands, *, usage_slack: float = USAGE_SLACK,
+          min_tokens: int = MIN_TOKENS) -> Verdict:
+    """How suspicious one audited job is: certain for usage past the auditor's count or a false
+    "length"; otherwise, for answers of at least ``min_tokens`` whose scores are comparable
+    (no grammar or penalties), the standardised evidence of its temperature's band."""
     allowed = math.ceil(score.answer_tokens * (1 + usage_slack)) + 1  # + the end token
     if score.claimed_completion_tokens > allowed:
-        return Verdict(True, f"claimed {score.claimed_completion_tokens} tokens; the auditor "
-                             f"counted {score.answer_tokens}")
-    if score.answer_tokens < min_tokens:
-        return Verdict(False, "too short to judge")
+        return Verdict(CLIP, True, f"claimed {score.claimed_completion_tokens} completion "
+                                   f"tokens; the auditor counted {score.answer_tokens}")
+    if (score.finish_reason == "length" and score.max_tokens is not None
+            and allowed < LENGTH_SHARE * score.max_tokens):
+        return Verdict(CLIP, True, f"said it stopped at max_tokens ({score.max_tokens}); the "
+                                   f"answer has {score.answer_tokens} tokens")
+    if not score.comparable or score.positions < min_tokens:
+        return Verdict(None, False, "only the usage was checked")
     band = bands.for_temperature(score.temperature)
-    if score.top_share < band.min_top_share:
-        return Verdict(True, f"{score.top_share:.0%} of tokens were the model's top choice; "
-                             f"honest answers at temperature {band.temperature:g} have at least "
-                             f"{band.min_top_share:.0%}")
-    mean = score.mean_logprob
-    if not band.min_mean_logprob <= mean <= band.max_mean_logprob:
-        return Verdict(True, f"mean log-probability {mean:.2f} per token is outside the honest "
-                             f"band {band.min_mean_logprob:.2f} to {band.max_mean_logprob:.2f} "
-                             f"at temperature {band.temperature:g}")
-    return Verdict(False)
+    if score.temperature == 0:
+        expected = band.mismatch_rate * score.positions
+        suspicion = (score.mismatches - expected) / math.sqrt(expected + 0.25)
+        suspicion = max(-CLIP, min(CLIP, suspicion))
+        if suspicion >= FAIL_AT:
+            return Verdict(suspicion, True,
+                           f"{score.mismatches} of {score.positions} greedy tokens were not the "
+                           f"model's top choice (honest answers: about {expected:.1f})")
+        return Verdict(suspicion)
+    standard = (score.z - band.z_mean) / band.z_sd
+    if standard > band.z_max:
+        return Verdict(CLIP, True, f"far likelier than sampling at temperature "
+                                   f"{score.temperature:g} makes an answer (z = {score.z:+.1f}): "
+                                   f"not sampled for this request")
+    suspicion = max(-CLIP, min(CLIP, -standard))
+    if suspicion >= FAIL_AT:
+        return Verdict(suspicion, True,
+                       f"the model finds this answer unlikely for the request (z = "
+                       f"{score.z:+.1f} at temperature {score.temperature:g}; honest answers "
+                       f"sit near {band.z_mean:+.1f})")
+    return Verdict(suspicion)
 
 
 @dataclass(frozen=True, slots=True)
 class SprtParams:
-    """Wald's test between "honest" (a job fails with probability ``p0``) and "cheating"
-    (``p1``), with error rates ``alpha`` (flagging an honest worker) and ``beta`` (missing a
-    cheat)."""
+    """Wald's test between "honest" (suspicion ~ N(0, 1)) and "cheating" (~ N(``delta``, 1)),
+    with error rates ``alpha`` (flagging an honest worker) and ``beta`` (missing a cheat)."""
 
-    p0: float = 0.02
-    p1: float = 0.5
+    delta: float = 1.5
     alpha: float = 0.001
     beta: float = 0.01
 
     def __post_init__(self) -> None:
-        if not 0 < self.p0 < self.p1 < 1 or not 0 < self.alpha < 1 or not 0 < self.beta < 1:
-            raise ValueError("need 0 < p0 < p1 < 1 and error rates in (0, 1)")
+        if not self.delta > 0 or not 0 < self.alpha < 1 or not 0 < self.beta < 1:
+            raise ValueError("need delta > 0 and error rates in (0, 1)")
+        if self.step(CLIP) >= self.upper:
+            raise ValueError("one job at the clip would flag a worker: lower delta")
 
     @property
     def upper(self) -> float:
@@ -151,13 +281,9 @@ class SprtParams:
     def lower(self) -> float:
         return math.log(self.beta / (1 - self.alpha))
 
-    @property
-    def fail_step(self) -> float:
-        return math.log(self.p1 / self.p0)
-
-    @property
-    def pass_step(self) -> float:
-        return math.log((1 - self.p1) / (1 - self.p0))
+    def step(self, suspicion: float) -> float:
+        """One job's log-likelihood ratio."""
+        return self.delta * suspicion - self.delta ** 2 / 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,18 +297,19 @@ class Standing:
     reasons: tuple[str, ...] = field(default=())  # the failed jobs' reasons, newest last
 
     def after(self, verdict: Verdict, params: SprtParams = SprtParams()) -> Standing:
-        """The standing after one more audited job. A flag stays until an admin clears it."""
-        if self.state == "flagged":
-            return replace(self, audited=self.audited + 1,
-                           failed=self.failed + verdict.failed)
-        llr = self.llr + (params.fail_step if verdict.failed else params.pass_step)
+        """The standing after one more audited job. A flag stays until an admin clears it; a
+        job that says nothing (``suspicion`` None) is counted but moves nothing."""
+        failed = self.failed + verdict.failed
+        reasons = (*self.reasons[-9:], verdict.reason) if verdict.failed else self.reasons
+        if self.state == "flagged" or verdict.suspicion is None:
+            return replace(self, audited=self.audited + 1, failed=failed, reasons=reasons)
+        llr = self.llr + params.step(verdict.suspicion)
         state: State = self.state
         if llr >= params.upper:
             state = "flagged"
         elif llr <= params.lower:
             state, llr = "good", params.lower  # held at the boundary: evidence can build again
-        reasons = (*self.reasons[-9:], verdict.reason) if verdict.failed else self.reasons
-        return Standing(llr, self.audited + 1, self.failed + verdict.failed, state, reasons)
+        return Standing(llr, self.audited + 1, failed, state, reasons)
 
     def cleared(self) -> Standing:
         """An admin cleared a false flag: the test starts again."""

@@ -1,13 +1,18 @@
 """The audits' decision rule, on simulated score streams: an honest worker is (almost) never
-flagged, each cheat is flagged within a few jobs, and one unlucky job flags nobody."""
+flagged, each cheat is flagged within a few jobs, and one unlucky job flags nobody. (Real
+scores from real SmolLM2 runs drive ``bench/trust.py``; these tests pin the rule itself.)"""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
 from queen_server.audits.decision import (
+    CLIP,
+    DEFAULT_BANDS,
+    EndScore,
     HonestBands,
     JobScore,
     SprtParams,
@@ -15,49 +20,71 @@ from queen_server.audits.decision import (
     Verdict,
     audit_rate,
     judge,
+    score_job,
 )
 
 PARAMS = SprtParams()
+TEMPERATURES = (0.0, 0.7, 1.0)
 
 
-def honest(rng: random.Random, temperature: float, tokens: int = 40) -> JobScore:
-    """A synthetic honest score: greedy answers are the top choice nearly everywhere; sampled
-    ones have a mean log-probability around -1.2 (at temperature 1) or -0.6 (at 0.7)."""
+def sampled_job(rng: random.Random, temperature: float, z: float, tokens: int = 40,
+                claimed: int | None = None) -> JobScore:
+    """A sampled job whose standardised log-likelihood is ``z``."""
+    variance = tokens * rng.uniform(0.5, 2.0)
+    return JobScore(temperature, tokens, tokens if claimed is None else claimed, tokens, 0,
+                    z * math.sqrt(variance), variance)
+
+
+def greedy_job(mismatches: int, tokens: int = 40, claimed: int | None = None) -> JobScore:
+    return JobScore(0.0, tokens, tokens if claimed is None else claimed, tokens, mismatches)
+
+
+def honest(rng: random.Random, temperature: float) -> JobScore:
+    if temperature == 0:  # a near-tie flipped now and then
+        return greedy_job(sum(rng.random() < 0.005 for _ in range(40)))
+    return sampled_job(rng, temperature, rng.gauss(0.0, 1.0))
+
+
+def garbage(rng: random.Random, temperature: float) -> JobScore:
     if temperature == 0:
-        argmax = [rng.random() > 0.01 for _ in range(tokens)]
-        logprobs = [rng.uniform(-0.5, 0.0) for _ in range(tokens)]
-    else:
-        centre = -1.2 if temperature >= 1 else -0.6
-        logprobs = [min(0.0, rng.gauss(centre, 1.0)) for _ in range(tokens)]
-        argmax = [rng.random() < 0.6 for _ in range(tokens)]
-    return JobScore(temperature, tokens, logprobs, argmax, tokens)
+        return greedy_job(38)
+    return sampled_job(rng, temperature, rng.gauss(-40.0, 5.0))
 
 
-def garbage(rng: random.Random, temperature: float, tokens: int = 40) -> JobScore:
-    return JobScore(temperature, tokens, [rng.uniform(-12, -6) for _ in range(tokens)],
-                    [rng.random() < 0.02 for _ in range(tokens)], tokens)
+def other_model(rng: random.Random, temperature: float) -> JobScore:
+    """A smaller model's answers: a few clear misses when greedy, a shifted z when sampled."""
+    if temperature == 0:
+        return greedy_job(sum(rng.random() < 0.1 for _ in range(40)))
+    return sampled_job(rng, temperature, rng.gauss(-2.5, 1.0))
 
 
 def inflated(rng: random.Random, temperature: float) -> JobScore:
     score = honest(rng, temperature)
-    return JobScore(score.temperature, score.answer_tokens, score.logprobs, score.argmax,
-                    3 * score.answer_tokens)
+    return JobScore(score.temperature, score.answer_tokens, 3 * score.answer_tokens,
+                    score.positions, score.mismatches, score.deviation, score.variance)
 
 
 @pytest.fixture(scope="module")
 def bands() -> HonestBands:
     rng = random.Random(1)
-    return HonestBands.learn(honest(rng, t) for t in (0.0, 0.7, 1.0) for _ in range(2000))
+    return HonestBands.learn(honest(rng, t) for t in TEMPERATURES for _ in range(2000))
 
 
 def run(bands: HonestBands, make, jobs: int, seed: int) -> Standing:
     rng = random.Random(seed)
     standing = Standing()
     for _ in range(jobs):
-        standing = standing.after(judge(make(rng, rng.choice((0.0, 0.7, 1.0))), bands), PARAMS)
+        standing = standing.after(judge(make(rng, rng.choice(TEMPERATURES)), bands), PARAMS)
         if standing.state == "flagged":
             break
     return standing
+
+
+def test_learned_bands_match_the_honest_runs(bands):
+    sampled = bands.for_temperature(0.7)
+    assert abs(sampled.z_mean) < 0.1 and 0.9 < sampled.z_sd < 1.1
+    assert bands.for_temperature(0.0).mismatch_rate < 0.02
+    assert HonestBands.from_dict(bands.to_dict()) == bands
 
 
 def test_honest_workers_are_not_flagged_over_a_thousand_jobs(bands):
@@ -65,54 +92,96 @@ def test_honest_workers_are_not_flagged_over_a_thousand_jobs(bands):
     assert flagged <= 1  # < 1 % of 200 honest workers, each audited 1,000 times
 
 
-@pytest.mark.parametrize("cheat", [garbage, inflated])
+@pytest.mark.parametrize("cheat", [garbage, other_model, inflated])
 def test_each_cheat_is_flagged_within_twenty_jobs(bands, cheat):
     runs = [run(bands, cheat, 20, seed) for seed in range(200)]
-    assert all(standing.state == "flagged" for standing in runs)
-    assert max(standing.audited for standing in runs) <= 20
+    assert sum(standing.state == "flagged" for standing in runs) >= 198
 
 
 def test_one_unlucky_job_flags_nobody():
-    standing = Standing().after(Verdict(True, "unlucky"), PARAMS)
+    worst = Verdict(CLIP, True, "unlucky")
+    standing = Standing().after(worst, PARAMS)
     assert standing.state == "unknown"
     assert standing.reasons == ("unlucky",)
-    for _ in range(15):  # each pass takes back a fifth of what one failure added
-        standing = standing.after(Verdict(False), PARAMS)
+    for _ in range(15):
+        standing = standing.after(Verdict(0.0), PARAMS)
     assert standing.state == "good"
     assert standing.llr == PARAMS.lower  # held at the boundary
+
+
+def test_a_clip_that_would_flag_on_one_job_is_refused():
+    with pytest.raises(ValueError, match="one job"):
+        SprtParams(delta=3.0)
 
 
 def test_a_good_worker_that_turns_is_flagged_and_an_admin_can_clear_it():
     standing = Standing()
     for _ in range(20):
-        standing = standing.after(Verdict(False), PARAMS)
+        standing = standing.after(Verdict(0.0), PARAMS)
     assert standing.state == "good"
     while standing.state != "flagged":
-        standing = standing.after(Verdict(True, "garbage"), PARAMS)
-    assert standing.failed <= 6  # from the lower boundary: a handful of failures
-    assert standing.after(Verdict(False), PARAMS).state == "flagged"  # stays until cleared
+        standing = standing.after(Verdict(CLIP, True, "garbage"), PARAMS)
+    assert standing.failed <= 4  # from the lower boundary: a handful of failures
+    assert standing.after(Verdict(0.0), PARAMS).state == "flagged"  # stays until cleared
     assert standing.cleared().state == "unknown"
 
 
+def test_a_job_that_says_nothing_is_counted_but_moves_nothing():
+    standing = Standing().after(Verdict(None, False, "only the usage was checked"), PARAMS)
+    assert standing.audited == 1 and standing.llr == 0.0
+
+
 def test_usage_past_the_auditors_count_fails_even_a_perfect_answer(bands):
-    perfect = JobScore(0.0, 30, [0.0] * 30, [True] * 30, 30)
-    assert not judge(perfect, bands).failed
-    assert judge(JobScore(0.0, 30, [0.0] * 30, [True] * 30, 90), bands).failed
-    assert not judge(JobScore(0.0, 30, [0.0] * 30, [True] * 30, 31), bands).failed  # end token
+    assert not judge(greedy_job(0, claimed=30, tokens=30), bands).failed
+    verdict = judge(greedy_job(0, claimed=90, tokens=30), bands)
+    assert verdict.failed and verdict.suspicion == CLIP and "counted 30" in verdict.reason
+    assert not judge(greedy_job(0, claimed=31, tokens=30), bands).failed  # the end token
+
+
+def test_a_false_length_finish_fails(bands):
+    cut = JobScore(0.7, 20, 20, 20, 0, 0.0, 20.0, finish_reason="length", max_tokens=128)
+    assert judge(cut, bands).failed
+    whole = JobScore(0.7, 120, 128, 120, 0, 0.0, 120.0, finish_reason="length", max_tokens=128)
+    assert not judge(whole, bands).failed
 
 
 def test_greedy_answers_that_are_not_the_top_choice_fail(bands):
-    rng = random.Random(5)
-    other_model = JobScore(0.0, 40, [rng.uniform(-3, 0) for _ in range(40)],
-                           [rng.random() < 0.7 for _ in range(40)], 40)
-    verdict = judge(other_model, bands)
-    assert verdict.failed
-    assert "top choice" in verdict.reason
+    verdict = judge(greedy_job(8), bands)
+    assert verdict.failed and "top choice" in verdict.reason
+    assert not judge(greedy_job(1), bands).failed
+
+
+def test_a_greedy_answer_served_for_a_sampled_request_is_too_sure(bands):
+    verdict = judge(sampled_job(random.Random(2), 1.0, 9.0), bands)
+    assert verdict.failed and "not sampled" in verdict.reason
+
+
+def test_uncomparable_and_short_answers_are_judged_on_usage_only(bands):
+    constrained = JobScore(1.0, 40, 40, 40, 0, -400.0, 40.0, comparable=False)
+    assert judge(constrained, bands).suspicion is None
+    assert judge(greedy_job(3, tokens=3), bands).suspicion is None
+
+
+def test_score_job_reads_the_auditors_numbers():
+    score = score_job(
+        temperature=0.7, claimed_completion_tokens=3,
+        logprobs=[-0.1, -2.0, -0.2], best_logprobs=[-0.1, -0.1, -0.2],
+        sampled=([-0.2, -2.5, -0.3], [-0.4, -0.5, -0.4], [0.2, 0.3, 0.1]),
+        end=EndScore(-0.05, -0.05, (-0.1, -0.2, 0.05)))
+    assert score.positions == 4 and score.mismatches == 1
+    assert score.deviation == pytest.approx(0.2 - 2.0 + 0.1 + 0.1)
+    assert score.variance == pytest.approx(0.65)
+
+
+def test_default_bands_cover_both_kinds():
+    assert DEFAULT_BANDS.for_temperature(0.0).temperature == 0.0
+    assert DEFAULT_BANDS.for_temperature(1.3).z_sd > 1.0
+    only_sampled = HonestBands((DEFAULT_BANDS.for_temperature(0.7),))
+    assert only_sampled.for_temperature(0.0).temperature == 0.0  # never a sampled band
 
 
 def test_the_audit_rate_is_high_for_new_workers_and_rises_with_drift():
-    new = Standing()
-    assert audit_rate(new, in_escrow=True) == 0.8
+    assert audit_rate(Standing(), in_escrow=True) == 0.8
     good = Standing(llr=PARAMS.lower, audited=50, state="good")
     assert audit_rate(good, in_escrow=False) == pytest.approx(0.03)
     drifting = Standing(llr=0.0, audited=60, state="good")
@@ -120,6 +189,8 @@ def test_the_audit_rate_is_high_for_new_workers_and_rises_with_drift():
     assert audit_rate(Standing(state="flagged"), in_escrow=False) == 0.0
 
 
-def test_bad_parameters_are_refused():
-    with pytest.raises(ValueError, match="p0"):
-        SprtParams(p0=0.6, p1=0.5)
+def test_bad_bands_are_refused():
+    with pytest.raises(ValueError):
+        HonestBands.from_dict({"bands": [{"temperature": 0.7, "z_sd": 0}]})
+    with pytest.raises(ValueError):
+        HonestBands.from_dict({"nope": 1})
