@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -34,6 +36,22 @@ def earnings_authorization(identity: WorkerIdentity, origin: str,
 async def fetch_earnings(
     queen_url: str, identity: WorkerIdentity, client: httpx.AsyncClient | None = None
 ) -> WorkerEarnings:
+    return read_earnings(await fetch_earnings_json(queen_url, identity, client))
+
+
+def read_earnings(body: dict[str, Any]) -> WorkerEarnings:
+    """The earnings answer's figures (fields this worker does not know are ignored)."""
+    try:
+        return WorkerEarnings.model_validate(body, extra="ignore")
+    except ValidationError as exc:
+        raise LinkError(f"the queen sent unreadable earnings: {exc}") from exc
+
+
+async def fetch_earnings_json(
+    queen_url: str, identity: WorkerIdentity, client: httpx.AsyncClient | None = None
+) -> dict[str, Any]:
+    """The queen's earnings answer as a JSON object, not yet validated: the desktop app reads
+    its optional parts (the audit standing) leniently, apart from the figures."""
     try:
         origin = queen_origin(queen_url)
     except InvalidQueenUrl as exc:
@@ -58,6 +76,9 @@ async def fetch_earnings(
         raise LinkError(f"the queen refused the earnings request ({response.status_code}): "
                         f"{message}")
     try:
-        return WorkerEarnings.model_validate_json(response.content, extra="ignore")
-    except ValidationError as exc:
+        body = json.loads(response.content)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting past the C stack
         raise LinkError(f"the queen sent unreadable earnings: {exc}") from exc
+    if not isinstance(body, dict):
+        raise LinkError("the queen sent unreadable earnings: not a JSON object")
+    return body

@@ -35,6 +35,14 @@ CAPABILITIES = ["chat", "stream", "embeddings", CAPABILITY_CONTINUE, capabilitie
                 capabilities.COMPLETIONS, capabilities.EMBED_TOKENS, capabilities.SCORE]
 
 
+def worker_capabilities(settings: WorkerSettings) -> list[str]:
+    """What the hello says this worker can do: ``CAPABILITIES``, plus ``auditor`` when its
+    operator offers it as an audit-only re-scorer (``WorkerSettings.auditor``)."""
+    if settings.auditor:
+        return [*CAPABILITIES, capabilities.CAPABILITY_AUDITOR]
+    return list(CAPABILITIES)
+
+
 def default_budget_mb() -> int:
     """Models may use 60% of the RAM available when the worker starts."""
     return max(512, int(psutil.virtual_memory().available / (1024 * 1024) * 0.6))
@@ -145,7 +153,7 @@ class WorkerService:
                 signature=self.identity.sign_hello(nonce, settings.ln_url, origin=origin),
                 ln_url=settings.ln_url,
                 models=models,
-                capabilities=CAPABILITIES,
+                capabilities=worker_capabilities(settings),
                 max_jobs=settings.max_jobs,
                 **fields,
             )

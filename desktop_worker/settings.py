@@ -153,6 +153,9 @@ class WorkerSettings(BaseSettings):
     # The largest websocket frame taken from the queen (bytes); a bigger one ends the connection
     # (close code 1009) and the worker reconnects. The default fits the queen's largest job.
     max_frame_bytes: int = Field(default=DEFAULT_MAX_FRAME_BYTES, ge=64 * 1024)
+    auditor: bool = Field(default=False, description=(
+        "offer this worker as an audit-only re-scorer for the queen's operator (issue 16: the "
+        "hello's capabilities then include 'auditor'; the queen decides whether it trusts it)"))
 
     @classmethod
     def settings_customise_sources(

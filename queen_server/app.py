@@ -14,6 +14,8 @@ from fastapi.responses import Response
 from starlette.middleware import Middleware
 
 from queen_server import __version__, web
+from queen_server.audits.service import AuditService
+from queen_server.audits.store import AuditStore
 from queen_server.billing.service import Billing
 from queen_server.catalog import ModelCatalog
 from queen_server.catalog.hub import HubFiles
@@ -55,15 +57,19 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     def size_class_of(model: str) -> str:
         return state.price_of(model).size_class
 
+    dispatcher = Dispatcher(registry, settings, DispatchStats(stats, metrics), size_class_of)
+    audits = AuditService(settings, registry, dispatcher, billing,
+                          AuditStore(db.engine) if db is not None else None, metrics)
     state = QueenState(
         settings=settings,
         registry=registry,
-        dispatcher=Dispatcher(registry, settings, DispatchStats(stats, metrics), size_class_of),
+        dispatcher=dispatcher,
         billing=billing,
         db=db,
         stats=stats,
         metrics=metrics,
         catalog=catalog,
+        audits=audits,
     )
     stats_store = StatsStore(db.engine, stats) if db is not None else None
     origins = QueenOrigins(settings)  # what workers' signatures must name
@@ -78,6 +84,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
             await stats_store.load()
             stats_store.start()
         await state.billing.start()
+        audits.start()
         http = httpx.AsyncClient(timeout=20, trust_env=False)
         payouts = None
         if state.db is not None and state.billing.ledger is not None:
@@ -91,6 +98,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
             yield
         finally:
             await registry.close_all(CLOSE_GOING_AWAY, "the queen is shutting down")
+            await audits.stop()
             if payouts is not None:
                 await payouts.stop()
             await http.aclose()

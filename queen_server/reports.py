@@ -249,6 +249,7 @@ async def worker_earnings(state: QueenState, pubkey: str, now: datetime) -> Work
         pays_workers=terms["pays"],
         payout_threshold_msat=int(terms["payout_threshold_sats"]) * 1000 if terms["pays"]
         else None,
+        audit=await state.audits.view_of(pubkey),
     )
 
 
@@ -279,3 +280,79 @@ def earnings_history(
                                          settled_at=stamp)
     daily = [DailyEarning(day=day, earned_msat=msat) for day, msat in sorted(per_day.items())]
     return daily, list(per_job.values())
+
+
+# --- audits (issue 16) ----------------------------------------------------------------------
+
+ADMIN_AUDITS = 200  # audited jobs the admin page lists
+
+
+def _sample(state: QueenState, name: str, **labels: str) -> float:
+    return state.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def audits(state: QueenState) -> dict[str, Any]:
+    """``/admin/api/audits``: every worker's audit standing, each flag with its evidence (the
+    failed jobs, their scores, their auditors), the recent audits, and what audits cost: the
+    share of answers audited and auditors' tokens against the tokens served (since start)."""
+    service = state.audits
+    if service.store is None:
+        raise NotFound("This queen keeps no database.", code="no_ledger")
+    records = await service.store.standings()
+    recent = await service.store.recent(ADMIN_AUDITS)
+    count, audit_tokens, audit_s = await service.store.totals()
+    served = (_sample(state, "apiary_tokens_total", direction="in")
+              + _sample(state, "apiary_tokens_total", direction="out"))
+    auditable = _sample(state, "apiary_auditable_answers_total")
+    queued = _sample(state, "apiary_audits_total", outcome="queued")
+    since_start = _sample(state, "apiary_audit_tokens_total")
+
+    def row(audit: Any) -> dict[str, Any]:
+        return {"id": audit.id, "at": audit.created_at.isoformat(),
+                "request_id": audit.request_id, "worker": public_id(audit.worker_key),
+                "auditor": public_id(audit.auditor_key), "trusted": audit.auditor_trusted,
+                "model": audit.model, "temperature": audit.temperature,
+                "answer_tokens": audit.answer_tokens, "claimed_tokens": audit.claimed_tokens,
+                "positions": audit.positions, "mismatches": audit.mismatches,
+                "z": round(audit.z, 2),
+                "suspicion": None if audit.suspicion is None else round(audit.suspicion, 2),
+                "failed": audit.failed, "reason": audit.reason,
+                "charged_msat": audit.charged_msat, "refunded": audit.refunded,
+                "audit_tokens": audit.audit_tokens, "audit_s": round(audit.audit_s, 3)}
+
+    standings = []
+    flagged_first = sorted(records.items(), key=lambda item: item[1].standing.state != "flagged")
+    for key, record in flagged_first:
+        standing = record.standing
+        entry = {"worker": public_id(key), "state": standing.state,
+                 "audited": standing.audited, "failed": standing.failed,
+                 "llr": round(standing.llr, 2), "flags": record.flags,
+                 "flagged_at": record.flagged_at.isoformat() if record.flagged_at else None,
+                 "cleared_at": record.cleared_at.isoformat() if record.cleared_at else None,
+                 "reasons": list(standing.reasons)}
+        if standing.state == "flagged":
+            entry["evidence"] = [row(audit) for audit in
+                                 await service.store.recent(ADMIN_AUDITS, worker_key=key)
+                                 if audit.failed]
+        standings.append(entry)
+    return {
+        "enabled": service.enabled,
+        "trusted_auditors": len(service.trusted),
+        "sampled_share": queued / auditable if auditable else None,
+        "audit_token_share": since_start / served if served else None,
+        "audits": count, "audit_tokens": audit_tokens, "audit_s": round(audit_s, 1),
+        "standings": standings,
+        "recent": [row(audit) for audit in recent],
+    }
+
+
+async def clear_flag(state: QueenState, worker_id: str) -> dict[str, Any]:
+    """``POST /admin/api/audits/{public id}/clear``: an admin clears a false flag."""
+    service = state.audits
+    if service.store is None:
+        raise NotFound("This queen keeps no database.", code="no_ledger")
+    key = next((key for key in (await service.store.standings())
+                if public_id(key) == worker_id or key == worker_id), None)
+    if key is None or not await service.clear(key):
+        raise NotFound(f"No flagged worker {worker_id}.", code="worker_not_flagged")
+    return {"worker": public_id(key), "state": service.standing(key).state}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from queen_server.audits.service import AuditService
 from queen_server.billing.pricing import Price
 from queen_server.billing.service import Billing
 from queen_server.catalog import ModelCatalog
@@ -27,6 +28,7 @@ class QueenState:
     stats: SwarmStats
     metrics: Metrics
     catalog: ModelCatalog
+    audits: AuditService
 
     def price_of(self, model: str) -> Price:
         """The model's price: the operator's class for it, else by the size the queen read

@@ -123,7 +123,27 @@ class QueenSettings(BaseSettings):
     payout_retry_base_s: float = Field(default=600.0, ge=0)
     payout_retry_max_s: float = Field(default=86400.0, ge=0)
 
-    @field_validator("api_keys", "lnurl_insecure_hosts", mode="before")
+    # Audits (issue 16): re-scoring a sample of answers on another worker holding the same file.
+    audits: bool = True
+    # The share of an established worker's jobs audited, and of a new one's (in escrow, or no
+    # verdict yet); the rate rises from the first toward the second as a worker's test drifts.
+    audit_base_rate: float = Field(default=0.03, ge=0, le=1)
+    audit_new_rate: float = Field(default=0.8, ge=0, le=1)
+    # Audits run at once, answers kept waiting for an auditor, and how long one may wait.
+    audit_concurrency: int = Field(default=2, ge=1, le=64)
+    audit_queue: int = Field(default=256, ge=1)
+    audit_max_wait_s: float = Field(default=600.0, gt=0)
+    # A new worker with this many answers waiting for audits gets traffic only when no other
+    # worker is free ("real traffic only as audits can cover it").
+    audit_backlog: int = Field(default=4, ge=1)
+    # Workers the operator runs as auditors (public keys, hex, or public ids), audited by no one
+    # and asked first; a developer's prompt then goes to the operator's machines only.
+    trusted_auditors: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Honest bands learned from real runs (``bench/trust.py --bands``): {sha256: bands}; a file
+    # not named there is judged by the built-in bands.
+    audit_bands_file: Path | None = None
+
+    @field_validator("api_keys", "lnurl_insecure_hosts", "trusted_auditors", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):

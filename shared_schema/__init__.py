@@ -1,6 +1,8 @@
 """Apiary's wire types: protocol v1 between queen and workers, and the OpenAI API shapes."""
 
-from shared_schema.errors import InvalidQueenUrl, ProtocolError, SchemaError
+from shared_schema.audits import SCORE_OBJECT, SCORE_URL, SampledScores, ScoreData, ScoreJob
+from shared_schema.capabilities import CAPABILITY_AUDITOR
+from shared_schema.errors import InvalidQueenUrl, InvalidScoreData, ProtocolError, SchemaError
 from shared_schema.hardware import ClGpu, DownloadProgress, ModelDescriptor, NvGpu
 from shared_schema.legacy import LegacyRegistration, LegacyRequest, looks_like_registration
 from shared_schema.openai_requests import (
@@ -10,6 +12,7 @@ from shared_schema.openai_requests import (
     EmbeddingRequest,
 )
 from shared_schema.openai_types import (
+    AuditStanding,
     ChatCompletion,
     ChatCompletionChunk,
     EmbeddingResponse,
@@ -55,9 +58,13 @@ from shared_schema.protocol import (
 )
 
 __all__ = [
+    "CAPABILITY_AUDITOR",
     "CAPABILITY_CONTINUE",
     "PROTOCOL_VERSION",
+    "SCORE_OBJECT",
+    "SCORE_URL",
     "SUBPROTOCOL",
+    "AuditStanding",
     "Cancel",
     "Challenge",
     "ChatCompletion",
@@ -75,6 +82,7 @@ __all__ = [
     "Hello",
     "InvalidPayoutAddress",
     "InvalidQueenUrl",
+    "InvalidScoreData",
     "Job",
     "JobError",
     "LegacyRegistration",
@@ -93,7 +101,10 @@ __all__ = [
     "ProtocolError",
     "Refused",
     "Result",
+    "SampledScores",
     "SchemaError",
+    "ScoreData",
+    "ScoreJob",
     "Status",
     "Usage",
     "Welcome",

@@ -29,6 +29,10 @@ EMBED_TOKENS = "embed_tokens"
 # ``/apiary/score`` jobs (issue 16's re-scoring audits): per-token log-probabilities of a
 # delivered answer in one teacher-forced pass. The queen sends them only to workers with this.
 SCORE = "score"
+# A worker its operator offers as an audit-only re-scorer for the queen's operator (issue 16:
+# trusted auditors, which the queen prefers). It says who runs the worker; ``needs`` never asks it.
+AUDITOR = "auditor"
+CAPABILITY_AUDITOR = AUDITOR  # the name shared_schema exports, beside CAPABILITY_CONTINUE
 
 # What a field of a job's request needs, with the field a refusal names.
 _FIELD_NEEDS = (

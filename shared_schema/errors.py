@@ -69,3 +69,8 @@ class AmbiguousFilter(ModelNameError):
 
 class IncompleteSplitModel(ModelNameError):
     """The filter matched a split model with parts missing from the repo."""
+
+
+class InvalidScoreData(SchemaError, ValueError):
+    """An auditor's score result that is not a well-formed ``ScoreData`` (``audits.py``): the
+    message says which field was wrong."""

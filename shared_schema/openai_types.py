@@ -181,6 +181,19 @@ class JobEarning(WireModel):
     settled_at: datetime
 
 
+class AuditStanding(WireModel):
+    """A worker's audit record on this queen: how many of its answers were re-scored on another
+    worker holding the same model file, how many did not match, and the verdict so far."""
+
+    state: str = Field(description="unknown (not enough audits yet), good, or flagged (no jobs "
+                       "are sent, payouts are held, escrow forfeited, until an admin clears it)")
+    audited: int = Field(ge=0)
+    failed: int = Field(ge=0)
+    payouts_held: bool = False
+    flagged_reason: str | None = Field(default=None, description="The newest failed audit's "
+                                       "reason, when flagged.")
+
+
 class WorkerEarnings(WireModel):
     worker_id: str
     jobs_settled: int = Field(ge=0)
@@ -204,3 +217,5 @@ class WorkerEarnings(WireModel):
     payout_threshold_msat: int | None = Field(
         default=None, ge=0, le=2**63 - 1, description="A payout is sent once a worker is owed "
         "this much; null when the queen does not say.")
+    audit: AuditStanding | None = Field(
+        default=None, description="This worker's audit standing; null from an older queen.")

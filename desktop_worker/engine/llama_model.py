@@ -22,6 +22,7 @@ from desktop_worker.engine.generation import Counts, Generation, Pieces, Prompt
 from desktop_worker.engine.grammar import grammar_text
 from desktop_worker.engine.logprobs import Bias
 from desktop_worker.engine.scoring import (
+    Sampling,
     Score,
     ScoreRequest,
     check_fits,
@@ -131,7 +132,9 @@ class LlamaContext:
 
     def score(self, job: ScoreRequest, cancel: threading.Event) -> Score | None:
         """The scores of ``job.answer`` as the continuation of the prompt generation would
-        build for ``job.request`` (see ``engine.scoring``); ``None`` if cancelled."""
+        build for ``job.request`` (see ``engine.scoring``), with the sampled scores when the
+        request's temperature (as this worker's own generation reads it) is above 0; ``None``
+        if cancelled."""
         llama = self.llama
         settings = read_settings(job.request)
         settings.check_vocabulary(llama.n_vocab())
@@ -147,8 +150,10 @@ class LlamaContext:
         check_fits(len(prompt), len(answer), llama.n_ctx())
         if self._end_tokens is None:
             self._end_tokens = end_tokens(llama)
+        sampling = (Sampling(settings.temperature, settings.top_p)
+                    if settings.temperature > 0 else None)
         return teacher_forced(llama, prompt, answer, Bias(settings.logit_bias), cancel,
-                              self._end_tokens)
+                              self._end_tokens, sampling)
 
     def _chat_prompt(self, request: dict[str, Any], continuation: str | None) -> Prompt:
         llama = self.llama

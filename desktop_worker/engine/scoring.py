@@ -15,6 +15,17 @@ honest answer's every token is then the top choice. Grammars and repetition pena
 not applied, so a constrained or penalised answer can fall off the top choice now and then;
 the queen's decision rule reads the numbers, this module only measures them.
 
+For a sampled request (temperature T > 0) the same pass also gives, per answer token x, the
+statistic the queen's calibrated test needs (``tempered_stats``): ``lp = log p_T(x)`` (the
+full-vocabulary softmax of logits / T, no truncation) and, under the distribution q the honest
+worker's sampler really draws from (``sampler.SamplerChain``: logit bias, top-k 40, top-p on
+the renormalised top 40 at temperature 1, min-p 0.05 relative to the top token, temperature,
+draw; ``sampling_support`` is its support S), ``mu = sum_S q(y) log p_T(y)`` and
+``var = sum_S q(y) (log p_T(y) - mu)^2``. An honest answer's ``sum(lp - mu)`` has mean 0 and
+variance ``sum(var)``; text the chain did not draw falls far below. At the end position every
+end-of-generation token is one outcome ("the answer ended here"). Each row costs one
+``argpartition`` for the top 40 and one log-sum-exp over the vocabulary at T.
+
 Reading the request (``read_score_request``) and turning logits into scores
 (``token_score``) are pure; ``teacher_forced`` is the llama.cpp edge. Blocking; runs in a
 worker thread.
@@ -33,10 +44,14 @@ import numpy.typing as npt
 from llama_cpp import Llama
 
 from desktop_worker.engine.logprobs import log_softmax
+from desktop_worker.engine.sampler import MIN_P, TOP_K
 from desktop_worker.errors import EngineError, UnsupportedRequest
+from shared_schema.audits import SCORE_OBJECT, SCORE_URL
 
-SCORE_URL = "/apiary/score"
-SCORE_OBJECT = "apiary.score"
+__all__ = ["SCORE_OBJECT", "SCORE_URL", "Sampling", "Score", "ScoreRequest", "check_fits",
+           "end_score", "end_tokens", "read_score_request", "sampling_support",
+           "teacher_forced", "tempered_stats", "token_score"]
+
 KINDS = ("chat", "completions")
 # The longest answer text read (characters): far above any context this worker loads, so a
 # hostile job cannot make the tokenizer chew on megabytes before the length check refuses it.
@@ -52,6 +67,15 @@ class ScoreRequest:
     answer: str
 
 
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """The request's sampling settings as the worker's own chain reads them (temperature > 0;
+    at 0 the chain is greedy and there is nothing to compute)."""
+
+    temperature: float
+    top_p: float = 1.0
+
+
 @dataclass(slots=True)
 class Score:
     """The scores of one answer: per answer token, its log-probability and whether it was the
@@ -59,24 +83,40 @@ class Score:
     token a hair below the top is a near-tie that another machine's arithmetic may flip, which
     the queen can tell from a real miss); ``end_logprob``: the log-probability of the model
     ending right after the answer (its end-of-generation tokens; a truncated answer scores low
-    here), ``None`` when the model names no such token."""
+    here), ``None`` when the model names no such token; ``end_best_logprob``: the top
+    choice's there. For a sampled request (``temperature`` > 0), ``sampled_logprobs``,
+    ``expected`` and ``variances`` are ``lp``, ``mu`` and ``var`` per token, and ``sampled_end``
+    the three for the end (see the module's docstring)."""
 
     prompt_tokens: int
+    temperature: float = 0.0
     logprobs: list[float] = field(default_factory=list)
     argmax: list[bool] = field(default_factory=list)
     best_logprobs: list[float] = field(default_factory=list)
     end_logprob: float | None = None
+    end_best_logprob: float | None = None
+    sampled_logprobs: list[float] = field(default_factory=list)
+    expected: list[float] = field(default_factory=list)
+    variances: list[float] = field(default_factory=list)
+    sampled_end: tuple[float, float, float] | None = None
 
     @property
     def answer_tokens(self) -> int:
         return len(self.logprobs)
 
     def data(self) -> dict[str, Any]:
-        """The Result's ``data``."""
+        """The Result's ``data``: a ``shared_schema.audits.ScoreData``, built as a plain dict
+        (an answer of thousands of tokens is lists of thousands of floats)."""
+        sampled = None
+        if self.temperature > 0:
+            sampled = {"logprobs": self.sampled_logprobs, "expected": self.expected,
+                       "variances": self.variances,
+                       "end": list(self.sampled_end) if self.sampled_end else None}
         return {"object": SCORE_OBJECT, "prompt_tokens": self.prompt_tokens,
                 "answer_tokens": self.answer_tokens, "logprobs": self.logprobs,
                 "argmax": self.argmax, "best_logprobs": self.best_logprobs,
-                "end_logprob": self.end_logprob}
+                "end_logprob": self.end_logprob, "end_best_logprob": self.end_best_logprob,
+                "temperature": self.temperature, "sampled": sampled}
 
     def usage(self) -> dict[str, int]:
         """Every token evaluated is prompt work; nothing is generated."""
@@ -125,14 +165,76 @@ def token_score(logits: npt.NDArray[np.float32], token: int) -> tuple[float, boo
             min(0.0, float(logprobs[best])))
 
 
-def end_score(logits: npt.NDArray[np.float32], end_tokens: Sequence[int]) -> float | None:
-    """The log-probability of ending here: of any of the model's end-of-generation tokens
-    (``None`` for a model that names none)."""
+def end_score(logits: npt.NDArray[np.float32],
+              end_tokens: Sequence[int]) -> tuple[float | None, float]:
+    """The log-probability of ending here, of any of the model's end-of-generation tokens
+    (``None`` for a model that names none), and the top single token's (both at temperature
+    1): ending was the greedy choice when the first is at least the second."""
+    logprobs = log_softmax(logits)
+    best = min(0.0, float(logprobs.max()))
     ids = np.asarray(sorted(set(end_tokens)), dtype=np.int64)
     if not ids.size:
-        return None
-    logprobs = log_softmax(logits)
-    return min(0.0, float(np.logaddexp.reduce(logprobs[ids])))
+        return None, best
+    return min(0.0, float(np.logaddexp.reduce(logprobs[ids]))), best
+
+
+def sampling_support(logits: npt.NDArray[np.float32], top_p: float) -> npt.NDArray[np.int64]:
+    """The token ids llama.cpp's chain (``SamplerChain``, temperature > 0) can draw from under
+    ``logits`` (the logit bias already added), most likely first: the top ``TOP_K``; then, when
+    ``top_p`` < 1, the shortest prefix whose probabilities (softmax of those at temperature 1)
+    add up to at least ``top_p`` (at least one); then those whose logit is at least the top's
+    plus ``log(MIN_P)``. In float32, as llama.cpp computes it. llama.cpp breaks exact ties (at
+    the 40th place, or across the top-p cut) by its sort's whim; here the lower id wins."""
+    values = np.asarray(logits, dtype=np.float32)
+    k = min(TOP_K, values.size)
+    if k < values.size:
+        part = np.argpartition(values, values.size - k)[values.size - k:]
+        kth = values[part].min()
+        above = part[values[part] > kth]
+        ties = np.flatnonzero(values == kth)[:k - above.size]
+        part = np.concatenate([above, ties])
+    else:
+        part = np.arange(values.size)
+    order = part[np.lexsort((part, -values[part]))].astype(np.int64)
+    top = values[order]
+    if top_p < 1.0:
+        weights = np.exp(top - top[0])
+        probs = weights / np.float32(weights.sum(dtype=np.float32))
+        reached = np.flatnonzero(np.cumsum(probs, dtype=np.float32) >= np.float32(top_p))
+        keep = int(reached[0]) + 1 if reached.size else order.size
+        order, top = order[:keep], top[:keep]
+    floor = top[0] + np.float32(np.log(np.float32(MIN_P)))
+    return order[:max(1, int(np.count_nonzero(top >= floor)))]
+
+
+def tempered_stats(logits: npt.NDArray[np.float32], outcome: int | Sequence[int],
+                   sampling: Sampling) -> tuple[float, float, float]:
+    """``(lp, mu, var)`` of ``outcome`` under ``logits`` (the logit bias already added) at
+    ``sampling``: ``lp = log p_T(outcome)`` over the whole vocabulary; ``mu`` and ``var``, the
+    mean and variance of ``log p_T(y)`` for ``y`` drawn as the chain draws (q, on
+    ``sampling_support``). ``outcome`` is a token, or a set of tokens taken as one outcome (the
+    end of generation: their probabilities summed, in p_T and in q). A token outside the
+    support still has a finite ``lp``, below what the chain ever draws."""
+    support = sampling_support(logits, sampling.top_p)
+    scaled = np.multiply(logits, 1.0 / sampling.temperature, dtype=np.float64)
+    peak = scaled[support[0]]  # the top token is always kept
+    shifted = scaled - peak
+    log_norm = peak + np.log(np.exp(shifted, out=shifted).sum())
+    values = scaled[support] - log_norm  # log p_T of each token the chain keeps
+    weights = np.exp(values - values.max())
+    weights /= weights.sum()  # q: the same logits / T, renormalised on the support
+    if isinstance(outcome, int | np.integer):
+        lp = float(scaled[int(outcome)] - log_norm)
+    else:
+        ids = np.asarray(sorted(set(outcome)), dtype=np.int64)
+        lp = float(np.logaddexp.reduce(scaled[ids]) - log_norm)
+        member = np.isin(support, ids)
+        if member.any():
+            values = np.append(values[~member], lp)
+            weights = np.append(weights[~member], weights[member].sum())
+    mu = float(weights @ values)
+    var = float(weights @ np.square(values - mu))
+    return min(0.0, lp), min(0.0, mu), max(0.0, var)
 
 
 def end_tokens(llama: Llama) -> list[int]:
@@ -149,17 +251,20 @@ def teacher_forced(
     bias: Callable[[npt.NDArray[np.float32]], npt.NDArray[np.float32]],
     cancel: threading.Event,
     ends: Sequence[int],
+    sampling: Sampling | None = None,
 ) -> Score | None:
     """Evaluate ``prompt + answer`` from an empty cache, ``n_batch`` tokens per decode, with
     logits only where the next token is an answer token (or the end); ``None`` if cancelled
-    between decodes. The context is left empty (``n_tokens == 0``) for the next job."""
+    between decodes. With ``sampling`` (a request at temperature > 0), the sampled scores too.
+    The context is left empty (``n_tokens == 0``) for the next job."""
     tokens = [*prompt, *answer]
     first = len(prompt) - 1  # the position whose logits predict answer[0]
     n_vocab = llama.n_vocab()
     ctx = llama._ctx.ctx
     batch = llama._batch
     raw = batch.batch
-    score = Score(prompt_tokens=len(prompt))
+    score = Score(prompt_tokens=len(prompt),
+                  temperature=sampling.temperature if sampling else 0.0)
     llama._ctx.kv_cache_clear()
     llama.reset()
     try:
@@ -188,8 +293,15 @@ def teacher_forced(
                     score.logprobs.append(logprob)
                     score.argmax.append(top)
                     score.best_logprobs.append(best)
+                    if sampling is not None:
+                        lp, mu, var = tempered_stats(logits, answer[target], sampling)
+                        score.sampled_logprobs.append(lp)
+                        score.expected.append(mu)
+                        score.variances.append(var)
                 else:
-                    score.end_logprob = end_score(logits, ends)
+                    score.end_logprob, score.end_best_logprob = end_score(logits, ends)
+                    if sampling is not None and ends:
+                        score.sampled_end = tempered_stats(logits, ends, sampling)
     except RuntimeError as exc:  # llama_decode failed (out of memory): another worker may not
         raise EngineError(f"scoring failed in llama.cpp: {exc}") from exc
     finally:

@@ -31,6 +31,7 @@ from desktop_worker.errors import WorkerError
 from desktop_worker.gui.common import Icons, spawn
 from desktop_worker.gui.gui_gc import GuiThreadCollector
 from desktop_worker.gui.notify import Notice, NotificationPolicy
+from desktop_worker.gui.services.audit import audit_header_text
 from desktop_worker.gui.services.earnings import EarningsService
 from desktop_worker.gui.services.logs import OncePerRun
 from desktop_worker.gui.services.models import ModelsService
@@ -329,6 +330,9 @@ class ApiaryApp(QObject):
                 bool(self.settings.ln_url)))
         for notice in self.policy.payouts(earnings.recent_payouts):
             self._notify(notice)
+        audit = self.earnings.audit  # the queen's audits: flagged shows in the header
+        self.header.show_audit(audit_header_text(audit))
+        self._notify(self.policy.audit(audit))
 
     def _on_settings(self, settings: WorkerSettings) -> None:
         self.controller.settings = settings

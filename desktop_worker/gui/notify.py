@@ -6,7 +6,9 @@
 * disconnected from the queen for over a minute (once per outage);
 * errors that need the owner (always);
 * sats waiting with no payout address set (once per app run: the policy lives as long as the
-  app, and a reminder at each launch is wanted until the owner sets one).
+  app, and a reminder at each launch is wanted until the owner sets one);
+* the queen's audits flagged this worker (once per app run; told again only if the flag was
+  seen cleared and then came back), and the flag cleared after that.
 
 On a queen that says it does not pay (``queen_pays(False)``), the first-job notice promises no
 earnings; ``None`` (an older queen that does not say) keeps the usual wording.
@@ -17,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from desktop_worker.gui.services.audit import AuditStanding, audit_text
 from shared_schema import PayoutView
 
 
@@ -44,6 +47,7 @@ class NotificationPolicy:
         self._lost_told = False
         self._pays: bool | None = None
         self._address_told = False
+        self._flag_told = False
 
     def queen_pays(self, pays: bool | None) -> None:
         """What the queen said in its welcome (None: an older queen that does not say)."""
@@ -73,6 +77,23 @@ class NotificationPolicy:
         return Notice("Add a payout address", f"The queen owes you {_sats(owed_msat)} but "
                       "you have set no Lightning payout address, so it cannot pay you. Add one "
                       "in Settings.", "warning")
+
+    def audit(self, standing: AuditStanding | None) -> Notice | None:
+        """The queen's audit standing, at each earnings read. A flag is told once (the header
+        and the Earnings tab keep saying it); once told, a standing seen not flagged says the
+        flag is gone. None (nothing readable, or another queen's) changes nothing."""
+        if standing is None:
+            return None
+        if standing.flagged:
+            if self._flag_told:
+                return None
+            self._flag_told = True
+            return Notice("The queen stopped sending you work", audit_text(standing), "error")
+        if not self._flag_told:
+            return None
+        self._flag_told = False
+        return Notice("Flag cleared", "The queen's checks no longer flag this worker: it can "
+                      "send you work again.")
 
     def payouts(self, payouts: Iterable[PayoutView]) -> list[Notice]:
         paid = {p.id: p for p in payouts if p.state == "paid"}

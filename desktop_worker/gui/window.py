@@ -50,6 +50,8 @@ STOP_STYLE = ("QPushButton { background: #e5e7eb; color: #111827; font-size: 17p
 FIX_STYLE = ("QPushButton { background: #fde68a; color: #78350f; font-weight: 600; "
              "border-radius: 6px; padding: 6px 14px; }"
              "QPushButton:hover { background: #fcd34d; }")
+DETAIL_STYLE = "color: #4b5563;"
+FLAG_STYLE = "color: #b91c1c; font-weight: 600;"
 
 
 class Header(QFrame):
@@ -67,7 +69,7 @@ class Header(QFrame):
         self.status.setObjectName("status")
         self.status.setStyleSheet("font-size: 16px; font-weight: 600;")
         self.detail = plain_label()  # refusal reasons and errors, in the queen's words
-        self.detail.setStyleSheet("color: #4b5563;")
+        self.detail.setStyleSheet(DETAIL_STYLE)
         self.detail.setWordWrap(True)
         # Two lines reserved: a reason may wrap once, and nothing jumps when text appears.
         self.detail.setFixedHeight(2 * self.detail.fontMetrics().lineSpacing() + 2)
@@ -80,6 +82,7 @@ class Header(QFrame):
         self.fix_key: str | None = None
         self.problem: str | None = None  # the app's own (a download that failed), until Start
         self.problem_fix: str | None = None
+        self.audit_warning = ""  # the queen's audits flagged this worker ("" when not)
         self.ticker = QTimer(self)
         self.ticker.setInterval(1000)
         self.ticker.timeout.connect(self.tick)
@@ -120,6 +123,11 @@ class Header(QFrame):
         self.status.setText(STATE_TEXT.get(TrayState(state), state))
         if self.problem is not None and state == TrayState.STOPPED.value:
             detail = self.problem
+        flagged = bool(self.audit_warning) and state != TrayState.ERROR.value and (
+            state in (TrayState.IDLE.value, TrayState.WORKING.value) or not detail)
+        if flagged:  # nothing more urgent to say (an error, a reconnect): the flag
+            detail = self.audit_warning
+        self.detail.setStyleSheet(FLAG_STYLE if flagged else DETAIL_STYLE)
         self.detail.setText(detail)
         fix = self.controller.fix if state == TrayState.ERROR.value else None
         if self.problem is not None and state == TrayState.STOPPED.value:
@@ -144,6 +152,14 @@ class Header(QFrame):
         self.problem = text
         self.problem_fix = fix
         self.show_state(self.controller.state.value, self.controller.detail)
+
+    def show_audit(self, warning: str) -> None:
+        """The queen's audits flagged this worker (``audit_header_text``; "" when not). It
+        takes the detail line whenever no error, problem of the app's own or reconnect
+        countdown is on show."""
+        if warning != self.audit_warning:
+            self.audit_warning = warning
+            self.show_state(self.controller.state.value, self.controller.detail)
 
     def clear_problem(self) -> None:
         if self.problem is not None:

@@ -15,7 +15,8 @@ thinks of it. The queen folds that into one ``JobScore`` per job:
   the prompt; a different model, garbage or text made for another prompt drives it far below 0,
   and greedy text served for a sampled request (a replay) far above.
 * When the answer ended by the model's own choice (``finish_reason`` "stop" with no stop
-  string), the end is one more position: a truncated answer ends where the model would not.
+  string), the end is checked on its own: a truncated answer ends where the model would not
+  (greedy: ending far below the top choice; sampled: ending at odds under 1 in 1,000).
 * The exact usage: a worker's claimed completion tokens against the auditor's count, and an
   answer that claims it hit ``max_tokens`` with far fewer tokens.
 
@@ -50,6 +51,16 @@ NEAR_TIE = 0.5  # nats: a greedy token this close to the top choice is a near-ti
 MIN_TOKENS = 4  # shorter answers say too little to be judged on their scores
 USAGE_SLACK = 0.1  # re-tokenising a text can count a few tokens differently than generating it
 LENGTH_SHARE = 0.75  # an answer that "hit max_tokens" has at least this share of them
+# The most one token can weigh below its expectation (nats). Re-tokenising delivered text can
+# split it differently than the worker sampled it, which now and then makes one honest token
+# look absurd (-7 to -12 in real SmolLM2 runs); a cheat's evidence is many bad tokens, not one.
+TOKEN_CLIP = 4.0
+# An answer the model itself ended: greedy, ending was the top choice (within this many nats);
+# sampled, ending had at least this log-probability (1 in 1,000). Honest SmolLM2 answers ended
+# within 0.3 nats of the top (greedy) and above -3 (sampled); truncated ones 20 nats below the
+# top and below -7.
+END_GAP = 3.0
+END_FLOOR = -6.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +77,10 @@ class JobScore:
     finish_reason: str = "stop"
     max_tokens: int | None = None
     comparable: bool = True  # False under a grammar or penalties: only the usage is judged
+    # The end, when the answer ended by the model's own choice: how far ending was below the
+    # top choice (temperature 1), and its log-probability at the request's temperature.
+    end_gap: float | None = None
+    end_logprob: float | None = None
 
     @property
     def z(self) -> float:
@@ -102,24 +117,25 @@ def score_job(
     """A ``JobScore`` from an auditor's per-token numbers: ``logprobs`` and ``best_logprobs``
     at temperature 1 (the delivered token's and the top choice's); ``sampled``, for a sampled
     request, ``(lp, mu, var)`` per token at its temperature; ``end`` only when the answer ended
-    by the model's own choice (the caller knows: "stop" and no stop string)."""
+    by the model's own choice (the caller knows: "stop" and no stop string). Each token's
+    ``lp - mu`` is floored at ``-TOKEN_CLIP``."""
     positions = len(logprobs)
     mismatches = sum(best - lp > near_tie
                      for lp, best in zip(logprobs, best_logprobs, strict=True))
     deviation = variance = 0.0
     if sampled is not None:
         lps, mus, variances = sampled
-        deviation = math.fsum(lp - mu for lp, mu in zip(lps, mus, strict=True))
+        deviation = math.fsum(max(lp - mu, -TOKEN_CLIP)
+                              for lp, mu in zip(lps, mus, strict=True))
         variance = math.fsum(variances)
+    end_gap = end_logprob = None
     if end is not None:
-        positions += 1
-        mismatches += end.best_logprob - end.logprob > near_tie
-        if sampled is not None and end.sampled is not None:
-            end_lp, end_mu, end_var = end.sampled
-            deviation += end_lp - end_mu
-            variance += end_var
+        end_gap = end.best_logprob - end.logprob
+        if end.sampled is not None:
+            end_logprob = end.sampled[0]
     return JobScore(temperature, len(logprobs), claimed_completion_tokens, positions, mismatches,
-                    deviation, variance, finish_reason, max_tokens, comparable)
+                    deviation, variance, finish_reason, max_tokens, comparable, end_gap,
+                    end_logprob)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,8 +248,17 @@ def judge(score: JobScore, bands: HonestBands, *, usage_slack: float = USAGE_SLA
             and allowed < LENGTH_SHARE * score.max_tokens):
         return Verdict(CLIP, True, f"said it stopped at max_tokens ({score.max_tokens}); the "
                                    f"answer has {score.answer_tokens} tokens")
-    if not score.comparable or score.positions < min_tokens:
+    if not score.comparable:
         return Verdict(None, False, "only the usage was checked")
+    if score.temperature == 0 and score.end_gap is not None and score.end_gap > END_GAP:
+        return Verdict(CLIP, True, f"said it stopped, where the model would go on (ending was "
+                                   f"{score.end_gap:.1f} nats below its top choice)")
+    if score.temperature > 0 and score.end_logprob is not None \
+            and score.end_logprob < END_FLOOR:
+        return Verdict(CLIP, True, f"said it stopped, where the model almost never ends "
+                                   f"(log-probability {score.end_logprob:.1f})")
+    if score.positions < min_tokens:
+        return Verdict(None, False, "too short to judge on its scores")
     band = bands.for_temperature(score.temperature)
     if score.temperature == 0:
         expected = band.mismatch_rate * score.positions

@@ -123,6 +123,27 @@ def release_escrow(pubkey: str, amount_msat: int) -> Posting:
                                                               amount_msat)])
 
 
+def refund(job_id: str, key_id: int, amount_msat: int, takes: Iterable[tuple[str, int]],
+           memo: str = "") -> Posting:
+    """Give a developer back what a job cost (an audited answer that did not match the model):
+    ``takes`` says which accounts give it back (the queen's fee, the worker's earnings)."""
+    return _posting(f"refund:{job_id}", "refund",
+                    [(key_available(key_id), amount_msat),
+                     *((account, -amount) for account, amount in takes)], memo)
+
+
+def forfeit_escrow(pubkey: str, amount_msat: int, flag: int) -> Posting:
+    """A flagged worker's pending earnings go to the queen (its ``flag``-th flag)."""
+    return _posting(f"forfeit:{pubkey}:{flag}", "forfeit",
+                    [(worker_pending(pubkey), -amount_msat), (QUEEN_FEES, amount_msat)])
+
+
+def restore_escrow(pubkey: str, amount_msat: int, flag: int) -> Posting:
+    """An admin cleared a false flag: what it forfeited becomes the worker's, to be paid."""
+    return _posting(f"restore:{pubkey}:{flag}", "forfeit",
+                    [(QUEEN_FEES, -amount_msat), (worker_available(pubkey), amount_msat)])
+
+
 def worker_paid(pubkey: str) -> str:
     return f"worker:{pubkey}:paid"
 

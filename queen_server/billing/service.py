@@ -360,6 +360,84 @@ class Billing:
                 await self.ledger.post(ledger.release_escrow(key, pending))
                 log.info("worker %s finished its escrow: %d msat released", key[:12], pending)
 
+    # --- audits' consequences (issue 16) --------------------------------------------------------
+
+    async def refund(self, job_id: str, memo: str = "") -> int:
+        """Give the developer back what job ``job_id`` was charged, taken back from where the
+        charge went: the queen's fee, and the worker's share from its pending earnings first,
+        then its available ones (which may go below zero: a debt against later earnings).
+        Idempotent (the posting is ``refund:<job>``); returns the msat refunded now."""
+        if self.ledger is None:
+            return 0
+        settled = await self.ledger.entries_of(f"settle:{job_id}")
+        key_id: int | None = None
+        fee = 0
+        shares: dict[str, int] = {}
+        for account, amount in settled:
+            if account.startswith("key:") and account.endswith(":reserved"):
+                key_id = int(account.split(":")[1])
+            elif account == ledger.QUEEN_FEES:
+                fee += amount
+            elif account.startswith("worker:") and amount > 0:
+                pubkey = account.split(":")[1]
+                shares[pubkey] = shares.get(pubkey, 0) + amount
+        charge = fee + sum(shares.values())
+        if key_id is None or charge <= 0:
+            return 0
+        takes: list[tuple[str, int]] = [(ledger.QUEEN_FEES, fee)]
+        from_pending: dict[str, int] = {}
+        for pubkey, share in shares.items():
+            pending_account = ledger.worker_pending(pubkey)
+            _, balances = await self.ledger.snapshot([pending_account])
+            taken = max(0, min(share, balances[pending_account]))
+            from_pending[pubkey] = taken
+            takes += [(pending_account, taken), (ledger.worker_available(pubkey), share - taken)]
+        if not await self.ledger.post(ledger.refund(job_id, key_id, charge, takes, memo)):
+            return 0  # refunded before
+        state = self._states.get(key_id)
+        if state is not None:
+            state.available += charge
+            state.spent -= charge
+        for pubkey, taken in from_pending.items():
+            worker = self._workers.get(pubkey)
+            if worker is not None:
+                worker.pending = max(0, worker.pending - taken)
+        log.info("refunded %d msat of job %s to key %d", charge, job_id, key_id)
+        return charge
+
+    async def forfeit_escrow(self, pubkey: str, flag: int) -> int:
+        """A flagged worker's pending earnings go to the queen; returns the msat forfeited."""
+        if self.ledger is None:
+            return 0
+        account = ledger.worker_pending(pubkey)
+        _, balances = await self.ledger.snapshot([account])
+        amount = balances[account]
+        if amount <= 0 or not await self.ledger.post(ledger.forfeit_escrow(pubkey, amount, flag)):
+            return 0
+        worker = self._workers.get(pubkey)
+        if worker is not None:
+            worker.pending = 0
+        return amount
+
+    async def restore_escrow(self, pubkey: str, flag: int) -> int:
+        """Undo flag ``flag``'s forfeit (an admin cleared it): paid into available."""
+        if self.ledger is None:
+            return 0
+        forfeited = sum(amount for account, amount in
+                        await self.ledger.entries_of(f"forfeit:{pubkey}:{flag}")
+                        if account == ledger.QUEEN_FEES)
+        if forfeited <= 0 or not await self.ledger.post(
+                ledger.restore_escrow(pubkey, forfeited, flag)):
+            return 0
+        return forfeited
+
+    def in_escrow(self, pubkey: str) -> bool:
+        """Whether the worker is still in escrow, as far as the queen knows without a read: a
+        worker it has settled billed jobs for, and not yet ``escrow_jobs`` of them (a queen
+        that bills nothing has no escrow)."""
+        worker = self._workers.get(pubkey)
+        return worker is not None and worker.jobs <= self.settings.escrow_jobs
+
     # --- deposits from other processes ---------------------------------------------------------
 
     async def _poll(self) -> None:

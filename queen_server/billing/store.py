@@ -203,8 +203,17 @@ class LedgerStore:
             net = await conn.scalar(
                 select(func.coalesce(func.sum(LedgerEntry.amount_msat), 0))
                 .join(LedgerTxn, LedgerEntry.txn_id == LedgerTxn.id)
-                .where(LedgerEntry.account.in_(accounts), LedgerTxn.kind == "charge"))
+                .where(LedgerEntry.account.in_(accounts),
+                       LedgerTxn.kind.in_(("charge", "refund"))))
         return -int(net)
+
+    async def entries_of(self, txn: str) -> list[tuple[str, int]]:
+        """The ``(account, msat)`` entries of one transaction (none if it is not there)."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(select(LedgerEntry.account, LedgerEntry.amount_msat)
+                                      .where(LedgerEntry.txn_id == txn)
+                                      .order_by(LedgerEntry.id))
+            return [(account, int(amount)) for account, amount in rows]
 
     async def worker_jobs(self, pubkey: str) -> int:
         async with self.engine.connect() as conn:
@@ -218,7 +227,7 @@ class LedgerStore:
         credited = (
             select(func.coalesce(func.sum(LedgerEntry.amount_msat), 0))
             .join(LedgerTxn, LedgerEntry.txn_id == LedgerTxn.id)
-            .where(LedgerEntry.account.in_(accounts), LedgerTxn.kind == "charge")
+            .where(LedgerEntry.account.in_(accounts), LedgerTxn.kind.in_(("charge", "refund")))
         )
         async with self.engine.connect() as conn:
             total = int(await conn.scalar(credited))

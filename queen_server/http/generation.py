@@ -16,16 +16,18 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from queen_server.audits.cases import case_for
 from queen_server.billing.service import Billing, Hold, Principal
 from queen_server.http.deps import json_response
 from queen_server.http.io import ClientGone, DisconnectGuard
 from queen_server.http.sse import stream_answer
 from queen_server.shaping.view import ChatView
 from queen_server.swarm.admission import Admission
+from queen_server.swarm.dispatch import JobRun
 from queen_server.swarm.jobs import choices_in
 from queen_server.swarm.metering import Meter
-from queen_server.swarm.relay import Delivered, assemble_chat, collect
-from shared_schema import capabilities
+from queen_server.swarm.relay import Delivered, assemble_chat, collect, message_text
+from shared_schema import Result, capabilities
 
 if TYPE_CHECKING:
     from queen_server.runtime import QueenState
@@ -84,6 +86,34 @@ async def admit_and_hold(state: QueenState, request: Request, principal: Princip
         raise
 
 
+def consider_audit(state: QueenState, gen: Generation, hold: Hold | None, worker_key: str | None,
+                   answer: Delivered, result: Result) -> None:
+    """Offer a finished answer to the audits' sampling (``AuditService.consider``: O(1)). The
+    model file it must match is the queen's own reading of the name, else the worker's."""
+    audits = state.audits
+    if not audits.enabled or worker_key is None:
+        return
+    facts = state.catalog.facts(gen.model)
+    sha256 = facts.sha256 if facts is not None else None
+    if sha256 is None and (worker := state.registry.get(worker_key)) is not None:
+        held = worker.models.get(gen.model)
+        sha256 = held.sha256 if held is not None else None
+    whole = message_text(result.data) if result.data.get("choices") else None
+    finish_reason = answer.finish_reason
+    for choice in result.data.get("choices") or ():
+        if isinstance(choice, dict) and choice.get("finish_reason"):
+            finish_reason = choice["finish_reason"]
+    case = case_for(
+        request_id=gen.job_id, model=gen.model, sha256=sha256, worker_url=gen.worker_url,
+        worker_req=gen.worker_req, worker_key=worker_key,
+        answer=whole if whole is not None and not answer.saw_chunk else answer.text,
+        claimed_completion_tokens=result.usage.completion_tokens, finish_reason=finish_reason,
+        single_worker=not answer.parts, key_id=hold.key_id if hold is not None else None,
+        charged_msat=hold.charged_msat if hold is not None else 0)
+    if case is not None:
+        audits.consider(case)
+
+
 async def serve(state: QueenState, request: Request, principal: Principal,
                 gen: Generation) -> Response:
     """Answer ``gen``: a stream of shaped events, or one shaped JSON answer."""
@@ -107,9 +137,14 @@ async def serve(state: QueenState, request: Request, principal: Principal,
                 billed=principal.billed, admission=admission, sent=answer.sent, needs=needs,
             )
             if gen.stream:  # the stream now owns the hold and the caller's place
+                held = hold
+
+                def done(run: JobRun, answer: Delivered, result: Result) -> None:
+                    consider_audit(state, gen, held, run.worker.earnings_key, answer, result)
+
                 body = stream_answer(run, gen.view, dispatcher,
                                      functools.partial(settle, billing, hold, admission),
-                                     gen.meter)
+                                     gen.meter, done)
                 hold, streaming = None, True
                 return StreamingResponse(body, media_type="text/event-stream",
                                          headers=SSE_HEADERS)
@@ -127,4 +162,7 @@ async def serve(state: QueenState, request: Request, principal: Principal,
         if not streaming:
             admission.leave()
     await billing.finish(hold, parts=collected.parts)
+    if len(collected.parts) == 1:
+        consider_audit(state, gen, hold, collected.parts[0].worker_key, collected.answer,
+                       collected.result)
     return json_response(gen.view.whole(assemble_chat(gen.view.stamp, collected)))

@@ -62,6 +62,7 @@ async def stream_answer(
     dispatcher: Dispatcher,
     finish: Callable[..., Awaitable[None]],
     meter: Meter,
+    done: Callable[[JobRun, Delivered, Result], None] | None = None,
 ) -> AsyncIterator[bytes]:
     """The SSE body of a streamed answer, shaped by ``view`` for the API the client called
     (chat, text completions, Responses). If the worker is lost mid-answer, the
@@ -69,6 +70,9 @@ async def stream_answer(
     Always ends the job's lease, and calls ``finish`` once with every worker's ``parts``: the
     true usage when the answer ends, or only the tokens delivered when it breaks (no twin,
     timeout, client gone).
+
+    ``done(run, answer, result)`` is told of an answer that ended well, after ``finish`` (the
+    audits' sampling).
 
     Every frame that arrived while the last batch was written goes out in one write. Per relayed
     chunk this does no more than note it, stamp it and encode it: it runs for every token.
@@ -101,6 +105,8 @@ async def stream_answer(
                         run.handle, answer.last_worker_usage(item.usage, parts, usage),
                         streamed=True)
                     await finish(parts=parts)
+                    if done is not None:
+                        done(run, answer, item)
                     if not answer.saw_chunk:
                         out.extend(answer_events(view, item.data))
                     out.extend(frame(view.closing(usage.model_dump())))

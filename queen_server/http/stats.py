@@ -65,6 +65,16 @@ async def admin_payouts(request: Request) -> Response:
     return json_response(await reports.payouts(require_admin(request)))
 
 
+@router.get("/admin/api/audits", include_in_schema=False)
+async def admin_audits(request: Request) -> Response:
+    return json_response(await reports.audits(require_admin(request)))
+
+
+@router.post("/admin/api/audits/{worker_id}/clear", include_in_schema=False)
+async def admin_clear_flag(worker_id: str, request: Request) -> Response:
+    return json_response(await reports.clear_flag(require_admin(request), worker_id))
+
+
 @router.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
     return Response(generate_latest(queen(request).metrics.registry),

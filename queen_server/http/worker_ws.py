@@ -97,6 +97,7 @@ async def worker_endpoint(websocket: WebSocket) -> None:
     if state.db is not None and not worker.legacy:
         await state.db.record_worker(worker.key, worker.public_id, worker.ln_url,
                                      worker.worker_version)
+    await state.audits.joined(worker)  # a flagged worker is registered out of routing
     heartbeat = None
     reason, close_code = "disconnected", 1000
     try:

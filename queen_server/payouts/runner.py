@@ -47,7 +47,7 @@ from queen_server.payouts.lightning import (
     system_resolver,
 )
 from queen_server.settings import QueenSettings
-from queen_server.storage.tables import Payout, WorkerRecord
+from queen_server.storage.tables import AuditStandingRow, Payout, WorkerRecord
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,8 @@ class PayoutRunner:
 
     async def _due(self, threshold: int) -> list[tuple[str, int, str]]:
         """``(worker key, amount, address)`` of each worker to pay now, by key: over the
-        threshold, with an address ("don't pay me" otherwise), and past any backoff."""
+        threshold, with an address ("don't pay me" otherwise), past any backoff, and not
+        flagged by audits (a flagged worker's payouts are held until an admin clears it)."""
         balances = await self.store.balances("worker:")
         due = {account.split(":")[1]: amount for account, amount in balances.items()
                if account.endswith(":available") and amount >= threshold}
@@ -148,6 +149,11 @@ class PayoutRunner:
             rows = await conn.execute(select(WorkerRecord.key, WorkerRecord.ln_url)
                                       .where(WorkerRecord.key.in_(list(due))))
             addresses = {key: ln_url for key, ln_url in rows.all() if ln_url}
+            held = await conn.execute(select(AuditStandingRow.worker_key).where(
+                AuditStandingRow.worker_key.in_(list(due)), AuditStandingRow.state == "flagged"))
+            for (key,) in held:
+                log.info("worker %s is flagged by audits: its payout is held", key[:12])
+                addresses.pop(key, None)
         now = datetime.now(UTC)
         ready = []
         for key in sorted(addresses.keys() & due.keys()):

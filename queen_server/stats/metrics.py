@@ -31,6 +31,20 @@ class Metrics:
                                  registry=self.registry)
         self.errors = Counter("apiary_errors", "Errors answered, by code", ["code"],
                               registry=self.registry)
+        # Audits (issue 16): answers that could be audited, audits by outcome, what they cost.
+        self.auditable = Counter("apiary_auditable_answers",
+                                 "Finished answers that could be audited", registry=self.registry)
+        self.audits = Counter("apiary_audits", "Audits by outcome (queued, passed, failed, "
+                              "uninformative, disagreed, unconfirmed, error, expired, dropped)",
+                              ["outcome"], registry=self.registry)
+        self.audit_tokens = Counter("apiary_audit_tokens",
+                                    "Tokens auditors evaluated (prompt plus answer)",
+                                    registry=self.registry)
+        self.audit_seconds = Counter("apiary_audit_seconds",
+                                     "Seconds auditors spent on score jobs",
+                                     registry=self.registry)
+        self.flags = Counter("apiary_workers_flagged", "Workers flagged by audits",
+                             registry=self.registry)
         self._http: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         Gauge("apiary_workers_connected", "Connected workers",
               registry=self.registry).set_function(workers)

@@ -116,3 +116,49 @@ class Payout(Base):
     detail: Mapped[str] = mapped_column(String(500), default="", server_default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class AuditStandingRow(Base):
+    """A worker's audit record (``audits.decision.Standing``) and what its flag did."""
+
+    __tablename__ = "audit_standings"
+
+    worker_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16), default="unknown")
+    llr: Mapped[float] = mapped_column(Float, default=0.0)
+    audited: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    reasons: Mapped[str] = mapped_column(Text, default="[]")  # JSON list, newest last
+    flags: Mapped[int] = mapped_column(Integer, default=0)  # times flagged (names each forfeit)
+    flagged_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    cleared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class AuditRecord(Base):
+    """One audited job: whose answer, which auditor re-scored it, the scores and the verdict."""
+
+    __tablename__ = "audits"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    request_id: Mapped[str] = mapped_column(String(200), index=True)
+    worker_key: Mapped[str] = mapped_column(String(64), index=True)
+    auditor_key: Mapped[str] = mapped_column(String(64))
+    auditor_trusted: Mapped[bool] = mapped_column(Boolean, default=False)
+    model: Mapped[str] = mapped_column(String(512))
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    temperature: Mapped[float] = mapped_column(Float)
+    answer_tokens: Mapped[int] = mapped_column(Integer)
+    claimed_tokens: Mapped[int] = mapped_column(Integer)
+    positions: Mapped[int] = mapped_column(Integer)
+    mismatches: Mapped[int] = mapped_column(Integer)
+    z: Mapped[float] = mapped_column(Float)
+    suspicion: Mapped[float | None] = mapped_column(Float)
+    failed: Mapped[bool] = mapped_column(Boolean, default=False)
+    reason: Mapped[str] = mapped_column(String(500), default="")
+    key_id: Mapped[int | None] = mapped_column(Integer)
+    charged_msat: Mapped[int] = mapped_column(BigInteger, default=0)
+    refunded: Mapped[bool] = mapped_column(Boolean, default=False)
+    audit_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    audit_s: Mapped[float] = mapped_column(Float, default=0.0)

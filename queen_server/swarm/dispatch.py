@@ -289,48 +289,15 @@ class Dispatcher:
         """Up to ``attempts`` tries on the best acceptable workers not tried yet, until one
         sends the answer's first event. Only a first start passes ``admission``: a failover
         continues an answer already admitted and is never refused for its caller's queue."""
-        loop = asyncio.get_running_loop()
-        settings = self.settings
-        deadline = request.deadline
         tried = request.tried
         body = request.openai_req if openai_req is None else openai_req
         last_error = "no worker answered"
-        registry = self.registry
         for _ in range(attempts):
             worker, connection = await self._acquire(request.model, tried, last_error, accept,
                                                      legacy_ok=request.legacy_ok,
                                                      admission=admission, needs=request.needs)
-            request.attempts += 1
-            # What the worker may send for this attempt is tied to its ``max_tokens`` (``body``:
-            # a continuation's is what is left of the answer).
-            handle = JobHandle(f"{request.job_id}.{request.attempts}", request.model, worker.key,
-                               loop.time(), worker_id=worker.public_id,
-                               cancel=connection.send_cancel,
-                               budget=answer_budget(body, settings.default_max_tokens))
-            registry.lease(worker, handle)
-            first_deadline = deadline
-            if request.stream:
-                first_deadline = min(deadline, loop.time() + settings.first_token_timeout_s)
-            try:
-                await connection.send_job(handle.id, request.openai_url, body, continuation)
-                if sent is not None:
-                    sent(worker.earnings_key)
-                first = await handle.next(first_deadline)
-            except TimeoutError:
-                self.record_failure(handle, "timeout")
-                await self.end(handle, "timeout")
-                if first_deadline < deadline:
-                    raise GatewayTimeout(
-                        "the worker did not start answering in time", code="first_token_timeout"
-                    ) from None
-                raise GatewayTimeout("the worker did not answer in time") from None
-            except asyncio.CancelledError:
-                await self.end(handle, "client went away")
-                raise
-            except Exception as exc:  # the socket broke while sending the job
-                log.info("sending job %s to %r failed: %s", handle.id, worker, exc)
-                first = WorkerLost(f"sending the job failed: {exc}")
-            handle.first_at = loop.time()
+            handle, first = await self._attempt(request, worker, connection, body, continuation,
+                                                sent)
             if can_fail_over(first):
                 last_error = first.reason if isinstance(first, WorkerLost) else first.message
                 log.info("job %s failed on %r before its first token: %s", handle.id, worker,
@@ -345,6 +312,67 @@ class Dispatcher:
         raise WorkerFailed(
             f"the job failed on {len(tried)} worker(s); last error: {last_error}",
         )
+
+    async def _attempt(
+        self,
+        request: JobRequest,
+        worker: Worker,
+        connection: Connection,
+        body: dict[str, Any],
+        continuation: str | None = None,
+        sent: Callable[[str | None], None] | None = None,
+    ) -> tuple[JobHandle, JobEvent]:
+        """Lease the job to ``worker``, send it, and wait for its first event (a lost socket
+        is a ``WorkerLost``); ``GatewayTimeout`` when none comes in time."""
+        loop = asyncio.get_running_loop()
+        settings = self.settings
+        deadline = request.deadline
+        request.attempts += 1
+        # What the worker may send for this attempt is tied to its ``max_tokens`` (``body``: a
+        # continuation's is what is left of the answer).
+        handle = JobHandle(f"{request.job_id}.{request.attempts}", request.model, worker.key,
+                           loop.time(), worker_id=worker.public_id,
+                           cancel=connection.send_cancel,
+                           budget=answer_budget(body, settings.default_max_tokens))
+        self.registry.lease(worker, handle)
+        first_deadline = deadline
+        if request.stream:
+            first_deadline = min(deadline, loop.time() + settings.first_token_timeout_s)
+        first: JobEvent
+        try:
+            await connection.send_job(handle.id, request.openai_url, body, continuation)
+            if sent is not None:
+                sent(worker.earnings_key)
+            first = await handle.next(first_deadline)
+        except TimeoutError:
+            self.record_failure(handle, "timeout")
+            await self.end(handle, "timeout")
+            if first_deadline < deadline:
+                raise GatewayTimeout(
+                    "the worker did not start answering in time", code="first_token_timeout"
+                ) from None
+            raise GatewayTimeout("the worker did not answer in time") from None
+        except asyncio.CancelledError:
+            await self.end(handle, "client went away")
+            raise
+        except Exception as exc:  # the socket broke while sending the job
+            log.info("sending job %s to %r failed: %s", handle.id, worker, exc)
+            first = WorkerLost(f"sending the job failed: {exc}")
+        handle.first_at = loop.time()
+        return handle, first
+
+    async def start_on(self, worker: Worker, job_id: str, model: str, openai_url: str,
+                       openai_req: dict[str, Any]) -> JobRun:
+        """Send a job to this one worker, now (an audit's score job to its auditor): no queue,
+        no retry, not counted against any caller. ``NoCapacity`` if the worker has no free
+        slot or is gone; its first event may be a failure, for the caller to read."""
+        connection = self.registry.connection(worker.key)
+        if connection is None or worker.closed or worker.free_slots <= 0:
+            raise NoCapacity(f"{worker.public_id} has no free slot")
+        deadline = asyncio.get_running_loop().time() + self.settings.total_timeout_s
+        request = JobRequest(job_id, model, openai_url, openai_req, False, deadline)
+        handle, first = await self._attempt(request, worker, connection, openai_req)
+        return JobRun(self, worker, handle, first, request)
 
     def require_servable(self, model: str, needs: Mapping[str, str] | None = None) -> None:
         """404 ``model_not_found`` unless some connected worker could serve ``model``; 400

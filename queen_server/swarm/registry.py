@@ -20,6 +20,7 @@ from types import MappingProxyType
 from queen_server.swarm.jobs import JobHandle, WorkerLost
 from queen_server.swarm.worker import NO_LEASES, Connection, Worker
 from shared_schema import ModelDescriptor
+from shared_schema.capabilities import AUDITOR as CAPABILITY_AUDITOR
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,17 @@ class Registry:
         self._index(worker)
         self._notify()
 
+    def set_flagged(self, worker: Worker, flagged: bool) -> None:
+        """Take a worker out of routing (audits flagged it) or put it back (an admin cleared
+        the flag). It stays connected; its jobs in flight finish."""
+        if worker.flagged == flagged:
+            return
+        worker.flagged = flagged
+        self.models_changed(worker)
+
     def _index(self, worker: Worker) -> None:
+        if worker.flagged or CAPABILITY_AUDITOR in worker.capabilities:
+            return  # in no index: routing never sees it (an auditor only audits)
         for name in worker.cached:
             self._by_model.setdefault(name, set()).add(worker)
         if worker.can_fetch:

@@ -3,10 +3,12 @@
 Workers are ranked by tier first: the model already loaded in memory, then cached on disk, then
 able to fetch it on demand (legacy workers). Within a tier, a worker with a free job slot comes
 before a busy one, and a better speed record (an EMA of seconds per completion token for that
-worker and model) before a worse one. A small random factor on the speed spreads load between
-equals. No I/O happens here; the registry hands in its workers' directory entries
-(``swarm.worker.Worker``, whose free slots read the registry's leases), which satisfy
-``WorkerView``, and the swarm stats hand in the speeds (``stats/ema.py``).
+worker and model, weighed by its audit standing: ``trust``) before a worse one. A new worker
+whose answers wait for audits beyond what audits can cover ranks as busy (``uncovered``). A
+small random factor on the speed spreads load between equals. No I/O happens here; the registry
+hands in its workers' directory entries (``swarm.worker.Worker``, whose free slots read the
+registry's leases), which satisfy ``WorkerView``, and the swarm stats hand in the speeds
+(``stats/ema.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,14 @@ class WorkerView(Protocol):
     def can_fetch(self) -> bool: ...
     @property
     def free_slots(self) -> int: ...
+    @property
+    def trust(self) -> float:
+        """A factor on the speed score: below 1 for audited good standing (issue 16)."""
+        ...
+    @property
+    def uncovered(self) -> bool:
+        """More of its answers wait for audits than audits can cover: rank it as busy."""
+        ...
 
 
 W = TypeVar("W", bound=WorkerView)
@@ -72,13 +82,13 @@ def rank(
         worker_tier = tier(worker, model)
         if worker_tier is None:
             continue
-        busy = 0 if worker.free_slots > 0 else 1
+        busy = 0 if worker.free_slots > 0 and not worker.uncovered else 1
         speed = speeds.get(worker.key)
         if speed is None:
             if unknown is None:  # computed once, and only when a newcomer needs it
                 unknown = statistics.median(speeds.values()) if speeds else 1.0
             speed = unknown
-        score = speed * (1.0 + jitter * rng.random())
+        score = speed * worker.trust * (1.0 + jitter * rng.random())
         capable.append((worker_tier, busy, score, worker))
     capable.sort(key=lambda entry: entry[:3])
     return [entry[3] for entry in capable]

@@ -56,6 +56,7 @@ class Worker:
         "capabilities",
         "closed",
         "connected_at",
+        "flagged",
         "gpus",
         "jobs",
         "key",
@@ -66,6 +67,8 @@ class Worker:
         "models",
         "public_id",
         "session_id",
+        "trust",
+        "uncovered",
         "vram_mb",
         "worker_version",
     )
@@ -99,6 +102,13 @@ class Worker:
         self.connected_at = time.time() if connected_at is None else connected_at
         # Set by the registry: True once the worker has left it (disconnected, replaced, silent).
         self.closed = False
+        # Set by the audit service (issue 16): a flagged worker is in no routing index; ``trust``
+        # weighs its speed score in routing (below 1: audited good standing); an ``uncovered``
+        # worker (new, with more answers waiting for audits than audits can cover) ranks with the
+        # busy ones, so it gets real traffic only as fast as its answers can be checked.
+        self.flagged = False
+        self.trust = 1.0
+        self.uncovered = False
         # The worker's leases, by job id: a read-only view the registry sets when it adds the
         # worker (``Registry.add``); only the registry writes the mapping behind it.
         self.jobs: Mapping[str, JobHandle] = NO_LEASES

@@ -295,3 +295,17 @@ PAYOUT_COLUMNS = (
 )
 
 
+AUDIT_COLUMNS = (
+    Column("at", "When (UTC)", "time"),
+    Column("worker", "Worker", "worker"),
+    Column("auditor", "Auditor", "worker", "The worker that re-scored the answer"),
+    Column("model", "Model", wrap=True),
+    Column("temperature", "Temp.", "float1", "The request's sampling temperature"),
+    Column("claimed_tokens", "Claimed", "int", "Completion tokens the worker claimed"),
+    Column("answer_tokens", "Counted", "int", "Tokens the auditor counted in the answer"),
+    Column("z", "z", "float2", "How far the answer's scores sit below an honest answer's"),
+    Column("mismatches", "Mismatches", "int", "Greedy positions the model would not choose"),
+    Column("reason", "Verdict", wrap=True, title="Why the audit failed; empty when it passed"),
+    Column("charged_msat", "Charged (sats)", "sats"),
+    Column("id", "Audit id"),
+)

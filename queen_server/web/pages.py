@@ -22,7 +22,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import jinja2
 import orjson
@@ -35,6 +35,7 @@ from queen_server import __version__, reports
 from queen_server.billing.admin import create_key, credit_key, revoke_key
 from queen_server.errors import ApiError
 from queen_server.web.formatting import (
+    AUDIT_COLUMNS,
     JOB_COLUMNS,
     KEY_COLUMNS,
     MODEL_COLUMNS,
@@ -130,6 +131,7 @@ NAV = (
     ("/admin/jobs", "Jobs"),
     ("/admin/api-keys", "Keys"),
     ("/admin/payouts", "Payouts"),
+    ("/admin/audits", "Audits"),
 )
 
 
@@ -407,3 +409,67 @@ async def payouts(request: Request) -> Response:
                              title="Payouts", row_key="id",
                              intro="Payouts to workers, newest first.",
                              empty="No payouts yet.")
+
+
+# --- audits -----------------------------------------------------------------------------------
+
+AUDITS_SOURCE = "/admin/api/audits"
+FLASH_COOKIE = "apiary_audits_flash"  # the notice shown once after a flag is cleared
+
+
+async def _audits_page(request: Request, status_code: int = 200, *, notice: str | None = None,
+                       error: str | None = None) -> Response:
+    """The Audits page: the cost summary and the recent audits poll ``/admin/api/audits``; the
+    standings and each flag's evidence are drawn on the server (reload for changes), since
+    each flagged worker carries a form."""
+    status, data = await load(request, AUDITS_SOURCE, reports.audits)
+    missing = status == 404  # no database: no audits to show
+    return _page(request, "audits.html", status_code, admin=True,
+                 source=None if missing else AUDITS_SOURCE, data=data, active="/admin/audits",
+                 load_error=None if missing else _load_error(status, AUDITS_SOURCE),
+                 missing=missing, columns=AUDIT_COLUMNS, csrf=csrf_token(request) or "",
+                 notice=notice, error=error, quote=quote)
+
+
+@router.get("/admin/audits", response_class=HTMLResponse)
+async def audits(request: Request) -> Response:
+    if not admin_authorized(request):
+        return login_redirect(request)
+    flash = request.cookies.get(FLASH_COOKIE)
+    response = await _audits_page(request, notice=unquote(flash) if flash else None)
+    if flash:
+        response.delete_cookie(FLASH_COOKIE, path="/admin/audits", httponly=True,
+                               samesite="strict", secure=secure_cookie(request))
+    return response
+
+
+@router.post("/admin/audits/{worker_id}/clear", response_class=HTMLResponse)
+async def audits_clear(request: Request, worker_id: str) -> Response:
+    """Clear a worker's flag from the page's button, with ``reports.clear_flag`` as the API.
+
+    Guarded as the Keys page's forms: the session's ``Origin`` check (403 before this runs)
+    and the per-session form token. Success redirects back (303) with a one-time notice, so a
+    reload does not post again; an unknown or unflagged worker shows the 404's message."""
+    if not admin_authorized(request):
+        return login_redirect(request)
+    form = await read_form(request)
+    if form is None:
+        return await _audits_page(request, 413, error="That form was too large.")
+    if not csrf_valid(request, form.get("csrf")):
+        log.warning("admin audits form from %s refused: no valid form token",
+                    client_address(request))
+        return await _audits_page(request, 403, error=(
+            "This form is out of date (you logged in again since it was loaded, or it did not "
+            "come from this page). Nothing was changed: try again below."))
+    try:
+        cleared = await reports.clear_flag(request.app.state.queen, worker_id)
+    except ApiError as problem:
+        return await _audits_page(request, problem.status_code, error=problem.message)
+    log.info("admin page (%s): cleared worker %s's flag", client_address(request),
+             cleared["worker"])
+    response = RedirectResponse("/admin/audits", status_code=303)
+    notice = (f"Cleared worker {cleared['worker']}'s flag: it gets work again, its test starts "
+              "over and what the flag forfeited is paid back.")
+    response.set_cookie(FLASH_COOKIE, quote(notice), max_age=60, path="/admin/audits",
+                        httponly=True, samesite="strict", secure=secure_cookie(request))
+    return response

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ import orjson
 import pytest
 
 from desktop_worker.identity import WorkerIdentity
-from tests.support.processes import Proc, base_env, free_port, health, queen_process
+from tests.support.processes import Proc, base_env, free_port, health, queen_cli, queen_process
 from tests.support.workers import ECHO_MODEL, echo_words
 
 log = logging.getLogger(__name__)
@@ -31,13 +30,6 @@ pytestmark = pytest.mark.timeout(240)
 
 WORKERS = 3
 DOWN_S = 4.0
-
-
-def queen_cli(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = base_env(tmp)
-    env["APIARY_DB"] = f"sqlite+aiosqlite:///{tmp / 'queen.sqlite3'}"
-    return subprocess.run([sys.executable, "-m", "queen_server.cli", *args], env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
 
 
 def ledger_rows(tmp: Path) -> set[tuple]:

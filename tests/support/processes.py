@@ -103,6 +103,14 @@ def worker_process(tmp: Path, queen_port: int, models: list[str], *extra: str,
     return Proc(args, tmp / "worker.log", env)
 
 
+def queen_cli(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``apiary-queen ARGS`` on the SQLite database ``queen_process(tmp, ...)`` uses."""
+    env = base_env(tmp)
+    env["APIARY_DB"] = f"sqlite+aiosqlite:///{tmp / 'queen.sqlite3'}"
+    return subprocess.run([sys.executable, "-m", "queen_server.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
 def health(port: int) -> dict:
     try:
         return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()

@@ -4,6 +4,11 @@ Until the first answer (or when the queen keeps no ledger) the views show zeros,
 such through ``note``. Whether the queen pays at all comes from its ``welcome`` (``set_welcome``)
 or, failing that, from the earnings answer: on a queen that says it does not pay, nothing is
 fetched and the views say so instead of waiting for sats that never come.
+
+A queen that audits its workers (issue 16) also says how this worker's audits went (``audit``:
+unknown, good or flagged). It is read leniently (``services.audit.read_audit``: absent or
+malformed means nothing to show) and kept with the queen URL it came from (``audit``), so a
+flag from one queen is never shown for another.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Signal
 
-from desktop_worker.earnings import fetch_earnings
+from desktop_worker.earnings import fetch_earnings_json, read_earnings
 from desktop_worker.errors import WorkerError
 from desktop_worker.gui.common import sats
+from desktop_worker.gui.services.audit import AuditStanding, read_audit
 from desktop_worker.identity import WorkerIdentity
 from shared_schema import WorkerEarnings
 from shared_schema.protocol import Welcome
@@ -59,6 +65,9 @@ class EarningsService(QObject):
         self.interval_s = interval_s
         self.earnings = empty_earnings()
         self.fresh = False
+        # The last audit standing read, and the queen URL it was read from.
+        self._audit: tuple[str, AuditStanding] | None = None
+        self._audit_unreadable = False
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.job_msat: dict[str, int] = {}
@@ -105,6 +114,15 @@ class EarningsService(QObject):
                 return said
         return self.earnings.payout_threshold_msat if self.fresh else None
 
+    @property
+    def audit(self) -> AuditStanding | None:
+        """This worker's audit standing at the current queen: None when it has not said (an
+        older queen, an unusable answer, not heard from yet, or the standing came from
+        another queen). Kept through a failed read, like the figures."""
+        if self._audit is not None and self._audit[0] == self._queen_url():
+            return self._audit[1]
+        return None
+
     def set_welcome(self, welcome: Welcome) -> None:
         """The queen's terms arrived (each session): show them at once, and read the figures."""
         self._welcome = (self._queen_url(), welcome)
@@ -122,8 +140,12 @@ class EarningsService(QObject):
                 and self._welcome[1].pays_workers is False:
             self.republish()  # nothing to read: this queen pays no one
             return None
+        queen_url = self._queen_url()
         try:
-            earnings = await fetch_earnings(self._queen_url(), self._identity())
+            body = await fetch_earnings_json(queen_url, self._identity())
+            # The figures are read apart from the audit part, so an audit this app cannot
+            # read never costs the owner the figures.
+            earnings = read_earnings({k: v for k, v in body.items() if k != "audit"})
         except WorkerError as exc:
             self.fresh = False
             if self.pays is False:
@@ -133,6 +155,13 @@ class EarningsService(QObject):
             return None
         self.earnings = earnings
         self.fresh = True
+        standing = read_audit(body.get("audit"))
+        unreadable = standing is None and "audit" in body
+        if unreadable and not self._audit_unreadable:  # said once, not at every poll
+            log.warning("the queen's audit standing is unreadable; not shown: %.200r",
+                        body["audit"])
+        self._audit_unreadable = unreadable
+        self._audit = None if standing is None else (queen_url, standing)
         self.job_msat.update({job.job_id: job.earned_msat for job in earnings.recent_jobs})
         self.note.emit("")
         self.updated.emit(earnings)
@@ -142,8 +171,11 @@ class EarningsService(QObject):
         while True:
             self._wake.clear()
             await self.refresh()
+            # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that arrives as the
+            # event is set (a poke right before Quit), and stop() would wait forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+                async with asyncio.timeout(self.interval_s):
+                    await self._wake.wait()
 
 
 # --- what the Earnings tab says (pure) --------------------------------------------------------

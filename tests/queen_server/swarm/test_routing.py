@@ -19,6 +19,8 @@ class View:
     cached: frozenset[str] = frozenset()
     can_fetch: bool = False
     free_slots: int = 1
+    trust: float = 1.0
+    uncovered: bool = False
 
 
 def loaded(key: str, free_slots: int = 1) -> View:
@@ -149,3 +151,21 @@ def test_rank_is_deterministic_for_a_seed():
     again = keys(rank(MODEL, workers, {}, random.Random(42)))
     assert first == again
     assert sorted(first) == sorted(keys(workers))
+
+
+# --- audit standing (issue 16) -------------------------------------------------------------------
+
+
+def test_good_standing_outweighs_a_slightly_better_speed():
+    workers = [View("good", frozenset({MODEL}), frozenset({MODEL}), trust=0.8), loaded("new")]
+    speeds = {"good": 0.11, "new": 0.10}
+    assert keys(rank(MODEL, workers, speeds, random.Random(1), jitter=0.0)) == ["good", "new"]
+
+
+def test_an_uncovered_worker_ranks_with_the_busy_ones():
+    workers = [View("uncovered", frozenset({MODEL}), frozenset({MODEL}), uncovered=True),
+               loaded("busy", free_slots=0), loaded("free")]
+    speeds = {"uncovered": 0.01, "busy": 0.5, "free": 0.9}
+    ranked = keys(rank(MODEL, workers, speeds, random.Random(1), jitter=0.0))
+    assert ranked[0] == "free"
+    assert set(ranked[1:]) == {"uncovered", "busy"}

@@ -1,0 +1,405 @@
+"""The audit service: sample finished answers, have them re-scored, judge, and act.
+
+``consider`` runs once per finished answer and costs O(1): it draws against the worker's audit
+rate (``decision.audit_rate``) and queues the case. A background loop hands queued cases to
+free auditors (``cases.choose_auditor``: the operator's trusted auditors first, then workers in
+good standing; never the audited worker; only the same model file) as ``score`` jobs through
+the dispatcher, at most ``audit_concurrency`` at once and never ahead of a client's request:
+an audit takes only a free slot, and waits (up to ``audit_max_wait_s``) when none is. A failed
+verdict from an untrusted auditor is checked by a second auditor when there is one; if they
+disagree, the job counts for nothing. Each verdict moves the worker's ``Standing`` and is
+written with its evidence (``store.AuditStore``).
+
+A worker the test flags is taken out of routing (``Registry.set_flagged``), the developers
+charged for its failed audited answers are refunded through the ledger (idempotent postings
+``refund:<job>``), its pending earnings are forfeited to the queen, and its payouts are held
+(the payout runner skips flagged workers). An admin can ``clear`` a false flag: the test starts
+again, the worker is routed again and what was forfeited is paid back into its available
+earnings. Routing reads each connected worker's ``trust`` (below 1 in good standing) and
+``uncovered`` (a new worker with ``audit_backlog`` answers waiting for audits ranks as busy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from collections import deque
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+from queen_server.audits.cases import AuditCase, BadScore, choose_auditor, read_score
+from queen_server.audits.decision import (
+    DEFAULT_BANDS,
+    HonestBands,
+    JobScore,
+    SprtParams,
+    Standing,
+    Verdict,
+    audit_rate,
+    judge,
+)
+from queen_server.audits.store import AuditStore, Record
+from queen_server.billing.service import Billing
+from queen_server.errors import ApiError, NoCapacity
+from queen_server.settings import QueenSettings
+from queen_server.stats.metrics import Metrics
+from queen_server.swarm.dispatch import Dispatcher
+from queen_server.swarm.registry import Registry
+from queen_server.swarm.worker import Worker
+from shared_schema import AuditStanding, Chunk, JobError, Result, capabilities
+from shared_schema.audits import SCORE_URL
+
+log = logging.getLogger(__name__)
+
+GOOD_TRUST = 0.8  # a worker in good standing: its speed score counts as 20 % better
+RETRY_S = 1.0  # how often waiting cases look for a free auditor
+AUDITOR_SCAN = 64  # holders looked at per case (beyond the trusted auditors): O(1) per audit
+
+
+def load_bands(path: Path | None) -> dict[str, HonestBands]:
+    """Bands per model sha256 from the operator's file ({sha256: bands}); none without one. A
+    bad file stops the queen at start with the reason."""
+    if path is None:
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+        return {sha256: HonestBands.from_dict(bands) for sha256, bands in raw.items()}
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ValueError(f"APIARY_AUDIT_BANDS_FILE {path}: {exc}") from exc
+
+
+@dataclass(slots=True)
+class _Waiting:
+    case: AuditCase
+    since: float
+    exclude: frozenset[str] = frozenset()
+    first: Verdict | None = None  # an untrusted auditor's failed verdict, to be confirmed
+
+
+class AuditService:
+    def __init__(
+        self,
+        settings: QueenSettings,
+        registry: Registry,
+        dispatcher: Dispatcher,
+        billing: Billing,
+        store: AuditStore | None,
+        metrics: Metrics | None = None,
+        *,
+        bands: dict[str, HonestBands] | None = None,
+        params: SprtParams | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.dispatcher = dispatcher
+        self.billing = billing
+        self.store = store
+        self.metrics = metrics
+        self.bands = bands if bands is not None else load_bands(settings.audit_bands_file)
+        self.params = params or SprtParams()
+        self.rng = rng or random.Random()
+        self.trusted = frozenset(settings.trusted_auditors)
+        self._records: dict[str, Record] = {}
+        self._queue: deque[_Waiting] = deque()
+        self._waiting: dict[str, int] = {}  # worker key -> its cases waiting
+        self._running: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._seq = 0
+
+    @property
+    def idle(self) -> bool:
+        """No audit waiting or running (what tests and a graceful stop wait for)."""
+        return not self._queue and not self._running
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.audits and self.store is not None
+
+    def start(self) -> None:
+        if self.enabled:
+            self._loop_task = asyncio.create_task(self._loop(), name="audits")
+
+    async def stop(self) -> None:
+        tasks = [*self._running, *([self._loop_task] if self._loop_task else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # --- standings ----------------------------------------------------------------------------
+
+    def is_trusted(self, worker: Worker) -> bool:
+        return worker.key in self.trusted or worker.public_id in self.trusted
+
+    def standing(self, key: str) -> Standing:
+        record = self._records.get(key)
+        return record.standing if record is not None else Standing()
+
+    async def joined(self, worker: Worker) -> None:
+        """A worker connected: read its standing (a flag survives reconnecting) and apply it."""
+        if self.store is None or worker.legacy:
+            return
+        if capabilities.AUDITOR in worker.capabilities and not self.is_trusted(worker):
+            log.warning("worker %s offers itself as an auditor but is not one of this queen's "
+                        "trusted auditors (APIARY_TRUSTED_AUDITORS): it gets no work",
+                        worker.public_id)
+        record = self._records.get(worker.key)
+        if record is None:
+            record = self._records[worker.key] = await self.store.record(worker.key)
+        self._apply(worker)
+
+    def _apply(self, worker: Worker) -> None:
+        standing = self.standing(worker.key)
+        worker.trust = GOOD_TRUST if standing.state == "good" or self.is_trusted(worker) else 1.0
+        worker.uncovered = (standing.state == "unknown" and not self.is_trusted(worker)
+                            and self._waiting.get(worker.key, 0) >= self.settings.audit_backlog)
+        if not worker.closed:
+            self.registry.set_flagged(worker, standing.state == "flagged")
+
+    def _applied(self, key: str) -> None:
+        worker = self.registry.get(key)
+        if worker is not None:
+            self._apply(worker)
+
+    async def view_of(self, key: str) -> AuditStanding | None:
+        """``view`` for any worker, connected or not (None on a queen without a database)."""
+        if self.store is None:
+            return None
+        if key not in self._records:
+            self._records[key] = await self.store.record(key)
+        return self.view(key)
+
+    def view(self, key: str) -> AuditStanding:
+        """A worker's standing as its app shows it (``/worker/earnings``)."""
+        standing = self.standing(key)
+        flagged = standing.state == "flagged"
+        return AuditStanding(state=standing.state, audited=standing.audited,
+                             failed=standing.failed, payouts_held=flagged,
+                             flagged_reason=standing.reasons[-1] if flagged and standing.reasons
+                             else None)
+
+    # --- sampling (per finished answer: O(1)) -----------------------------------------------
+
+    def consider(self, case: AuditCase) -> bool:
+        """Maybe queue ``case`` for an audit; True if queued."""
+        if not self.enabled:
+            return False
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.auditable.inc()
+        worker = self.registry.get(case.worker_key)
+        if worker is not None and self.is_trusted(worker):
+            return False  # the operator's own auditors are trusted, not audited
+        rate = audit_rate(self.standing(case.worker_key),
+                          in_escrow=self.billing.in_escrow(case.worker_key),
+                          base_rate=self.settings.audit_base_rate,
+                          new_rate=self.settings.audit_new_rate, params=self.params)
+        if self.rng.random() >= rate:
+            return False
+        if len(self._queue) >= self.settings.audit_queue:
+            self._count("dropped")
+            return False
+        self._queue.append(_Waiting(case, asyncio.get_running_loop().time()))
+        self._waiting[case.worker_key] = self._waiting.get(case.worker_key, 0) + 1
+        self._applied(case.worker_key)
+        self._count("queued")
+        self._wake.set()
+        return True
+
+    def _count(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.audits.labels(outcome).inc()
+
+    def _done_waiting(self, key: str) -> None:
+        left = self._waiting.get(key, 0) - 1
+        if left > 0:
+            self._waiting[key] = left
+        else:
+            self._waiting.pop(key, None)
+        self._applied(key)
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RETRY_S if self._queue else None):
+                    await self._wake.wait()
+            self._wake.clear()
+            try:
+                self._dispatch_waiting()
+            except Exception:
+                log.exception("audit dispatch failed")
+
+    def _dispatch_waiting(self) -> None:
+        now = asyncio.get_running_loop().time()
+        kept: deque[_Waiting] = deque()
+        while self._queue:
+            waiting = self._queue.popleft()
+            if now - waiting.since > self.settings.audit_max_wait_s:
+                self._count("expired" if waiting.first is None else "unconfirmed")
+                self._done_waiting(waiting.case.worker_key)
+                continue
+            if len(self._running) >= self.settings.audit_concurrency:
+                kept.append(waiting)
+                continue
+            auditor = self._auditor_for(waiting)
+            if auditor is None:
+                kept.append(waiting)
+                continue
+            task = asyncio.create_task(self._audit(waiting, auditor),
+                                       name=f"audit {waiting.case.request_id}")
+            self._running.add(task)
+            task.add_done_callback(self._finished)
+        self._queue = kept
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._wake.set()
+
+    def _auditor_for(self, waiting: _Waiting) -> Worker | None:
+        case = waiting.case
+        trusted = [worker for key in self.trusted
+                   if (worker := self.registry.get(key)) is not None]
+        holders = self.registry.holders(case.model)
+        scan = [*trusted, *(worker for _, worker in zip(range(AUDITOR_SCAN), holders,
+                                                         strict=False))]
+
+        def record(key: str) -> tuple[str, int]:
+            standing = self.standing(key)
+            return standing.state, standing.audited - standing.failed
+
+        return choose_auditor(case, scan, trusted={w.key for w in trusted},
+                              record=record, exclude=waiting.exclude)
+
+    # --- one audit ----------------------------------------------------------------------------
+
+    async def _audit(self, waiting: _Waiting, auditor: Worker) -> None:
+        case = waiting.case
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        self._seq += 1
+        try:
+            data, tokens = await self._score(case, auditor, f"audit-{self._seq}-{case.request_id}")
+            score = read_score(case, data)
+        except NoCapacity:  # a client's job took the auditor's slot first: wait for another
+            self._queue.appendleft(waiting)
+            return
+        except (ApiError, BadScore, TimeoutError) as exc:
+            log.info("audit of %s on %s failed: %s", case.request_id, auditor.public_id, exc)
+            self._count("error")
+            self._done_waiting(case.worker_key)
+            return
+        except Exception:
+            log.exception("audit of %s failed", case.request_id)
+            self._count("error")
+            self._done_waiting(case.worker_key)
+            return
+        seconds = loop.time() - started
+        if self.metrics is not None:
+            self.metrics.audit_tokens.inc(tokens)
+            self.metrics.audit_seconds.inc(seconds)
+        bands = self.bands.get(case.sha256 or "", DEFAULT_BANDS)
+        verdict = judge(score, bands)
+        trusted = self.is_trusted(auditor)
+        if verdict.failed and not trusted and waiting.first is None:
+            # One untrusted auditor's word never fails a job: another must agree. The case
+            # waits for one (up to audit_max_wait_s), and counts for nothing if none comes.
+            self._queue.appendleft(
+                _Waiting(case, waiting.since, waiting.exclude | {auditor.key}, verdict))
+            self._wake.set()
+            return
+        if waiting.first is not None and not verdict.failed:
+            verdict = Verdict(None, False, "two auditors disagreed")
+            self._count("disagreed")
+        self._done_waiting(case.worker_key)
+        await self._settle(case, verdict, score, auditor.key, trusted, tokens, seconds)
+
+    async def _score(self, case: AuditCase, auditor: Worker,
+                     job_id: str) -> tuple[dict[str, object], int]:
+        """Run the score job on ``auditor``; its result's data and the tokens it evaluated."""
+        run = await self.dispatcher.start_on(auditor, job_id, case.model, SCORE_URL, case.job())
+        try:
+            event = run.first
+            while isinstance(event, Chunk):
+                event = await run.next()
+        finally:
+            await run.finish("audit done")
+        if isinstance(event, Result):
+            return event.data, event.usage.prompt_tokens
+        reason = event.message if isinstance(event, JobError) else str(event)
+        raise BadScore(f"the auditor failed the score job: {reason}")
+
+    async def _settle(self, case: AuditCase, verdict: Verdict, score: JobScore, auditor_key: str,
+                      trusted: bool, tokens: int, seconds: float) -> None:
+        assert self.store is not None
+        key = case.worker_key
+        record = self._records.get(key) or await self.store.record(key)
+        before = record.standing
+        after = before.after(verdict, self.params)
+        flagged_now = after.state == "flagged" and before.state != "flagged"
+        if flagged_now:
+            record = replace(record, flags=record.flags + 1, flagged_at=datetime.now(UTC))
+        record = replace(record, standing=after)
+        self._records[key] = record
+        self._count("uninformative" if verdict.suspicion is None
+                    else "failed" if verdict.failed else "passed")
+        await self.store.save(key, record, _evidence(case, verdict, score, auditor_key, trusted,
+                                                     tokens, seconds))
+        self._applied(key)
+        if after.state == "flagged":
+            if flagged_now:
+                log.warning("worker %s flagged by audits after %d audits (%d failed): %s",
+                            key[:12], after.audited, after.failed,
+                            after.reasons[-1] if after.reasons else "")
+                if self.metrics is not None:
+                    self.metrics.flags.inc()
+            await self._consequences(key, record.flags, forfeit=flagged_now)
+
+    async def _consequences(self, key: str, flag: int, *, forfeit: bool) -> None:
+        """Refund every failed audited job of a flagged worker not refunded yet, and (on a new
+        flag) forfeit its escrow. Both are idempotent ledger postings."""
+        assert self.store is not None
+        for audit_id, request_id in await self.store.failed_unrefunded(key):
+            await self.billing.refund(request_id, memo=f"audit {audit_id}: worker flagged")
+            await self.store.mark_refunded(audit_id)
+        if forfeit:
+            amount = await self.billing.forfeit_escrow(key, flag)
+            if amount:
+                log.warning("worker %s forfeited %d msat of escrow", key[:12], amount)
+
+    async def clear(self, key: str) -> bool:
+        """An admin cleared a worker's flag: test restarted, routed again, forfeit paid back.
+        False if the worker is not flagged."""
+        if self.store is None:
+            return False
+        record = self._records.get(key) or await self.store.record(key)
+        if record.standing.state != "flagged":
+            return False
+        record = replace(record, standing=record.standing.cleared(), cleared_at=datetime.now(UTC))
+        self._records[key] = record
+        await self.store.save(key, record)
+        restored = await self.billing.restore_escrow(key, record.flags)
+        log.warning("an admin cleared worker %s's flag; %d msat of escrow paid back", key[:12],
+                    restored)
+        self._applied(key)
+        return True
+
+
+def _evidence(case: AuditCase, verdict: Verdict, score: JobScore, auditor_key: str,
+              trusted: bool, tokens: int, seconds: float) -> dict[str, object]:
+    """The audit's row: what was judged, by whom, and the verdict."""
+    return {"request_id": case.request_id, "auditor_key": auditor_key,
+            "auditor_trusted": trusted, "model": case.model, "sha256": case.sha256,
+            "temperature": case.temperature, "answer_tokens": score.answer_tokens,
+            "claimed_tokens": score.claimed_completion_tokens, "positions": score.positions,
+            "mismatches": score.mismatches, "z": score.z, "suspicion": verdict.suspicion,
+            "failed": verdict.failed, "reason": verdict.reason[:500], "key_id": case.key_id,
+            "charged_msat": case.charged_msat, "audit_tokens": tokens, "audit_s": seconds}

