@@ -110,7 +110,8 @@ def main() -> None:
     print("bands learned from half the honest jobs:")
     for band in bands.bands:
         if band.temperature == 0:
-            print(f"  T=0: mismatch rate {band.mismatch_rate:.4f} per position")
+            print(f"  T=0: mismatch rate {band.mismatch_rate:.4f} per position, dispersion "
+                  f"{band.mismatch_dispersion:.1f}")
         else:
             print(f"  T={band.temperature:g}: z mean {band.z_mean:+.2f}, sd {band.z_sd:.2f}, "
                   f"max {band.z_max:+.2f}")

@@ -146,6 +146,9 @@ class Band:
 
     temperature: float
     mismatch_rate: float = 0.01
+    # How much more greedy mismatches spread than a Poisson count: they come in clusters where
+    # re-tokenising a word splits it differently than it was generated.
+    mismatch_dispersion: float = 1.0
     z_mean: float = 0.0
     z_sd: float = 1.0
     z_max: float = CLIP
@@ -162,8 +165,9 @@ class HonestBands:
     def learn(cls, honest: Iterable[JobScore], *, tail: float = 0.001,
               min_tokens: int = MIN_TOKENS) -> HonestBands:
         """Bands from honest jobs: per temperature, the greedy mismatch rate (with one extra
-        mismatch of slack per temperature, so a clean sample does not learn a rate of 0), or
-        the mean and standard deviation of ``z`` and its ``1 - tail`` quantile (plus one)."""
+        mismatch of slack per temperature, so a clean sample does not learn a rate of 0) and
+        dispersion, or the mean and standard deviation of ``z`` and its ``1 - tail`` quantile
+        (plus one)."""
         by_temperature: dict[float, list[JobScore]] = {}
         for score in honest:
             if score.comparable and score.answer_tokens >= min_tokens:
@@ -173,7 +177,12 @@ class HonestBands:
             if temperature == 0:
                 positions = sum(score.positions for score in scores)
                 mismatches = sum(score.mismatches for score in scores)
-                bands.append(Band(0.0, mismatch_rate=max(0.002, (mismatches + 1) / positions)))
+                rate = max(0.002, (mismatches + 1) / positions)
+                spread = math.fsum((score.mismatches - rate * score.positions) ** 2
+                                   for score in scores)
+                dispersion = max(1.0, spread / math.fsum(rate * score.positions
+                                                         for score in scores))
+                bands.append(Band(0.0, mismatch_rate=rate, mismatch_dispersion=dispersion))
                 continue
             zs = sorted(score.z for score in scores)
             mean = math.fsum(zs) / len(zs)
@@ -202,8 +211,10 @@ class HonestBands:
                           for entry in raw["bands"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a bands object: {exc}") from exc
-        if not bands or any(band.z_sd <= 0 or not 0 < band.mismatch_rate < 1 for band in bands):
-            raise ValueError("bands need a positive z_sd and a mismatch_rate in (0, 1)")
+        if not bands or any(band.z_sd <= 0 or not 0 < band.mismatch_rate < 1
+                            or band.mismatch_dispersion < 1 for band in bands):
+            raise ValueError("bands need a positive z_sd, a mismatch_rate in (0, 1) and a "
+                             "mismatch_dispersion of at least 1")
         return cls(bands)
 
 
@@ -262,7 +273,8 @@ def judge(score: JobScore, bands: HonestBands, *, usage_slack: float = USAGE_SLA
     band = bands.for_temperature(score.temperature)
     if score.temperature == 0:
         expected = band.mismatch_rate * score.positions
-        suspicion = (score.mismatches - expected) / math.sqrt(expected + 0.25)
+        suspicion = ((score.mismatches - expected)
+                     / math.sqrt(expected * band.mismatch_dispersion + 0.25))
         suspicion = max(-CLIP, min(CLIP, suspicion))
         if suspicion >= FAIL_AT:
             return Verdict(suspicion, True,

@@ -222,3 +222,14 @@ def test_bad_bands_are_refused():
         HonestBands.from_dict({"bands": [{"temperature": 0.7, "z_sd": 0}]})
     with pytest.raises(ValueError, match="not a bands object"):
         HonestBands.from_dict({"nope": 1})
+
+
+def test_clustered_greedy_mismatches_learn_a_dispersion():
+    clean = [greedy_job(0, tokens=100) for _ in range(40)]
+    clustered = [*clean, greedy_job(12, tokens=100)]  # one word re-tokenised badly
+    plain, spread = HonestBands.learn(clean), HonestBands.learn(clustered)
+    assert plain.for_temperature(0).mismatch_dispersion == 1.0
+    assert spread.for_temperature(0).mismatch_dispersion > 5
+    # The same clustered answer weighs less against the bands that know clusters happen.
+    assert judge(greedy_job(4, tokens=100), spread).suspicion < \
+        judge(greedy_job(4, tokens=100), plain).suspicion
