@@ -1,7 +1,8 @@
 """The audit service: sample finished answers, have them re-scored, judge, and act.
 
-``consider`` runs once per finished answer and costs O(1): it draws against the worker's audit
-rate (``decision.audit_rate``) and queues the case. A background loop hands queued cases to
+``wants`` runs once per finished answer and costs O(1): it draws against the worker's audit
+rate (``decision.audit_rate``); only a drawn answer is built into a case and queued
+(``consider``). A background loop hands queued cases to
 free auditors (``cases.choose_auditor``: the operator's trusted auditors first, then workers in
 good standing; never the audited worker; only the same model file) as ``score`` jobs through
 the dispatcher, at most ``audit_concurrency`` at once and never ahead of a client's request:
@@ -187,22 +188,24 @@ class AuditService:
 
     # --- sampling (per finished answer: O(1)) -----------------------------------------------
 
-    def consider(self, case: AuditCase) -> bool:
-        """Maybe queue ``case`` for an audit; True if queued."""
+    def wants(self, worker_key: str) -> bool:
+        """Whether to audit this answer of ``worker_key``: a draw against its audit rate. O(1),
+        and called before any case is built, so an answer not drawn costs nothing more."""
         if not self.enabled:
             return False
-        metrics = self.metrics
-        if metrics is not None:
-            metrics.auditable.inc()
-        worker = self.registry.get(case.worker_key)
+        if self.metrics is not None:
+            self.metrics.auditable.inc()
+        worker = self.registry.get(worker_key)
         if worker is not None and self.is_trusted(worker):
             return False  # the operator's own auditors are trusted, not audited
-        rate = audit_rate(self.standing(case.worker_key),
-                          in_escrow=self.billing.in_escrow(case.worker_key),
+        rate = audit_rate(self.standing(worker_key),
+                          in_escrow=self.billing.in_escrow(worker_key),
                           base_rate=self.settings.audit_base_rate,
                           new_rate=self.settings.audit_new_rate, params=self.params)
-        if self.rng.random() >= rate:
-            return False
+        return self.rng.random() < rate
+
+    def consider(self, case: AuditCase) -> bool:
+        """Queue a drawn answer's case for an audit (``wants`` said yes); True if queued."""
         if len(self._queue) >= self.settings.audit_queue:
             self._count("dropped")
             return False

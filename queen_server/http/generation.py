@@ -88,10 +88,11 @@ async def admit_and_hold(state: QueenState, request: Request, principal: Princip
 
 def consider_audit(state: QueenState, gen: Generation, hold: Hold | None, worker_key: str | None,
                    answer: Delivered, result: Result) -> None:
-    """Offer a finished answer to the audits' sampling (``AuditService.consider``: O(1)). The
-    model file it must match is the queen's own reading of the name, else the worker's."""
+    """Offer a finished answer to the audits' sampling (``AuditService.wants``: O(1)); a drawn
+    one is queued as a case. The model file it must match is the queen's own reading of the
+    name, else the worker's."""
     audits = state.audits
-    if not audits.enabled or worker_key is None:
+    if worker_key is None or not audits.wants(worker_key):
         return
     facts = state.catalog.facts(gen.model)
     sha256 = facts.sha256 if facts is not None else None

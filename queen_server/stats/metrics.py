@@ -33,7 +33,8 @@ class Metrics:
                               registry=self.registry)
         # Audits (issue 16): answers that could be audited, audits by outcome, what they cost.
         self.auditable = Counter("apiary_auditable_answers",
-                                 "Finished answers that could be audited", registry=self.registry)
+                                 "Finished answers offered to the audits' sampling",
+                                 registry=self.registry)
         self.audits = Counter("apiary_audits", "Audits by outcome (queued, passed, failed, "
                               "uninformative, disagreed, unconfirmed, error, expired, dropped)",
                               ["outcome"], registry=self.registry)
