@@ -7,15 +7,16 @@ at temperatures 0, 0.7 and 1.0, and from the five cheats of ``tests/support/chea
 re-scored by a real auditor engine with another thread count. Each job goes through the queen's
 own reading (``audits.cases.read_score``) and rule (``audits.decision.judge``, ``Standing``).
 
-How runs are simulated. The honest jobs are split in two at random: bands are learned from
-one half (``HonestBands.learn``) and everything is judged on the other half, so no job is judged
-by bands it taught. Then:
+How runs are simulated. The honest jobs are split in two at random, and each half is judged by
+bands learned from the other (``HonestBands.learn``), so no honest job is judged by bands it
+taught; cheats are judged by bands learned from every honest job. Then:
 
-* **False flags, real order:** each honest worker's held-out jobs, in the order they ran, as one
-  audited stream from a new worker's standing.
+* **False flags, real order:** each honest worker's jobs, in the order they ran, as one audited
+  stream from a new worker's standing (every job audited).
 * **False flags, resampled:** ``--runs`` streams of ``--honest-jobs`` jobs per honest worker,
-  each job drawn with replacement from that worker's held-out jobs (its own verdicts, so the
-  tails of real scores are kept; draws are independent, as audits of different requests are).
+  each job drawn with replacement from that worker's verdicts (so the tails of real scores are
+  kept, and each real job recurs about three times in a stream: harsher than real traffic,
+  whose prompts vary).
 * **Detection:** ``--runs`` streams per cheat kind, each job drawn with replacement from that
   kind's jobs (the temperatures as collected), from a new worker's standing; the table gives
   the share flagged within 20 of its audited jobs, and the median jobs to the flag.
@@ -102,12 +103,20 @@ def main() -> None:
     meta, scored = load(args.data)
     honest = [(job, score) for job, score in scored if job["kind"] == "honest"]
     rng.shuffle(honest)
-    learn, held = honest[: len(honest) // 2], honest[len(honest) // 2:]
-    bands = HonestBands.learn(score for _, score in learn)
+    half = len(honest) // 2
+    bands = HonestBands.learn(score for _, score in honest)
+    # Two folds: each honest job is judged by bands learned from the other half only.
+    held: list[tuple[dict[str, Any], Verdict]] = []
+    for learn, judged in ((honest[:half], honest[half:]), (honest[half:], honest[:half])):
+        fold = HonestBands.learn(score for _, score in learn)
+        held += [(job, judge(score, fold)) for job, score in judged]
+    ran = {id(job): i for i, (job, _) in enumerate(scored)}  # the order the jobs ran in
+    held.sort(key=lambda pair: ran[id(pair[0])])
 
     print(f"data: {args.data.name}, {len(scored)} scored jobs ({len(honest)} honest), model "
           f"{meta['model']} ({meta['model_sha256'][:12]}…), {meta.get('machine', '?')}")
-    print("bands learned from half the honest jobs:")
+    print("bands learned from every honest job (each honest job below is judged by those of "
+          "the other half):")
     for band in bands.bands:
         if band.temperature == 0:
             print(f"  T=0: mismatch rate {band.mismatch_rate:.4f} per position, dispersion "
@@ -118,12 +127,11 @@ def main() -> None:
 
     # Per-job failure rates, by kind and temperature.
     by_kind: dict[str, list[tuple[dict[str, Any], Verdict]]] = defaultdict(list)
-    for job, score in held:
-        by_kind["honest"].append((job, judge(score, bands)))
+    by_kind["honest"] = held
     for job, score in scored:
         if job["kind"] != "honest":
             by_kind[job["kind"]].append((job, judge(score, bands)))
-    print("\nper job (held-out honest jobs; every cheat job):")
+    print("\nper job (honest jobs judged out of fold; every cheat job):")
     print(f"{'kind':<12}{'jobs':>6}{'failed':>9}{'T=0':>8}{'T=0.7':>8}{'T=1':>8}"
           f"{'mean suspicion':>16}")
     for kind, verdicts in by_kind.items():
@@ -138,7 +146,7 @@ def main() -> None:
               f"{rates[2]:>8}{mean:>16.2f}")
 
     # False flags.
-    print("\nhonest workers (held-out jobs):")
+    print("\nhonest workers (every job, judged out of fold):")
     print(f"{'worker':<16}{'jobs':>6}{'real order':>12}{'resampled runs':>16}"
           f"{'flagged':>9}")
     honest_verdicts: dict[str, list[Verdict]] = defaultdict(list)

@@ -300,7 +300,7 @@ class SprtParams:
     """Wald's test between "honest" (suspicion ~ N(0, 1)) and "cheating" (~ N(``delta``, 1)),
     with error rates ``alpha`` (flagging an honest worker) and ``beta`` (missing a cheat)."""
 
-    delta: float = 1.5
+    delta: float = 1.0
     alpha: float = 0.001
     beta: float = 0.01
 

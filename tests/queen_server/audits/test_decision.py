@@ -105,7 +105,7 @@ def test_one_unlucky_job_flags_nobody():
     standing = Standing().after(worst, PARAMS)
     assert standing.state == "unknown"
     assert standing.reasons == ("unlucky",)
-    for _ in range(15):
+    for _ in range(20):
         standing = standing.after(Verdict(0.0), PARAMS)
     assert standing.state == "good"
     assert standing.llr == PARAMS.lower  # held at the boundary

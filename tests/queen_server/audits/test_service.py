@@ -96,12 +96,12 @@ async def test_a_trusted_auditor_audits_and_honest_work_reaches_good_standing(tm
         await auditor.start()
         worker = await ScriptedWorker(queen.ws_url, continues=True).start()
         client = queen.client()
-        for temperature in (0.0, 0.7, 1.0, 0.0, 0.7, 1.0):
+        for temperature in (0.0, 0.7, 1.0) * 4:
             await ask(queen, client, temperature)
             await queen.wait_until(lambda: queen.state.audits.idle, 5, "audited")
         record = standing(queen, worker.pubkey)
         assert record.state == "good"
-        assert record.audited == 6
+        assert record.audited == 12
         assert record.failed == 0
         assert all(job.openai_req["model"] == ECHO_MODEL for job in auditor.scored)
         first = auditor.scored[0].openai_req
@@ -110,12 +110,12 @@ async def test_a_trusted_auditor_audits_and_honest_work_reaches_good_standing(tm
         assert "one two" in first["answer"]  # the text the client was delivered
         assert queen.state.registry.get(worker.pubkey).trust < 1.0  # weighs more in routing
         assert len([job for job in auditor.jobs if job.openai_url != SCORE_URL]) == 0
-        rows = await queen.state.audits.store.recent(10)
-        assert len(rows) == 6
+        rows = await queen.state.audits.store.recent(20)
+        assert len(rows) == 12
         assert all(row.auditor_trusted and not row.failed for row in rows)
         metrics = (await (await _http(queen)).get("/metrics")).text
-        assert 'apiary_audits_total{outcome="passed"} 6.0' in metrics
-        assert "apiary_audit_tokens_total 120.0" in metrics
+        assert 'apiary_audits_total{outcome="passed"} 12.0' in metrics
+        assert "apiary_audit_tokens_total 240.0" in metrics
         await worker.stop()
         await auditor.stop()
 
