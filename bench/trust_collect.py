@@ -53,7 +53,7 @@ from desktop_worker.engine.scoring import ScoreRequest  # noqa: E402
 from desktop_worker.errors import WorkerError  # noqa: E402
 from desktop_worker.store import ModelStore  # noqa: E402
 from desktop_worker.store.hub import sha256_file  # noqa: E402
-from tests.support.cheats import KINDS, SMOLLM2, CheatPool, SwappedStore  # noqa: E402
+from tests.support.cheats import KINDS, SMOLLM2, CheatPool, SwappedStore, chat_text  # noqa: E402
 
 log = logging.getLogger("trust_collect")
 
@@ -181,18 +181,9 @@ async def loaded_pool(store: ModelStore, engine: Engine) -> ModelPool:
 
 async def generate(pool: ModelPool | CheatPool, request: dict[str, Any]
                    ) -> tuple[str, str, dict[str, int], float]:
-    pieces: list[str] = []
-    finish = ""
-
-    async def collect(chunk: dict[str, Any]) -> None:
-        nonlocal finish
-        for choice in chunk["choices"]:
-            pieces.append(choice["delta"].get("content") or "")
-            finish = choice.get("finish_reason") or finish
-
     started = time.perf_counter()
-    usage = await pool.chat(NAME, request, threading.Event(), collect)
-    return "".join(pieces), finish, dict(usage), time.perf_counter() - started
+    text, finish, usage = await chat_text(pool, NAME, request)
+    return text, finish, usage, time.perf_counter() - started
 
 
 async def run_job(job: JobSpec, workers: dict[str, tuple[Engine, Any]],

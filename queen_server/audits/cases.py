@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from queen_server.audits.decision import EndScore, JobScore, score_job
-from shared_schema import capabilities
+from shared_schema import ModelDescriptor, capabilities
 from shared_schema.audits import ScoreData, ScoreJob
 
 # Penalties change the distribution an answer was drawn from in ways the auditor does not
@@ -122,7 +122,7 @@ class AuditorView(Protocol):
     @property
     def flagged(self) -> bool: ...
     @property
-    def models(self) -> Mapping[str, Any]: ...
+    def models(self) -> Mapping[str, ModelDescriptor]: ...
 
 
 A = TypeVar("A", bound=AuditorView)
@@ -145,7 +145,7 @@ def choose_auditor(
                 or worker.free_slots <= 0 or capabilities.SCORE not in worker.capabilities):
             continue
         held = worker.models.get(case.model)
-        if case.sha256 is None or held is None or getattr(held, "sha256", None) != case.sha256:
+        if case.sha256 is None or held is None or held.sha256 != case.sha256:
             continue
         state, passed = record(worker.key)
         if worker.key in trusted:

@@ -104,7 +104,8 @@ class AuditService:
         self.bands = bands if bands is not None else load_bands(settings.audit_bands_file)
         self.params = params or SprtParams()
         self.rng = rng or random.Random()
-        self.trusted = frozenset(settings.trusted_auditors)
+        self.trusted = frozenset(settings.trusted_auditors)  # keys or public ids
+        self._trusted_keys: set[str] = set()  # the keys of trusted auditors that joined
         self._records: dict[str, Record] = {}
         self._queue: deque[_Waiting] = deque()
         self._waiting: dict[str, int] = {}  # worker key -> its cases waiting
@@ -147,7 +148,9 @@ class AuditService:
         """A worker connected: read its standing (a flag survives reconnecting) and apply it."""
         if self.store is None or worker.legacy:
             return
-        if capabilities.AUDITOR in worker.capabilities and not self.is_trusted(worker):
+        if self.is_trusted(worker):
+            self._trusted_keys.add(worker.key)  # audit-only workers are in no routing index
+        elif capabilities.AUDITOR in worker.capabilities:
             log.warning("worker %s offers itself as an auditor but is not one of this queen's "
                         "trusted auditors (APIARY_TRUSTED_AUDITORS): it gets no work",
                         worker.public_id)
@@ -269,7 +272,7 @@ class AuditService:
 
     def _auditor_for(self, waiting: _Waiting) -> Worker | None:
         case = waiting.case
-        trusted = [worker for key in self.trusted
+        trusted = [worker for key in self._trusted_keys
                    if (worker := self.registry.get(key)) is not None]
         holders = self.registry.holders(case.model)
         scan = [*trusted, *(worker for _, worker in zip(range(AUDITOR_SCAN), holders,
@@ -295,13 +298,10 @@ class AuditService:
         except NoCapacity:  # a client's job took the auditor's slot first: wait for another
             self._queue.appendleft(waiting)
             return
-        except (ApiError, BadScore, TimeoutError) as exc:
-            log.info("audit of %s on %s failed: %s", case.request_id, auditor.public_id, exc)
-            self._count("error")
-            self._done_waiting(case.worker_key)
-            return
-        except Exception:
-            log.exception("audit of %s failed", case.request_id)
+        except Exception as exc:  # counts for nothing; an unexpected one is logged as a bug
+            expected = isinstance(exc, ApiError | BadScore | TimeoutError)
+            log.log(logging.INFO if expected else logging.ERROR, "audit of %s on %s failed: %s",
+                    case.request_id, auditor.public_id, exc, exc_info=not expected)
             self._count("error")
             self._done_waiting(case.worker_key)
             return

@@ -115,13 +115,6 @@ class AuditStore:
             rows = await conn.execute(select(AuditStandingRow))
             return {row.worker_key: _record(row) for row in rows}
 
-    async def flagged(self) -> set[str]:
-        """The keys of every flagged worker (their payouts are held)."""
-        async with self.engine.connect() as conn:
-            rows = await conn.execute(select(AuditStandingRow.worker_key)
-                                      .where(AuditStandingRow.state == "flagged"))
-            return {key for (key,) in rows}
-
     async def totals(self) -> tuple[int, int, float]:
         """Audits run, tokens auditors evaluated, and their seconds, in all."""
         async with self.engine.connect() as conn:

@@ -56,6 +56,7 @@ from desktop_worker.service import Detector, WorkerService
 from desktop_worker.settings import WorkerSettings
 from desktop_worker.store import LocalModel, ModelStore
 from desktop_worker.store.gguf_info import read_gguf_info
+from queen_server.swarm.metering import end_allowance, utf8_bytes
 from tests.support.processes import Proc, base_env
 
 log = logging.getLogger(__name__)
@@ -115,22 +116,26 @@ def usage_of(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def utf8_bytes(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
-
-
-def stop_strings(request: dict[str, Any]) -> list[str]:
-    stop = request.get("stop")
-    if isinstance(stop, str):
-        return [stop]
-    return [item for item in stop or [] if isinstance(item, str)]
-
-
 def byte_bound(text: str, request: dict[str, Any]) -> int:
-    """The queen's bound on an answer's completion tokens (``swarm.metering``): its UTF-8
+    """The queen's own bound on an answer's completion tokens (``swarm.metering``): its UTF-8
     bytes, the longest stop string and one end token."""
-    longest = max((utf8_bytes(stop) for stop in stop_strings(request)), default=0)
-    return utf8_bytes(text) + longest + 1
+    return utf8_bytes(text) + end_allowance(request)
+
+
+async def chat_text(pool: ModelPool | CheatPool, name: str, request: dict[str, Any]
+                    ) -> tuple[str, str, dict[str, int]]:
+    """One chat job through ``pool`` (real or bent): its text, finish reason and usage."""
+    pieces: list[str] = []
+    finish = ""
+
+    async def collect(chunk: dict[str, Any]) -> None:
+        nonlocal finish
+        for choice in chunk["choices"]:
+            pieces.append(choice["delta"].get("content") or "")
+            finish = choice.get("finish_reason") or finish
+
+    usage = await pool.chat(name, request, threading.Event(), collect)
+    return "".join(pieces), finish, dict(usage)
 
 
 class Vocab:

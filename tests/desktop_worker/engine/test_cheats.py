@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from tests.support.cheats import (
     ReplayCache,
     Vocab,
     byte_bound,
+    chat_text,
     cheat_process,
     cheat_service,
     inflated,
@@ -62,17 +62,7 @@ async def pool(tmp_path: Path):
 
 async def chat(pool: ModelPool | CheatPool, request: dict[str, Any]
                ) -> tuple[str, str, dict[str, int]]:
-    pieces: list[str] = []
-    finish = ""
-
-    async def collect(chunk: dict[str, Any]) -> None:
-        nonlocal finish
-        for choice in chunk["choices"]:
-            pieces.append(choice["delta"].get("content") or "")
-            finish = choice.get("finish_reason") or finish
-
-    usage = await pool.chat("smol", request, threading.Event(), collect)
-    return "".join(pieces), finish, usage
+    return await chat_text(pool, "smol", request)
 
 
 # --- requant ---------------------------------------------------------------------------------
@@ -137,7 +127,7 @@ async def test_garbage_comes_instantly_with_an_honest_looking_length_and_usage(
     try:
         [model] = await service.prepare([str(SMOLLM2)])
         request = {**FRUITS, "model": model.name}
-        honest_text, _, honest = await chat_named(service.pool, model.name, request)
+        honest_text, _, honest = await chat_text(service.pool, model.name, request)
         lengths = []
         for job in range(5):
             sink = RecordingSink()
@@ -155,17 +145,6 @@ async def test_garbage_comes_instantly_with_an_honest_looking_length_and_usage(
     finally:
         await service.pool.close()
     assert len(set(lengths)) > 1  # random lengths, not one fixed answer
-
-
-async def chat_named(pool: ModelPool, name: str, request: dict[str, Any]
-                     ) -> tuple[str, str, dict[str, int]]:
-    pieces: list[str] = []
-
-    async def collect(chunk: dict[str, Any]) -> None:
-        pieces.extend(c["delta"].get("content") or "" for c in chunk["choices"])
-
-    usage = await pool.chat(name, request, threading.Event(), collect)
-    return "".join(pieces), "", usage
 
 
 # --- truncation, inflate, replay -------------------------------------------------------------

@@ -13,6 +13,7 @@ import pytest
 
 from queen_server.audits.decision import Standing
 from queen_server.billing import ledger
+from queen_server.identity import public_id
 from shared_schema import Job, Result, Usage
 from shared_schema.audits import SCORE_URL
 from shared_schema.capabilities import AUDITOR, SCORE
@@ -63,6 +64,25 @@ class Auditor(ScriptedWorker):
                                 usage=Usage(prompt_tokens=20, total_tokens=20)))
 
 
+async def trusted_auditor(queen, **kwargs: Any) -> Auditor:
+    """An audit-only auditor the operator trusts (as APIARY_TRUSTED_AUDITORS names it)."""
+    auditor = Auditor(queen.ws_url, audit_only=True, **kwargs)
+    queen.state.audits.trusted = frozenset({auditor.pubkey})
+    return await auditor.start()
+
+
+async def audited(queen, client, temperature: float = 0.0, **kwargs: Any) -> None:
+    """One request, and every audit it caused finished."""
+    await ask(queen, client, temperature, **kwargs)
+    await queen.wait_until(lambda: queen.state.audits.idle, 5, "audited")
+
+
+async def until_flagged(queen, client, key: str, temperature: float = 0.0,
+                        **kwargs: Any) -> None:
+    while standing(queen, key).state != "flagged":
+        await audited(queen, client, temperature, **kwargs)
+
+
 def settings(**overrides: Any) -> dict[str, Any]:
     return {"audit_new_rate": 1.0, "audit_base_rate": 1.0, **overrides}
 
@@ -91,14 +111,11 @@ async def test_an_auditor_the_operator_did_not_name_gets_no_work(tmp_path):
 
 async def test_a_trusted_auditor_audits_and_honest_work_reaches_good_standing(tmp_path):
     async with running_queen(tmp_path, **settings()) as queen:
-        auditor = Auditor(queen.ws_url, audit_only=True)
-        queen.state.audits.trusted = frozenset({auditor.pubkey})
-        await auditor.start()
+        auditor = await trusted_auditor(queen)
         worker = await ScriptedWorker(queen.ws_url, continues=True).start()
         client = queen.client()
         for temperature in (0.0, 0.7, 1.0) * 4:
-            await ask(queen, client, temperature)
-            await queen.wait_until(lambda: queen.state.audits.idle, 5, "audited")
+            await audited(queen, client, temperature)
         record = standing(queen, worker.pubkey)
         assert record.state == "good"
         assert record.audited == 12
@@ -128,18 +145,14 @@ async def _http(queen):
 
 async def test_a_cheat_is_flagged_out_of_routing_refunded_and_forfeits_its_escrow(tmp_path):
     async with running_queen(tmp_path, auth="keys", escrow_jobs=20, **settings()) as queen:
-        auditor = Auditor(queen.ws_url, honest=False, audit_only=True)
-        queen.state.audits.trusted = frozenset({auditor.pubkey})
-        await auditor.start()
+        auditor = await trusted_auditor(queen, honest=False)
         cheat = await ScriptedWorker(queen.ws_url, continues=True).start()
         billing = queen.state.billing
         secret, record = await billing.keys.create("dev")
         await billing.ledger.post(ledger.deposit(record.id, 100_000, "deposit:test"))
         await billing.refresh()
         client = queen.client(api_key=secret)
-        while standing(queen, cheat.pubkey).state != "flagged":
-            await ask(queen, client, 0.7, max_tokens=50)
-            await queen.wait_until(lambda: queen.state.audits.idle, 5, "audited")
+        await until_flagged(queen, client, cheat.pubkey, 0.7, max_tokens=50)
         flagged = standing(queen, cheat.pubkey)
         assert flagged.audited == 2  # no single job flags; two certain misses do
         assert queen.state.registry.get(cheat.pubkey).flagged
@@ -180,16 +193,12 @@ async def test_a_cheat_is_flagged_out_of_routing_refunded_and_forfeits_its_escro
 
 async def test_usage_inflation_is_caught_by_the_count(tmp_path):
     async with running_queen(tmp_path, **settings()) as queen:
-        auditor = Auditor(queen.ws_url, audit_only=True)
-        queen.state.audits.trusted = frozenset({auditor.pubkey})
-        await auditor.start()
+        auditor = await trusted_auditor(queen)
         words = len(WORDS.split())
         liar = await ScriptedWorker(queen.ws_url, continues=True, claims=Usage(
             prompt_tokens=7, completion_tokens=3 * words, total_tokens=7 + 3 * words)).start()
         client = queen.client()
-        while standing(queen, liar.pubkey).state != "flagged":
-            await ask(queen, client)
-            await queen.wait_until(lambda: queen.state.audits.idle, 5, "audited")
+        await until_flagged(queen, client, liar.pubkey)
         assert "counted" in standing(queen, liar.pubkey).reasons[-1]
         await liar.stop()
         await auditor.stop()
@@ -202,8 +211,7 @@ async def test_a_lying_auditor_needs_a_second_opinion(tmp_path):
         honest = await Auditor(queen.ws_url, honest=True).start()
         client = queen.client()
         for _ in range(12):
-            await ask(queen, client)
-            await queen.wait_until(lambda: queen.state.audits.idle, 5, "audited")
+            await audited(queen, client)
         metrics = (await (await _http(queen)).get("/metrics")).text
         assert 'outcome="disagreed"' in metrics or 'outcome="unconfirmed"' in metrics
         # A failed verdict of the lying auditor met the honest one's, or found no second
@@ -219,9 +227,7 @@ async def test_a_lying_auditor_needs_a_second_opinion(tmp_path):
 
 async def test_a_malformed_score_counts_for_nothing(tmp_path):
     async with running_queen(tmp_path, **settings()) as queen:
-        auditor = Auditor(queen.ws_url, malformed=True, audit_only=True)
-        queen.state.audits.trusted = frozenset({auditor.pubkey})
-        await auditor.start()
+        auditor = await trusted_auditor(queen, malformed=True)
         worker = await ScriptedWorker(queen.ws_url, continues=True).start()
         await ask(queen, queen.client())
         await queen.wait_until(lambda: queen.state.audits.idle, 5, "audit ended")
@@ -233,9 +239,7 @@ async def test_a_malformed_score_counts_for_nothing(tmp_path):
 
 async def test_audits_are_off_when_the_operator_says_so(tmp_path):
     async with running_queen(tmp_path, audits=False) as queen:
-        auditor = Auditor(queen.ws_url, audit_only=True)
-        queen.state.audits.trusted = frozenset({auditor.pubkey})
-        await auditor.start()
+        auditor = await trusted_auditor(queen)
         worker = await ScriptedWorker(queen.ws_url, continues=True).start()
         await ask(queen, queen.client())
         assert auditor.scored == []
@@ -246,14 +250,10 @@ async def test_audits_are_off_when_the_operator_says_so(tmp_path):
 
 async def test_the_admin_sees_the_evidence_and_clears_the_flag_over_http(tmp_path):
     async with running_queen(tmp_path, admin_token="secret-admin", **settings()) as queen:
-        auditor = Auditor(queen.ws_url, honest=False, audit_only=True)
-        queen.state.audits.trusted = frozenset({auditor.pubkey})
-        await auditor.start()
+        auditor = await trusted_auditor(queen, honest=False)
         cheat = await ScriptedWorker(queen.ws_url, continues=True).start()
         client = queen.client()
-        while standing(queen, cheat.pubkey).state != "flagged":
-            await ask(queen, client)
-            await queen.wait_until(lambda: queen.state.audits.idle, 5, "audited")
+        await until_flagged(queen, client, cheat.pubkey)
         http = await _http(queen)
         admin = {"Authorization": "Bearer secret-admin"}
         assert (await http.get("/admin/api/audits")).status_code == 401
@@ -274,4 +274,18 @@ async def test_the_admin_sees_the_evidence_and_clears_the_flag_over_http(tmp_pat
         assert again.json()["error"]["code"] == "worker_not_flagged"
         await http.aclose()
         await cheat.stop()
+        await auditor.stop()
+
+
+async def test_a_trusted_auditor_may_be_named_by_its_public_id(tmp_path):
+    async with running_queen(tmp_path, **settings()) as queen:
+        auditor = Auditor(queen.ws_url, audit_only=True)
+        queen.state.audits.trusted = frozenset({public_id(auditor.pubkey)})
+        await auditor.start()
+        worker = await ScriptedWorker(queen.ws_url, continues=True).start()
+        await audited(queen, queen.client())
+        assert len(auditor.scored) == 1
+        rows = await queen.state.audits.store.recent(5)
+        assert rows[0].auditor_trusted
+        await worker.stop()
         await auditor.stop()
