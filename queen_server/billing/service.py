@@ -365,7 +365,8 @@ class Billing:
     async def refund(self, job_id: str, memo: str = "") -> int:
         """Give the developer back what job ``job_id`` was charged, taken back from where the
         charge went: the queen's fee, and the worker's share from its pending earnings first,
-        then its available ones (which may go below zero: a debt against later earnings).
+        then its available ones; what the worker no longer holds (forfeited to the queen by a
+        flag, or paid out) the queen's fees give back. No account goes below zero.
         Idempotent (the posting is ``refund:<job>``); returns the msat refunded now."""
         if self.ledger is None:
             return 0
@@ -384,14 +385,17 @@ class Billing:
         charge = fee + sum(shares.values())
         if key_id is None or charge <= 0:
             return 0
-        takes: list[tuple[str, int]] = [(ledger.QUEEN_FEES, fee)]
+        takes: list[tuple[str, int]] = []
         from_pending: dict[str, int] = {}
         for pubkey, share in shares.items():
-            pending_account = ledger.worker_pending(pubkey)
-            _, balances = await self.ledger.snapshot([pending_account])
-            taken = max(0, min(share, balances[pending_account]))
+            pending, available = ledger.worker_pending(pubkey), ledger.worker_available(pubkey)
+            _, balances = await self.ledger.snapshot([pending, available])
+            taken = max(0, min(share, balances[pending]))
+            left = max(0, min(share - taken, balances[available]))
             from_pending[pubkey] = taken
-            takes += [(pending_account, taken), (ledger.worker_available(pubkey), share - taken)]
+            takes += [(pending, taken), (available, left)]
+            fee += share - taken - left  # already forfeited to the queen, or paid out
+        takes.append((ledger.QUEEN_FEES, fee))
         if not await self.ledger.post(ledger.refund(job_id, key_id, charge, takes, memo)):
             return 0  # refunded before
         state = self._states.get(key_id)

@@ -288,3 +288,30 @@ async def test_n_choices_reserve_n_answers_so_a_key_cannot_overspend_with_n(tmp_
             assert worker.jobs[0].openai_req["n"] == 2
         finally:
             await worker.stop()
+
+
+async def test_a_refund_after_the_escrow_was_forfeited_comes_from_the_queen(tmp_path, db_url):
+    """A flagged worker's escrow goes to the queen; refunding one of its jobs afterwards must
+    not drive its accounts below zero: the queen, which holds the forfeit, gives it back."""
+    async with running_queen(tmp_path, auth="keys", db=db_url, escrow_jobs=5) as queen:
+        worker = await ScriptedWorker(queen.ws_url).start()
+        billing = queen.state.billing
+        secret, key_id = await funded_key(queen, 10)
+        client = queen.client(api_key=secret)
+        first = await client.chat.completions.create(model=ECHO_MODEL, messages=USER,
+                                                     max_tokens=50)
+        second = await client.chat.completions.create(model=ECHO_MODEL, messages=USER,
+                                                      max_tokens=50)
+        money = await balances(queen)
+        assert money[ledger.worker_pending(worker.pubkey)] > 0
+        assert await billing.forfeit_escrow(worker.pubkey, 1) > 0
+        charge = TINY.cost_msat(second.usage.prompt_tokens, second.usage.completion_tokens)
+        assert await billing.refund(second.id) == charge
+        assert await billing.refund(second.id) == 0  # once
+        money = await balances(queen)
+        assert money[ledger.worker_pending(worker.pubkey)] == 0
+        assert money.get(ledger.worker_available(worker.pubkey), 0) == 0
+        first_cost = TINY.cost_msat(first.usage.prompt_tokens, first.usage.completion_tokens)
+        assert money[ledger.key_available(key_id)] == 10_000 - first_cost  # the second is back
+        assert (await billing.ledger.check()).clean
+        await worker.stop()
