@@ -26,8 +26,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from desktop_worker.engine.fitting import LoadPlan  # noqa: E402
 from desktop_worker.engine.llama_model import LlamaContext  # noqa: E402
+from shared_schema.fitting import LoadPlan  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 40},

@@ -64,6 +64,11 @@ class HubError(ModelStoreError):
     """Any other failure talking to the hub."""
 
 
+class ChecksumMismatch(HubError):
+    """A downloaded file is not the one named: its sha256 differs from the hub's or from the
+    one the queen pinned (issue 17). The file was deleted."""
+
+
 class InsufficientDisk(ModelStoreError):
     """The model would not fit on the disk (or under the quota)."""
 

@@ -63,6 +63,7 @@ class JobRunner:
         self.on_started: list[Callable[[Job], None]] = []
         self.on_finished: list[Callable[[JobRecord], None]] = []
         self._running: dict[str, tuple[asyncio.Task[None], threading.Event]] = {}
+        self._handed_back: dict[str, str] = {}  # job id -> why (a pause)
 
     @property
     def active(self) -> int:
@@ -80,6 +81,20 @@ class JobRunner:
         entry = self._running.get(job_id)
         if entry is not None:
             entry[1].set()
+
+    async def hand_back(self, timeout_s: float, reason: str) -> None:
+        """Let the jobs in flight finish for up to ``timeout_s``; stop the rest with a
+        retryable ``paused`` error, so that the queen continues each answer on another worker
+        (its failover path) rather than failing it."""
+        tasks = [task for task, _ in self._running.values()]
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        for job_id in list(self._running):
+            self._handed_back[job_id] = reason
+            self.cancel(job_id)
+        if pending:
+            await asyncio.wait(pending, timeout=5)
 
     async def drain(self, timeout_s: float) -> None:
         """Let the jobs in flight finish for up to ``timeout_s``, then cancel the rest."""
@@ -110,7 +125,7 @@ class JobRunner:
             else:
                 usage = await self._generate(job, kind, model, sink, cancel)
                 if cancel.is_set():
-                    raise _JobFailure("cancelled", "cancelled by the queen", retryable=False)
+                    raise self._stopped(job.id)
         except _JobFailure as failure:
             outcome = failure.code
             await sink.error(job.id, failure.code, str(failure), failure.retryable)
@@ -135,6 +150,7 @@ class JobRunner:
                  job.id, kind, model, record.prompt_tokens, record.completion_tokens,
                  record.tokens_per_s, record.seconds, outcome)
         self._running.pop(job.id, None)  # ``active`` already counts it out for the callbacks
+        self._handed_back.pop(job.id, None)
         for callback in self.on_finished:
             callback(record)
 
@@ -179,12 +195,19 @@ class JobRunner:
             await sink.result(job.id, {} if stream else answer_from_chunks(collected), usage)
         return usage
 
+    def _stopped(self, job_id: str) -> _JobFailure:
+        why = self._handed_back.get(job_id)
+        if why is not None:
+            return _JobFailure("paused", f"the worker paused ({why}); continue elsewhere",
+                               retryable=True)
+        return _JobFailure("cancelled", "cancelled by the queen", retryable=False)
+
     async def _score(self, job: Job, model: str, sink: JobSink,
                      cancel: threading.Event) -> Usage:
         """A re-scoring audit (issue 16): the delivered answer's per-token scores, no text."""
         score = await self.pool.score(model, read_score_request(job.openai_req), cancel)
         if score is None:
-            raise _JobFailure("cancelled", "cancelled by the queen", retryable=False)
+            raise self._stopped(job.id)
         usage = Usage(**score.usage())
         await sink.result(job.id, score.data(), usage)
         return usage

@@ -17,6 +17,7 @@ import psutil
 
 from desktop_worker import __version__
 from desktop_worker.engine.pool import ModelPool
+from desktop_worker.fetching import Fetcher
 from desktop_worker.hardware import HardwareReport, detect_hardware
 from desktop_worker.identity import WorkerIdentity
 from desktop_worker.jobs import JobRunner
@@ -24,7 +25,14 @@ from desktop_worker.link.client import LinkClient
 from desktop_worker.settings import WorkerSettings
 from desktop_worker.store import LocalModel, ModelStore
 from desktop_worker.store.names import validate_local_name
-from shared_schema import CAPABILITY_CONTINUE, PROTOCOL_VERSION, Hello, Status, capabilities
+from shared_schema import (
+    CAPABILITY_CONTINUE,
+    PROTOCOL_VERSION,
+    Demand,
+    Hello,
+    Status,
+    capabilities,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +45,14 @@ CAPABILITIES = ["chat", "stream", "embeddings", CAPABILITY_CONTINUE, capabilitie
 
 def worker_capabilities(settings: WorkerSettings) -> list[str]:
     """What the hello says this worker can do: ``CAPABILITIES``, plus ``auditor`` when its
-    operator offers it as an audit-only re-scorer (``WorkerSettings.auditor``)."""
+    operator offers it as an audit-only re-scorer (``WorkerSettings.auditor``), and ``fetch``
+    when its owner lets the queen place models on it (``accept_fetch``, issue 17)."""
+    out = list(CAPABILITIES)
     if settings.auditor:
-        return [*CAPABILITIES, capabilities.CAPABILITY_AUDITOR]
-    return list(CAPABILITIES)
+        out.append(capabilities.CAPABILITY_AUDITOR)
+    if settings.accept_fetch:
+        out.append(capabilities.FETCH)
+    return out
 
 
 def default_budget_mb() -> int:
@@ -77,6 +89,15 @@ class WorkerService:
             budget_mb=settings.memory_budget_mb or default_budget_mb(),
         )
         self.runner = JobRunner(self.pool, has_model=self.has_model)
+        self.fetcher = Fetcher(self.store, self.pool, evict=lambda: self.settings.swarm_models,
+                               changed=self._status_changed)
+        # What the queen says developers ask for (issue 17), and who wants to hear of it.
+        self.demand: Demand | None = None
+        self.demand_listeners: list[Callable[[Demand], None]] = []
+        # Why the owner paused this worker (None: serving), and who wants to hear of it.
+        self.paused: str | None = None
+        self.pause_listeners: list[Callable[[str | None], None]] = []
+        self._hand_back: asyncio.Task[None] | None = None
         self.link = LinkClient(
             settings.queen_url,
             self.hello_factory,
@@ -85,6 +106,8 @@ class WorkerService:
             status_interval_s=settings.status_interval_s,
             shutdown_grace_s=settings.shutdown_grace_s,
             max_frame_bytes=settings.max_frame_bytes,
+            on_demand=self._on_demand,
+            on_fetch=self.fetcher.start if settings.accept_fetch else None,
         )
 
     def free_vram_mb(self) -> int | None:
@@ -95,6 +118,57 @@ class WorkerService:
         if cap is None or free is None:
             return free
         return min(free, cap)
+
+    def model_room_mb(self) -> int:
+        """Room for one more model (disk and quota), in MB, as the queen is told."""
+        room = self.store.room_bytes(self.pool.loaded(), evict=self.settings.swarm_models)
+        return room // 2**20
+
+    # --- demand and pauses (issue 17) ---------------------------------------------------------
+
+    def _on_demand(self, demand: Demand) -> None:
+        self.demand = demand
+        for listener in list(self.demand_listeners):
+            try:
+                listener(demand)
+            except Exception:  # a broken listener must not break the link
+                log.exception("a demand listener failed")
+
+    def _status_changed(self) -> None:
+        self.link.send_status_now()
+
+    def pause(self, reason: str) -> None:
+        """Pause: take no new jobs or fetches, say why in the status, and let the jobs in
+        flight finish within ``pause_grace_s``, then hand them back to the queen (a retryable
+        ``paused`` error: it continues each answer elsewhere)."""
+        if self.paused == reason:
+            return
+        first = self.paused is None
+        self.paused = reason
+        self.link.set_paused(reason)
+        log.info("paused: %s", reason)
+        if first and self.runner.active:
+            self._hand_back = asyncio.get_running_loop().create_task(
+                self.runner.hand_back(self.settings.pause_grace_s, reason))
+        self._tell_pause()
+
+    def resume(self) -> None:
+        if self.paused is None:
+            return
+        self.paused = None
+        if self._hand_back is not None:
+            self._hand_back.cancel()
+            self._hand_back = None
+        self.link.set_paused(None)
+        log.info("resumed: taking jobs again")
+        self._tell_pause()
+
+    def _tell_pause(self) -> None:
+        for listener in list(self.pause_listeners):
+            try:
+                listener(self.paused)
+            except Exception:
+                log.exception("a pause listener failed")
 
     # --- models -------------------------------------------------------------------------------
 
@@ -144,6 +218,7 @@ class WorkerService:
         fields = report.registration_fields()
         models = self.store.descriptors(self.pool.loaded())
         settings = self.settings
+        room_mb = await asyncio.to_thread(self.model_room_mb)
 
         def hello_for(nonce: str, origin: str) -> Hello:  # origin: of the URL dialled
             return Hello(
@@ -155,6 +230,9 @@ class WorkerService:
                 models=models,
                 capabilities=worker_capabilities(settings),
                 max_jobs=settings.max_jobs,
+                memory_budget_mb=self.pool.budget_mb,
+                model_room_mb=room_mb,
+                swarm_models=settings.swarm_models,
                 **fields,
             )
 
@@ -166,6 +244,9 @@ class WorkerService:
             active_jobs=self.runner.active,
             max_jobs=self.settings.max_jobs,
             models=self.store.descriptors(self.pool.loaded()),
+            downloads=self.fetcher.downloads(),
+            model_room_mb=await asyncio.to_thread(self.model_room_mb),
+            paused=self.paused,
             **report.status_fields(),
         )
 
@@ -177,5 +258,6 @@ class WorkerService:
         finally:
             # A job task ends only after its generation thread does; closing the engine under
             # a running thread would free the model it is reading.
+            await self.fetcher.close()
             await self.runner.drain(0)
             await self.pool.close()

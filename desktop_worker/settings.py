@@ -156,6 +156,26 @@ class WorkerSettings(BaseSettings):
     auditor: bool = Field(default=False, description=(
         "offer this worker as an audit-only re-scorer for the queen's operator (issue 16: the "
         "hello's capabilities then include 'auditor'; the queen decides whether it trusts it)"))
+    # Models on demand (issue 17).
+    accept_fetch: bool = Field(default=True, description=(
+        "let the queen place models on this machine (a 'fetch' command), within the disk quota; "
+        "without swarm_models it never evicts a model to make room"))
+    swarm_models: bool = Field(default=False, description=(
+        "let the swarm choose this worker's models: pull what is in demand and fits, and evict "
+        "the least recently used to stay within the disk quota (opt-in)"))
+    # Owner controls (issue 17): when the worker pauses itself. A pause takes no new jobs, lets
+    # jobs in flight finish within pause_grace_s (then hands them back to the queen), and says
+    # why in its status and the tray.
+    pause_on_battery: bool = True
+    pause_gpu_busy_pct: int | None = Field(default=None, ge=1, le=100, description=(
+        "pause while other processes use more than this share of a GPU's memory or time "
+        "(NVML's process list); None: never"))
+    pause_fullscreen: bool = False
+    active_hours: str | None = Field(default=None, max_length=200, description=(
+        "serve only within these local hours, e.g. '22:00-07:00' or '09:00-12:00,14:00-18:00'; "
+        "None: always"))
+    pause_grace_s: float = Field(default=30.0, ge=0, le=3600)
+    pause_check_interval_s: float = Field(default=5.0, gt=0)
 
     @classmethod
     def settings_customise_sources(

@@ -32,6 +32,7 @@ from shared_schema.payout_address import (
     check_payout_address,
     parse_payout_address,
 )
+from shared_schema.placement import Demand, Fetch, FetchFailed, ModelDemand
 from shared_schema.protocol import (
     CAPABILITY_CONTINUE,
     PROTOCOL_VERSION,
@@ -74,11 +75,14 @@ __all__ = [
     "Chunk",
     "ClGpu",
     "CompletionRequest",
+    "Demand",
     "DownloadProgress",
     "EmbeddingRequest",
     "EmbeddingResponse",
     "ErrorDetail",
     "ErrorResponse",
+    "Fetch",
+    "FetchFailed",
     "Hello",
     "InvalidPayoutAddress",
     "InvalidQueenUrl",
@@ -90,6 +94,7 @@ __all__ = [
     "Message",
     "ModelAvailability",
     "ModelCard",
+    "ModelDemand",
     "ModelDescriptor",
     "ModelList",
     "ModelPrice",

@@ -32,7 +32,11 @@ SCORE = "score"
 # A worker its operator offers as an audit-only re-scorer for the queen's operator (issue 16:
 # trusted auditors, which the queen prefers). It says who runs the worker; ``needs`` never asks it.
 AUDITOR = "auditor"
-CAPABILITY_AUDITOR = AUDITOR  # the name shared_schema exports, beside CAPABILITY_CONTINUE
+CAPABILITY_AUDITOR = AUDITOR
+# Takes ``fetch`` commands (issue 17): the queen may place a model on this worker, within its
+# owner's disk quota. (Not the legacy ``fetch_models``, a worker that downloads whatever a job
+# names before answering it.)
+FETCH = "fetch"  # the name shared_schema exports, beside CAPABILITY_CONTINUE
 
 # What a field of a job's request needs, with the field a refusal names.
 _FIELD_NEEDS = (

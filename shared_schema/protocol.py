@@ -25,6 +25,7 @@ from shared_schema.errors import InvalidQueenUrl, ProtocolError
 from shared_schema.hardware import (
     MAX_CPUS,
     MAX_DISK_GB,
+    MAX_DISK_MB,
     MAX_GPUS,
     MAX_VRAM_MB,
     ClGpu,
@@ -34,6 +35,7 @@ from shared_schema.hardware import (
     empty_to_none,
 )
 from shared_schema.openai_types import Usage
+from shared_schema.placement import Demand, Fetch, FetchFailed
 
 # 2: the hello and earnings signatures name the queen's origin (``queen_origin``), so neither
 # can be relayed to another queen. A queen refuses a hello of any other version.
@@ -114,6 +116,16 @@ class Hello(WireModel):
     models: list[ModelDescriptor] = Field(default_factory=list)
     capabilities: list[str] = Field(default_factory=list)
     max_jobs: int = Field(default=1, ge=1, le=256)
+    # Added for models on demand (issue 17); None from older workers.
+    memory_budget_mb: int | None = Field(
+        default=None, ge=0, le=MAX_VRAM_MB,
+        description="RAM the worker lets loaded models use (its pool's budget), MB.")
+    model_room_mb: int | None = Field(
+        default=None, ge=0, le=MAX_DISK_MB,
+        description="Room for another model: free disk and what the owner's quota leaves, MB.")
+    swarm_models: bool = Field(
+        default=False, description="The owner lets the swarm choose this worker's models "
+        "(it pulls what is in demand and evicts the least recently used).")
 
 
 class Welcome(WireModel):
@@ -126,6 +138,8 @@ class Welcome(WireModel):
     # None: an older queen that does not say.
     pays_workers: bool | None = None
     payout_threshold_msat: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    # What developers ask this queen for (issue 17); None from an older queen.
+    demand: Demand | None = None
 
 
 class Refused(WireModel):
@@ -197,6 +211,11 @@ class Status(WireModel):
     downloads: list[DownloadProgress] = Field(default_factory=list)
     vram_free_mb: int | None = Field(default=None, ge=0, le=MAX_VRAM_MB)
     disk_space: int | None = Field(default=None, ge=0, description="Free disk for models, GB.")
+    model_room_mb: int | None = Field(default=None, ge=0, le=MAX_DISK_MB)
+    paused: str | None = Field(
+        default=None, max_length=200, description="Why the owner paused this worker (on "
+        "battery, the GPU in use, outside its hours); None: not paused. A paused worker takes "
+        "no jobs and no fetches.")
 
 
 class Ping(WireModel):
@@ -211,7 +230,7 @@ class Pong(WireModel):
 
 Message = Annotated[
     Challenge | Hello | Welcome | Refused | Job | Chunk | Result | JobError | Cancel | Status
-    | Ping | Pong,
+    | Ping | Pong | Demand | Fetch | FetchFailed,
     Field(discriminator="type"),
 ]
 MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)

@@ -33,6 +33,12 @@ APP_EDITABLE_FIELDS: tuple[str, ...] = (
     "vram_cap_mb",
     "threads",
     "start_earning_at_launch",
+    "accept_fetch",
+    "swarm_models",
+    "pause_on_battery",
+    "pause_gpu_busy_pct",
+    "pause_fullscreen",
+    "active_hours",
     "first_run_done",
 )
 

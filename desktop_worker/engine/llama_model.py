@@ -17,7 +17,6 @@ import llama_cpp
 from llama_cpp import Llama
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter, format_llama2
 
-from desktop_worker.engine.fitting import LoadPlan
 from desktop_worker.engine.generation import Counts, Generation, Pieces, Prompt
 from desktop_worker.engine.grammar import grammar_text
 from desktop_worker.engine.logprobs import Bias
@@ -36,6 +35,7 @@ from desktop_worker.engine.settings import (
     read_settings,
 )
 from desktop_worker.errors import ModelLoadError, UnsupportedRequest
+from shared_schema.fitting import LoadPlan
 
 log = logging.getLogger(__name__)
 

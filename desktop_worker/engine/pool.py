@@ -13,9 +13,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from desktop_worker.engine.fitting import MB, LoadPlan, ModelShape, kv_bytes_per_layer, plan_load
 from desktop_worker.engine.llama_model import LlamaContext
 from desktop_worker.engine.scoring import Score, ScoreRequest
+from shared_schema.fitting import (
+    MB,
+    LoadPlan,
+    ModelShape,
+    kv_bytes_per_layer,
+    memory_cost_mb,
+    plan_load,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +75,8 @@ class _Loaded:
 
     @property
     def cost_mb(self) -> int:
-        kv = kv_bytes_per_layer(self.model.info, self.plan.n_ctx) * self.model.info.block_count
         count = len(self.contexts) + (1 if self.embedder else 0)
-        return (self.model.size_bytes + kv * count) // MB
+        return memory_cost_mb(self.model.info, self.model.size_bytes, self.plan.n_ctx, count)
 
 
 _END = object()

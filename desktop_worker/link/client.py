@@ -23,19 +23,34 @@ from desktop_worker.link.machine import (
     Action,
     CancelJob,
     Close,
+    DemandReceived,
+    FetchModel,
     HelloFor,
     Link,
     RefusedByQueen,
     Send,
     StartJob,
+    State,
     Welcomed,
 )
 from desktop_worker.settings import DEFAULT_MAX_FRAME_BYTES
-from shared_schema import SUBPROTOCOL, InvalidQueenUrl, Status, Usage, Welcome, queen_origin
+from shared_schema import (
+    SUBPROTOCOL,
+    Demand,
+    Fetch,
+    FetchFailed,
+    InvalidQueenUrl,
+    Status,
+    Usage,
+    Welcome,
+    queen_origin,
+)
 
 log = logging.getLogger(__name__)
 
 CLOSE_GOING_AWAY = 1001
+# A status asked for at once (``send_status_now``) still waits this long after the last one.
+MIN_STATUS_GAP_S = 0.5
 
 
 class _Sink:
@@ -55,6 +70,10 @@ class _Sink:
         await self.client._act(self.link, self.link.error(job_id, code, message, retryable))
 
 
+# Reports a fetch that failed back to the queen (a no-op once the connection is gone).
+FetchReport = Callable[[FetchFailed], Awaitable[None]]
+
+
 class LinkClient:
     """Keeps one worker connected to its queen until ``stop`` is set."""
 
@@ -71,9 +90,13 @@ class LinkClient:
         on_state: Callable[[str, str], None] | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         on_welcome: Callable[[Welcome], None] | None = None,
+        on_demand: Callable[[Demand], None] | None = None,
+        on_fetch: Callable[[Fetch, FetchReport], None] | None = None,
     ) -> None:
         """``on_welcome`` is called with each session's welcome (also kept as ``welcome``):
-        the worker's id, and whether the queen pays its workers."""
+        the worker's id, and whether the queen pays its workers. ``on_demand`` gets each demand
+        message (also kept as ``demand``); ``on_fetch`` each fetch command, with the way to
+        report its failure (without one, fetches are refused as ``not_allowed``)."""
         self.url = url
         self.hello_for = hello_for
         self.runner = runner
@@ -84,6 +107,14 @@ class LinkClient:
         self.on_state = on_state
         self.max_frame_bytes = max_frame_bytes
         self.on_welcome = on_welcome
+        self.on_demand = on_demand
+        self.on_fetch = on_fetch
+        self.demand: Demand | None = None  # the last one the queen sent
+        # Why the owner paused this worker (None: not paused): no new jobs, said in the status.
+        self.paused: str | None = None
+        self._link: Link | None = None
+        self._max_jobs = 0
+        self._status_now = asyncio.Event()
         self.state = "stopped"
         self.welcome: Welcome | None = None  # the last session's
         self._ws: ClientConnection | None = None
@@ -137,8 +168,10 @@ class LinkClient:
         )
         async with connecting as ws:
             # ``connecting.uri`` is the URL this socket reached, after any redirect.
-            link = Link(hello_for, max_jobs, _origin_of(connecting.uri))
+            link = Link(hello_for, 0 if self.paused else max_jobs, _origin_of(connecting.uri))
             self._ws = ws
+            self._link = link
+            self._max_jobs = max_jobs
             shutdown = asyncio.create_task(self._shutdown_on(stop, link, ws))
             status: asyncio.Task[None] | None = None
             try:
@@ -154,6 +187,7 @@ class LinkClient:
                     if isinstance(action, CancelJob):
                         self.runner.cancel(action.job_id)
                 self._ws = None
+                self._link = None
                 code = ws.close_code
                 if not stop.is_set() and link.welcome is not None:
                     log.warning("lost the queen (close code %s)", code)
@@ -169,6 +203,12 @@ class LinkClient:
                 self.runner.start(action.job, _Sink(self, link))
             elif isinstance(action, CancelJob):
                 self.runner.cancel(action.job_id)
+            elif isinstance(action, FetchModel):
+                self._fetch(link, action.fetch)
+            elif isinstance(action, DemandReceived):
+                self.demand = action.demand
+                if self.on_demand is not None:
+                    self.on_demand(action.demand)
             elif isinstance(action, Welcomed):
                 self.welcome = action.welcome
                 self._set_state("connected", f"worker id {action.welcome.worker_id}")
@@ -183,6 +223,33 @@ class LinkClient:
             elif isinstance(action, Close) and ws is not None:
                 await ws.close(action.code, action.reason)
 
+    def _fetch(self, link: Link, fetch: Fetch) -> None:
+        async def report(failure: FetchFailed) -> None:
+            if self._link is link:
+                await self._act(link, link.fetch_failed(failure))
+
+        if self.on_fetch is None or self.paused:
+            code = "paused" if self.paused else "not_allowed"
+            why = f"paused: {self.paused}" if self.paused else "this worker takes no fetches"
+            asyncio.get_running_loop().create_task(
+                report(FetchFailed(name=fetch.name, code=code, message=why)))
+            return
+        self.on_fetch(fetch, report)
+
+    def send_status_now(self) -> None:
+        """Send a status as soon as possible (a download's progress, a model now loaded, a
+        pause), rather than at the next interval."""
+        self._status_now.set()
+
+    def set_paused(self, reason: str | None) -> None:
+        """Pause (take no new jobs: the queen gets a retryable ``busy``, and the status says
+        why) or resume (``None``). Jobs in flight are the caller's to finish or hand back."""
+        self.paused = reason
+        link = self._link
+        if link is not None and link.state is not State.CLOSED:
+            link.max_jobs = 0 if reason else self._max_jobs
+        self.send_status_now()
+
     async def _shutdown_on(self, stop: asyncio.Event, link: Link, ws: ClientConnection) -> None:
         await stop.wait()
         link.max_jobs = 0  # take no new jobs; the queen gets a retryable "busy"
@@ -194,10 +261,15 @@ class LinkClient:
         last: Status | None = None
         while True:
             status = await self.status()
+            if status is not None:
+                status.paused = self.paused
             if status is not None and _differs(status, last):
                 await self._act(link, link.status(status))
                 last = status
-            await asyncio.sleep(self.status_interval_s)
+            self._status_now.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._status_now.wait(), self.status_interval_s)
+            await asyncio.sleep(MIN_STATUS_GAP_S)  # a burst of changes goes out as one status
 
 
 def _origin_of(url: str) -> str:
@@ -219,5 +291,6 @@ def _pay_note(welcomed: Welcomed) -> str:
 def _differs(status: Status, last: Status | None) -> bool:
     if last is None:
         return True
-    keys = {"models", "max_jobs", "vram_free_mb", "disk_space", "downloads"}
+    keys = {"models", "max_jobs", "vram_free_mb", "disk_space", "downloads", "paused",
+            "model_room_mb"}
     return status.model_dump(include=keys) != last.model_dump(include=keys)

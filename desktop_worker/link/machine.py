@@ -23,6 +23,9 @@ from shared_schema import (
     Cancel,
     Challenge,
     Chunk,
+    Demand,
+    Fetch,
+    FetchFailed,
     Hello,
     Job,
     JobError,
@@ -74,6 +77,20 @@ class CancelJob:
 
 
 @dataclass(frozen=True, slots=True)
+class FetchModel:
+    """The queen asks this worker to download, check and load a model (issue 17)."""
+
+    fetch: Fetch
+
+
+@dataclass(frozen=True, slots=True)
+class DemandReceived:
+    """What developers ask the queen for (in the welcome, and every ``interval_s``)."""
+
+    demand: Demand
+
+
+@dataclass(frozen=True, slots=True)
 class Welcomed:
     """The queen took this worker. ``welcome`` is its frame as sent: ``worker_id``, and whether
     this queen pays its workers (``pays_workers``, ``payout_threshold_msat``; both None from
@@ -103,7 +120,8 @@ class Close:
     reason: str
 
 
-Action = Send | StartJob | CancelJob | Welcomed | RefusedByQueen | Close
+Action = (Send | StartJob | CancelJob | FetchModel | DemandReceived | Welcomed | RefusedByQueen
+          | Close)
 
 
 class Link:
@@ -135,7 +153,10 @@ class Link:
             if isinstance(message, Welcome):
                 self.state = State.READY
                 self.welcome = message
-                return [Welcomed(message)]
+                actions: list[Action] = [Welcomed(message)]
+                if message.demand is not None:
+                    actions.append(DemandReceived(message.demand))
+                return actions
             if isinstance(message, Refused):
                 self.state = State.CLOSED
                 return [RefusedByQueen(message.code, message.reason,
@@ -160,6 +181,10 @@ class Link:
             if message.id in self.active:
                 return [CancelJob(message.id, message.reason)]
             return []
+        if isinstance(message, Fetch):
+            return [FetchModel(message)]
+        if isinstance(message, Demand):
+            return [DemandReceived(message)]
         if isinstance(message, Ping):
             return [Send(encode(Pong(ts=message.ts)))]
         if isinstance(message, Pong):
@@ -196,6 +221,11 @@ class Link:
         if self.state is not State.READY:
             return []
         return [Send(encode(message))]
+
+    def fetch_failed(self, failure: FetchFailed) -> list[Action]:
+        if self.state is not State.READY:
+            return []
+        return [Send(encode(failure))]
 
     def status(self, status: Status) -> list[Action]:
         if self.state is not State.READY:

@@ -44,6 +44,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
 from desktop_worker.errors import (
+    ChecksumMismatch,
     DownloadCancelled,
     GatedRepo,
     HubError,
@@ -247,13 +248,15 @@ class HubClient:
         self.max_retries = max_retries
         self.retry_wait_s = retry_wait_s
 
-    def list_files(self, repo_id: str) -> RepoListing:
-        """The repo's files with sizes (and sha256 for LFS files), at its current commit."""
+    def list_files(self, repo_id: str, revision: str | None = None) -> RepoListing:
+        """The repo's files with sizes (and sha256 for LFS files), at its current commit (or at
+        ``revision``)."""
         if _is_offline_mode():
             raise HubOffline(f"offline mode is on (HF_HUB_OFFLINE=1): cannot list {repo_id}")
         api = HfApi(endpoint=self.endpoint, token=self.token)
         try:
-            info = api.model_info(repo_id, files_metadata=True, timeout=self.timeout_s)
+            info = api.model_info(repo_id, revision=revision, files_metadata=True,
+                                  timeout=self.timeout_s)
         except Exception as exc:
             raise self._translate(exc, repo_id) from exc
         files = remote_files(info.siblings or ())
@@ -322,7 +325,7 @@ class HubClient:
             sha = sha256_file(partial)
             if expected_sha is not None and sha != expected_sha:
                 partial.unlink()
-                raise HubError(
+                raise ChecksumMismatch(
                     f"{remote.path}: the download is corrupt (sha256 {sha}, expected "
                     f"{expected_sha}); it was deleted, pull again"
                 )

@@ -26,6 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from desktop_worker.errors import (
+    ChecksumMismatch,
     InsufficientDisk,
     InvalidModelFile,
     InvalidModelName,
@@ -184,6 +185,19 @@ class ModelStore:
                        f"the disk holding {self.root}")
         return PullPlan(name, tuple(resolved.paths), total, on_disk, free, problem=problem)
 
+    def room_bytes(self, protect: Collection[str] = frozenset(), *, evict: bool = True) -> int:
+        """Room for one more model: the free disk and what the quota leaves, counting the
+        models that could be evicted for it (none without ``evict``; never those in
+        ``protect``, such as the loaded ones)."""
+        with self._lock:
+            evictable = 0 if not evict else sum(
+                m.size_bytes for m in self._models.values() if m.name not in protect)
+            free = self._disk_free(self.root) + evictable
+            if self.quota_bytes is None:
+                return max(free, 0)
+            used = sum(m.size_bytes for m in self._models.values()) + self._reserved
+            return max(min(free, self.quota_bytes - used + evictable), 0)
+
     # --- adding ------------------------------------------------------------------------------
 
     def pull(
@@ -193,6 +207,9 @@ class ModelStore:
         cancel: threading.Event | None = None,
         *,
         protect: Collection[str] = frozenset(),
+        revision: str | None = None,
+        expect_sha256: str | None = None,
+        evict: bool = True,
     ) -> LocalModel:
         """The named model, downloaded from the hub first unless it is already here.
 
@@ -201,20 +218,35 @@ class ModelStore:
         a name in ``protect``), check the free disk, download (resuming any partial download),
         check the sha256 and the GGUF header, record. ``progress`` gets ``PullProgress`` reports;
         setting ``cancel`` raises ``DownloadCancelled`` and keeps the partial files.
+
+        The queen's ``fetch`` (issue 17) names the commit (``revision``) and the sha256 of the
+        file it pinned (``expect_sha256``): a stored copy of the name holding another file is
+        replaced, and a file whose sha256 differs is refused (``ChecksumMismatch``). Without
+        ``evict``, nothing is evicted to make room (the owner did not let the swarm choose its
+        models): ``InsufficientDisk`` when the quota has no room left.
         """
         with self._name_lock(name):
             cached = self._touch(name)
-            if cached is not None:
+            if cached is not None and expect_sha256 in (None, cached.sha256):
                 return cached
             parsed = parse_model_name(name)
-            listing = self.hub.list_files(parsed.repo_id)
+            listing = self.hub.list_files(parsed.repo_id, revision)
             resolved = resolve_filter(listing.paths(), parsed.filter)
             remotes = [listing.file(p) for p in resolved.paths]
+            if expect_sha256 is not None and remotes[0].sha256 != expect_sha256:
+                raise ChecksumMismatch(
+                    f"{name}: {parsed.repo_id} at {listing.commit[:12]} holds "
+                    f"{resolved.first} with sha256 {remotes[0].sha256}, not the {expect_sha256} "
+                    "the queen named")
+            if not evict:
+                protect = {m.name for m in self.list()}
             dests = [self._hub_path(parsed.repo_id, p) for p in resolved.paths]
             sizes = [r.size for r in remotes]
             total = sum(s for s in sizes if s is not None)
             logger.info("pulling %s: %s (%d bytes)", name, resolved.label, total)
             meter = ProgressMeter(name, None if None in sizes else total, progress)
+            if cached is not None:  # another file under this name: the named one replaces it
+                protect = set(protect) - {name}
             with self._room(name, total, sum(local_bytes(d) for d in dests), protect):
                 done = 0
                 first_sha = ""
@@ -231,6 +263,11 @@ class ModelStore:
                     )
                     done += result.size
                     first_sha = first_sha or result.sha256
+                if expect_sha256 is not None and first_sha != expect_sha256:
+                    dests[0].unlink(missing_ok=True)
+                    raise ChecksumMismatch(
+                        f"{name}: the file downloaded has sha256 {first_sha}, not the "
+                        f"{expect_sha256} the queen named; it was deleted")
                 info = self._checked_info(name, dests)
                 now = self._clock()
                 model = LocalModel(
@@ -246,6 +283,9 @@ class ModelStore:
                     origin=f"{parsed.repo_id}@{listing.commit}:{resolved.first}",
                 )
                 self._put(model)
+                if cached is not None and set(cached.paths) != set(dests):
+                    with self._lock:
+                        self._delete_files(cached)
             meter.finish()
             logger.info("pulled %s (%d bytes)", name, done)
             return model

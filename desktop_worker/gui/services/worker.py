@@ -41,6 +41,7 @@ class TrayState(StrEnum):
     CONNECTING = "connecting"
     IDLE = "idle"
     WORKING = "working"
+    PAUSED = "paused"
     ERROR = "error"
 
 
@@ -49,6 +50,7 @@ STATE_TEXT = {
     TrayState.CONNECTING: "Connecting…",
     TrayState.IDLE: "Earning: waiting for jobs",
     TrayState.WORKING: "Earning: serving a job",
+    TrayState.PAUSED: "Paused",
     TrayState.ERROR: "Needs attention",
 }
 
@@ -96,12 +98,16 @@ class NoModelYet(WorkerError):
     """Start was asked with nothing to serve."""
 
 
-def tray_state(link_state: str, active_jobs: int, running: bool) -> TrayState:
-    """The tray's state from the link's (``LinkClient.state``) and the jobs in flight."""
+def tray_state(link_state: str, active_jobs: int, running: bool,
+               paused: str | None = None) -> TrayState:
+    """The tray's state from the link's (``LinkClient.state``), the jobs in flight and
+    whether the owner's controls paused the worker (``paused``: why)."""
     if link_state == "refused":
         return TrayState.ERROR
     if not running or link_state == "stopped":
         return TrayState.STOPPED
+    if paused:
+        return TrayState.PAUSED
     if link_state == "connected":
         return TrayState.WORKING if active_jobs > 0 else TrayState.IDLE
     return TrayState.CONNECTING
@@ -128,6 +134,8 @@ class WorkerController(QObject):
     hardware_detected = Signal(object)  # HardwareReport
     running_changed = Signal(bool)
     welcomed = Signal(object)  # the queen's Welcome, each session (whether it pays, threshold)
+    demand_changed = Signal(object)  # shared_schema.Demand: what developers ask the queen for
+    paused_changed = Signal(str)  # why the worker paused ("" when it resumes)
 
     def __init__(
         self,
@@ -155,6 +163,7 @@ class WorkerController(QObject):
         self.state = TrayState.STOPPED
         self.detail = ""
         self.jobs_served = 0
+        self.paused: str | None = None
         self._published: tuple[TrayState, str] = (TrayState.STOPPED, "")
 
     @property
@@ -220,6 +229,8 @@ class WorkerController(QObject):
             service.link.on_welcome = self.welcomed.emit
             service.runner.on_started.append(self._on_started)
             service.runner.on_finished.append(self._on_finished)
+            service.demand_listeners.append(self.demand_changed.emit)
+            service.pause_listeners.append(self._on_paused)
             if not service.store.list() and not self.settings.models:
                 raise NoModelYet("there is no model to serve yet: add one in the Models tab")
             # Detect first: loading a model plans its GPU layers from the free VRAM detected.
@@ -286,11 +297,21 @@ class WorkerController(QObject):
     def _publish(self) -> None:
         if self.link_state == "refused":
             return  # keep the error on show until the next start
-        state = tray_state(self.link_state, self._active(), self._task is not None)
+        state = tray_state(self.link_state, self._active(), self._task is not None,
+                           self.paused if self._task is not None else None)
         if (state, self.detail) != self._published:
             self._published = (state, self.detail)
             self.state = state
             self.state_changed.emit(state.value, self.detail)
+
+    def _on_paused(self, reason: str | None) -> None:
+        self.paused = reason
+        if reason:
+            self.detail = f"Paused: {reason}"
+        elif self.detail.startswith("Paused: "):
+            self.detail = ""
+        self.paused_changed.emit(reason or "")
+        self._publish()
 
     def _on_started(self, job: Job) -> None:
         kind = "embeddings" if job.openai_url.endswith("/embeddings") else "chat"

@@ -2,14 +2,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from desktop_worker.engine.fitting import (
+from desktop_worker.engine.pool import Resident, choose_evictions
+from shared_schema.fitting import (
     MB,
     choose_context,
     kv_bytes_per_layer,
     plan_load,
     safety_margin_mb,
 )
-from desktop_worker.engine.pool import Resident, choose_evictions
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """Choosing a model's context size and GPU layers: a pure function of its GGUF metadata and the
-free VRAM, with a safety margin. No I/O, so it is tested on made-up models.
+free VRAM, with a safety margin. No I/O, so it is tested on made-up models. The worker plans its
+loads with it, and the queen places models on workers with the same rules (``memory_cost_mb``:
+what the worker's pool counts against its memory budget).
 
 Memory per offloaded layer is the layer's tensor bytes plus its share of the KV cache
 (``2 * n_ctx * n_head_kv * head_dim * 2 bytes``, f16 keys and values). The non-layer tensors
@@ -52,6 +54,14 @@ def kv_bytes_per_layer(shape: ModelShape, n_ctx: int) -> int:
     heads_kv = shape.head_count_kv or heads
     head_dim = (shape.embedding_length or 0) // heads
     return 2 * n_ctx * heads_kv * head_dim * KV_BYTES_PER_VALUE
+
+
+def memory_cost_mb(shape: ModelShape, size_bytes: int, n_ctx: int | None = None,
+                   contexts: int = 1) -> int:
+    """What a loaded model costs against the worker's memory budget (its pool counts the same):
+    the file, mapped, plus the KV cache of each context at the chosen context size."""
+    kv = kv_bytes_per_layer(shape, choose_context(shape, n_ctx)) * shape.block_count
+    return (size_bytes + kv * contexts) // MB
 
 
 def choose_context(shape: ModelShape, requested: int | None = None) -> int:

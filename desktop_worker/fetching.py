@@ -1,0 +1,134 @@
+"""The queen's ``fetch`` commands (issue 17): download exactly the file the queen pinned, check
+it, load it, and say so.
+
+One fetch per model at a time: a second ``fetch`` for a model already under way is ignored (the
+queen may send one again after a reconnect). Progress goes into the worker's ``status``
+(``downloads``), sent as it moves; the model appears in the status's ``models`` once it is
+loaded. A fetch that fails is reported as ``FetchFailed`` with a code the queen acts on (it
+tries another worker): ``disk_full``, ``sha256_mismatch``, ``hub_error``, ``memory``,
+``load_failed``, ``cancelled``. Downloads run in a thread; nothing here blocks the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from desktop_worker.engine.pool import ModelPool
+from desktop_worker.errors import (
+    ChecksumMismatch,
+    DownloadCancelled,
+    EngineError,
+    InsufficientDisk,
+    ModelStoreError,
+)
+from desktop_worker.link.client import FetchReport
+from desktop_worker.store import ModelStore
+from desktop_worker.store.progress import PullProgress
+from shared_schema import DownloadProgress, Fetch, FetchFailed
+
+__all__ = ["Fetcher", "failure_code"]
+
+log = logging.getLogger(__name__)
+
+
+def failure_code(exc: BaseException) -> str:
+    """The ``FetchFailed.code`` for what stopped a fetch."""
+    if isinstance(exc, InsufficientDisk):
+        return "disk_full"
+    if isinstance(exc, ChecksumMismatch):
+        return "sha256_mismatch"
+    if isinstance(exc, DownloadCancelled):
+        return "cancelled"
+    if isinstance(exc, EngineError):
+        return "load_failed"
+    return "hub_error"
+
+
+@dataclass
+class _Fetching:
+    fetch: Fetch
+    cancel: threading.Event
+    progress: PullProgress | None = None
+
+
+class Fetcher:
+    """Runs the queen's fetches against the worker's store and pool."""
+
+    def __init__(
+        self,
+        store: ModelStore,
+        pool: ModelPool,
+        *,
+        evict: Callable[[], bool],
+        changed: Callable[[], None],
+    ) -> None:
+        """``evict``: whether a fetch may evict models to make room (the owner's
+        ``swarm_models``); ``changed`` is called whenever the status should go out now."""
+        self.store = store
+        self.pool = pool
+        self.evict = evict
+        self.changed = changed
+        self._under_way: dict[str, _Fetching] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def downloads(self) -> list[DownloadProgress]:
+        """The fetches under way, as the status reports them."""
+        out = []
+        for entry in self._under_way.values():
+            if entry.progress is not None:
+                out.append(entry.progress.to_wire())
+            else:
+                out.append(DownloadProgress(name=entry.fetch.name, downloaded_bytes=0,
+                                            total_bytes=entry.fetch.size_bytes))
+        return out
+
+    def start(self, fetch: Fetch, report: FetchReport) -> None:
+        if fetch.name in self._under_way:
+            log.info("the queen asked for %s again; its fetch is already under way", fetch.name)
+            return
+        entry = _Fetching(fetch, threading.Event())
+        self._under_way[fetch.name] = entry
+        task = asyncio.get_running_loop().create_task(self._run(entry, report))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self.changed()
+
+    async def close(self) -> None:
+        """Cancel the fetches under way (their partial downloads stay, to resume later)."""
+        for entry in self._under_way.values():
+            entry.cancel.set()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=10)
+
+    async def _run(self, entry: _Fetching, report: FetchReport) -> None:
+        fetch = entry.fetch
+        loop = asyncio.get_running_loop()
+
+        def progress(update: PullProgress) -> None:  # on the download thread
+            entry.progress = update
+            loop.call_soon_threadsafe(self.changed)
+
+        log.info("the queen asked this worker to fetch %s (%s, %.0f MB)", fetch.name,
+                 ", ".join(fetch.paths), fetch.size_bytes / 2**20)
+        try:
+            await asyncio.to_thread(
+                self.store.pull, fetch.name, progress, entry.cancel,
+                protect=self.pool.loaded(), revision=fetch.revision,
+                expect_sha256=fetch.sha256, evict=self.evict())
+            plan = await self.pool.load(fetch.name)
+            log.info("fetched and loaded %s (%s)", fetch.name, plan.reason)
+        except (ModelStoreError, EngineError) as exc:
+            code = failure_code(exc)
+            log.warning("could not fetch %s for the queen (%s): %s", fetch.name, code, exc)
+            await report(FetchFailed(name=fetch.name, code=code, message=str(exc)[:2000]))
+        except Exception as exc:  # a fetch must never take the worker down
+            log.exception("fetching %s failed", fetch.name)
+            await report(FetchFailed(name=fetch.name, code="load_failed",
+                                     message=f"{type(exc).__name__}: {exc}"[:2000]))
+        finally:
+            self._under_way.pop(fetch.name, None)
+            self.changed()
