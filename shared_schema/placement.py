@@ -58,6 +58,10 @@ class ModelDemand(WireModel):
         description="Memory to serve it at the default context (file plus KV cache), as the "
         "queen computes it from the header with the worker's own fitting rules.")
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    revision: str | None = Field(
+        default=None, pattern=r"^[0-9a-f]{40}$",
+        description="The commit the queen pinned the name to: pull from it, and check the "
+        "sha256, so that the queen uses the copy (it routes only to its pinned file).")
     earn_msat_per_1k_tokens: int = Field(
         default=0, ge=0, description="What a worker earns per 1,000 completion tokens of it, "
         "after the queen's fee (0: the queen does not pay).")
