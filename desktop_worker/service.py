@@ -22,6 +22,7 @@ from desktop_worker.hardware import HardwareReport, detect_hardware
 from desktop_worker.identity import WorkerIdentity
 from desktop_worker.jobs import JobRunner
 from desktop_worker.link.client import LinkClient
+from desktop_worker.owner import OwnerProbe, PauseWatcher, controls_on, default_probe
 from desktop_worker.settings import WorkerSettings
 from desktop_worker.store import LocalModel, ModelStore
 from desktop_worker.store.names import validate_local_name
@@ -70,8 +71,11 @@ class WorkerService:
         *,
         store: ModelStore | None = None,
         detector: Detector | None = None,
+        owner_probe: OwnerProbe | None = None,
     ) -> None:
         self.settings = settings
+        # What the owner's pause settings read (issue 17); None: the real machine's probe.
+        self.owner_probe: OwnerProbe = owner_probe or default_probe(settings)
         self.detector: Detector = detector or detect_hardware
         quota = int(settings.disk_quota_gb * 1024**3) if settings.disk_quota_gb else None
         self.store = store or ModelStore(settings.models_dir, quota_bytes=quota,
@@ -253,9 +257,17 @@ class WorkerService:
     # --- running ------------------------------------------------------------------------------
 
     async def serve(self, stop: asyncio.Event) -> None:
+        # The owner's pause settings (issue 17), watched beside the link while it runs.
+        watch = None
+        if controls_on(self.settings):
+            watcher = PauseWatcher(self, self.owner_probe, lambda: self.settings)
+            watch = asyncio.get_running_loop().create_task(watcher.run(stop))
         try:
             await self.link.run(stop)
         finally:
+            if watch is not None:
+                watch.cancel()
+                await asyncio.gather(watch, return_exceptions=True)
             # A job task ends only after its generation thread does; closing the engine under
             # a running thread would free the model it is reading.
             await self.fetcher.close()

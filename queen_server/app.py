@@ -27,6 +27,7 @@ from queen_server.http.fastpath import FastPath
 from queen_server.http.spec import install_docs, publish_request_schemas
 from queen_server.identity import QueenOrigins
 from queen_server.payouts.runner import PayoutRunner, make_backend
+from queen_server.placement.service import PlacementService
 from queen_server.runtime import DispatchStats, QueenState
 from queen_server.settings import QueenSettings
 from queen_server.stats.metrics import Metrics
@@ -57,7 +58,15 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     def size_class_of(model: str) -> str:
         return state.price_of(model).size_class
 
-    dispatcher = Dispatcher(registry, settings, DispatchStats(stats, metrics), size_class_of)
+    def earn_msat_per_1k(model: str) -> int:
+        if settings.auth != "keys" or state.billing.ledger is None:
+            return 0  # this queen does not pay its workers
+        return int(state.price_of(model).completion_msat_per_1k * settings.worker_share)
+
+    placement = PlacementService(settings, registry, catalog, speeds_for=stats.speeds_for,
+                                 size_class_of=size_class_of, earn_msat_per_1k=earn_msat_per_1k)
+    dispatcher = Dispatcher(registry, settings, DispatchStats(stats, metrics), size_class_of,
+                            pinned=placement.pinned)
     audits = AuditService(settings, registry, dispatcher, billing,
                           AuditStore(db.engine) if db is not None else None, metrics)
     state = QueenState(
@@ -70,6 +79,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
         metrics=metrics,
         catalog=catalog,
         audits=audits,
+        placement=placement,
     )
     stats_store = StatsStore(db.engine, stats) if db is not None else None
     origins = QueenOrigins(settings)  # what workers' signatures must name
@@ -85,6 +95,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
             stats_store.start()
         await state.billing.start()
         audits.start()
+        placement.start()
         http = httpx.AsyncClient(timeout=20, trust_env=False)
         payouts = None
         if state.db is not None and state.billing.ledger is not None:
@@ -99,6 +110,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
         finally:
             await registry.close_all(CLOSE_GOING_AWAY, "the queen is shutting down")
             await audits.stop()
+            await placement.stop()
             if payouts is not None:
                 await payouts.stop()
             await http.aclose()

@@ -23,6 +23,7 @@ class ApiError(QueenError):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        extra: dict[str, object] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -30,6 +31,9 @@ class ApiError(QueenError):
         if code is not None:
             self.code = code
         self.headers = headers or {}
+        # Fields added to the error object beside OpenAI's four (``estimated_time`` of a model
+        # that is loading, the ``candidates`` of an ambiguous model name).
+        self.extra = extra or {}
 
     def body(self) -> ErrorResponse:
         return ErrorResponse(
@@ -37,6 +41,12 @@ class ApiError(QueenError):
                 message=self.message, type=self.error_type, param=self.param, code=self.code
             )
         )
+
+    def payload(self) -> dict[str, object]:
+        """The JSON body: ``{"error": {message, type, param, code, ...extra}}``."""
+        body = self.body().model_dump()
+        body["error"].update(self.extra)
+        return body
 
 
 class InvalidRequest(ApiError):
@@ -131,8 +141,28 @@ class ModelUnverified(QueenError):
     """The queen could not read a model's header from the hub (it is priced as unverified).
 
     ``lasting``: the hub answered and the name cannot be read (no such repo, no single GGUF
-    file); otherwise the hub was out of reach or failed, and a later try may work."""
+    file); otherwise the hub was out of reach or failed, and a later try may work. ``kind``
+    says which, for the answer a developer gets when the model is asked for on demand
+    (``catalog.resolution.refusal``): ``not_found``, ``gated``, ``no_match``, ``ambiguous``
+    (with ``candidates``), ``unpinned``, ``invalid`` or ``unreachable``."""
 
-    def __init__(self, message: str, *, lasting: bool) -> None:
+    def __init__(self, message: str, *, lasting: bool, kind: str | None = None,
+                 candidates: list[str] | None = None) -> None:
         super().__init__(message)
         self.lasting = lasting
+        self.kind = kind or ("invalid" if lasting else "unreachable")
+        self.candidates = candidates or []
+
+
+class ModelLoading(NoCapacity):
+    """The model is being fetched onto a worker: try again in ``estimated_time`` seconds."""
+
+    code = "model_loading"
+
+
+class ModelForbidden(ApiError):
+    """A model the queen will not fetch: gated on the hub, or outside the operator's lists."""
+
+    status_code = 403
+    error_type = "permission_error"
+    code = "model_not_allowed"

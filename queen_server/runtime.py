@@ -9,6 +9,7 @@ from queen_server.audits.service import AuditService
 from queen_server.billing.pricing import Price
 from queen_server.billing.service import Billing
 from queen_server.catalog import ModelCatalog
+from queen_server.placement.service import PlacementService
 from queen_server.settings import QueenSettings
 from queen_server.stats.metrics import Metrics
 from queen_server.stats.swarm import SwarmStats
@@ -29,6 +30,7 @@ class QueenState:
     metrics: Metrics
     catalog: ModelCatalog
     audits: AuditService
+    placement: PlacementService
 
     def price_of(self, model: str) -> Price:
         """The model's price: the operator's class for it, else by the size the queen read

@@ -101,6 +101,21 @@ class QueenSettings(BaseSettings):
     price_wait_s: float = Field(default=10.0, ge=0)
     # The most of a file the queen reads for its header (vocabularies make some headers MBs).
     max_header_bytes: int = Field(default=64 << 20, ge=1 << 16, le=1 << 30)
+    # Models on demand (issue 17): a request for a hub model no worker holds makes the queen
+    # resolve it, place it on a worker that fits and wait for it (up to model_wait_s; else a
+    # 503 model_loading with an estimate). The lists are shell-style repo patterns
+    # ("bartowski/*"); the deny-list wins. model_wait_s 0: never wait, answer the estimate.
+    on_demand: bool = True
+    model_allow: list[str] = Field(default_factory=list)
+    model_deny: list[str] = Field(default_factory=list)
+    max_model_gb: float | None = Field(default=64.0, gt=0)
+    model_wait_s: float = Field(default=20.0, ge=0, le=600)
+    fetch_stall_s: float = Field(default=120.0, gt=0)
+    max_fetch_attempts: int = Field(default=3, ge=1, le=20)
+    assumed_download_mb_s: float = Field(default=20.0, gt=0)
+    max_copies_per_model: int = Field(default=4, ge=1)
+    placements_per_hour: int = Field(default=30, ge=1)
+    demand_interval_s: float = Field(default=60.0, gt=0)
     worker_share: float = Field(default=0.8, ge=0, le=1)
     escrow_jobs: int = Field(default=10, ge=0)
     default_max_tokens: int = Field(default=4096, ge=1)

@@ -132,6 +132,12 @@ class ModelAvailability(WireModel):
     verified: bool = Field(default=False, description="Whether the size and price come from "
                            "the queen's own reading of the file.")
     price: ModelPrice | None = None
+    status: Literal["ready", "loading"] = Field(
+        default="ready", description="loading: the queen is placing it on a worker (issue 17).")
+    progress: float | None = Field(default=None, ge=0, le=1,
+                                   description="Of the download, while loading.")
+    estimated_time: float | None = Field(
+        default=None, ge=0, description="Seconds until it should be ready, while loading.")
 
 
 class ModelCard(WireModel):

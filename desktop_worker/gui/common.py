@@ -90,7 +90,7 @@ def notification_text(text: str, platform: str = sys.platform) -> str:
 
 # --- icons ----------------------------------------------------------------------------------------
 
-STATES = ("stopped", "connecting", "idle", "working", "error")
+STATES = ("stopped", "connecting", "idle", "working", "paused", "error")
 
 
 class Icons:

@@ -1,5 +1,7 @@
 """The tray icon: one icon per state, a tooltip with the status and today's sats, and a menu
-(Start/Stop Earning, Open Apiary, today's sats, Quit) rebuilt every time it opens."""
+(Start/Stop Earning, Open Apiary, today's sats, Quit) rebuilt every time it opens. While the
+owner's controls pause the worker (issue 17), the icon is the paused one and the tooltip and
+the menu say why ("Paused: on battery")."""
 
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ class Tray(QObject):
         self.actions: dict[str, QAction] = {}
         self.notices: list[Notice] = []
         controller.state_changed.connect(lambda *_: self.refresh())
+        controller.paused_changed.connect(lambda _why: self.refresh())
         earnings.updated.connect(lambda _e: self.refresh())
         self.rebuild()
         self.refresh()
@@ -67,7 +70,17 @@ class Tray(QObject):
 
     def tooltip(self) -> str:
         status = STATE_TEXT.get(TrayState(self.state), self.state)
+        why = self.paused_text()
+        if why:
+            status = why
         return f"Apiary: {status}\n{self.today_text()}"
+
+    def paused_text(self) -> str:
+        """"Paused: <why>" while the owner's controls pause the worker, else ""."""
+        reason = self.controller.paused
+        if self.state != TrayState.PAUSED.value or not reason:
+            return ""
+        return f"Paused: {reason}"
 
     def today_text(self) -> str:
         return today_text(self.earnings.earnings.today_msat, self.earnings.pays)
@@ -82,11 +95,17 @@ class Tray(QObject):
         open_action.triggered.connect(self.open_window)
         today = self.menu.addAction(self.today_text())
         today.setEnabled(False)
+        paused = self.paused_text()
+        why = self.menu.addAction(paused) if paused else None
+        if why is not None:
+            why.setEnabled(False)
         self.menu.addSeparator()
         quit_action = self.menu.addAction("Quit Apiary")
         quit_action.triggered.connect(self.quit_app)
         self.actions = {"toggle": toggle, "open": open_action, "today": today,
                         "quit": quit_action}
+        if why is not None:
+            self.actions["paused"] = why
 
     def notify(self, notice: Notice) -> None:
         self.notices.append(notice)

@@ -3,6 +3,9 @@ and a live reconnect countdown, a button for the fix when something needs the ow
 queen's address, today's sats) over the tabs. Closing it hides it; the app keeps earning in the
 tray until Quit.
 
+While the owner's pause settings pause the worker (issue 17), the header says "Paused" and why,
+in violet, and that earning resumes by itself (``paused_detail``).
+
 The header's detail line is always there (one line reserved, even empty), so the header does
 not change height when the worker id or a reason appears."""
 
@@ -52,6 +55,12 @@ FIX_STYLE = ("QPushButton { background: #fde68a; color: #78350f; font-weight: 60
              "QPushButton:hover { background: #fcd34d; }")
 DETAIL_STYLE = "color: #4b5563;"
 FLAG_STYLE = "color: #b91c1c; font-weight: 600;"
+PAUSED_STYLE = "color: #6d28d9; font-weight: 600;"
+
+
+def paused_detail(reason: str) -> str:
+    """The header's detail line while paused: why, and that it resumes by itself."""
+    return f"Paused: {reason}. Earning resumes by itself when that changes."
 
 
 class Header(QFrame):
@@ -127,7 +136,11 @@ class Header(QFrame):
             state in (TrayState.IDLE.value, TrayState.WORKING.value) or not detail)
         if flagged:  # nothing more urgent to say (an error, a reconnect): the flag
             detail = self.audit_warning
-        self.detail.setStyleSheet(FLAG_STYLE if flagged else DETAIL_STYLE)
+        paused = state == TrayState.PAUSED.value and bool(self.controller.paused)
+        if paused:  # why, whatever the link said last
+            detail = paused_detail(self.controller.paused or "")
+        self.detail.setStyleSheet(PAUSED_STYLE if paused else
+                                  FLAG_STYLE if flagged else DETAIL_STYLE)
         self.detail.setText(detail)
         fix = self.controller.fix if state == TrayState.ERROR.value else None
         if self.problem is not None and state == TrayState.STOPPED.value:

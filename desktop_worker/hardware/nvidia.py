@@ -7,8 +7,9 @@ so recorded readings go through exactly this parsing code.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 from desktop_worker.hardware.base import MIB, ComputeDevice, DetectorResult
@@ -63,6 +64,34 @@ def _text(value: str | bytes) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+@contextlib.contextmanager
+def nvml_session(nvml: NvmlApi | None = None) -> Iterator[tuple[NvmlApi | None, str | None]]:
+    """NVML started for the ``with`` body and shut down after it: ``(nvml, None)``, or
+    ``(None, why)`` in plain words when it cannot start (no driver, no ``nvidia-ml-py``). ``nvml``
+    is the module to call; None imports the real ``pynvml``. Shared by the detector and the
+    owner's GPU probe (``desktop_worker/owner/probes.py``)."""
+    if nvml is None:
+        try:
+            import pynvml
+        except ImportError as exc:  # nvidia-ml-py is a dependency; be safe anyway
+            yield None, f"nvidia-ml-py is not installed: {exc}"
+            return
+        nvml = pynvml
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        code = getattr(exc, "value", None)
+        yield None, _INIT_REASONS.get(code, f"NVML failed: {exc}")
+        return
+    try:
+        yield nvml, None
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError as exc:
+            logger.debug("nvmlShutdown failed: %s", exc)
+
+
 class NvmlDetector:
     """Reads every NVIDIA GPU through NVML: name, memory, driver, compute capability, load, uuid.
 
@@ -76,25 +105,10 @@ class NvmlDetector:
 
     def detect(self) -> DetectorResult:
         """Start NVML, read every GPU and shut NVML down again. Never raises for NVML errors."""
-        nvml = self._nvml
-        if nvml is None:
-            try:
-                import pynvml
-            except ImportError as exc:  # nvidia-ml-py is a dependency; be safe anyway
-                return _nothing(f"nvidia-ml-py is not installed: {exc}")
-            nvml = pynvml
-        try:
-            nvml.nvmlInit()
-        except nvml.NVMLError as exc:
-            code = getattr(exc, "value", None)
-            return _nothing(_INIT_REASONS.get(code, f"NVML failed: {exc}"))
-        try:
+        with nvml_session(self._nvml) as (nvml, reason):
+            if nvml is None:
+                return _nothing(reason or "NVML failed")
             return self._read(nvml)
-        finally:
-            try:
-                nvml.nvmlShutdown()
-            except nvml.NVMLError as exc:
-                logger.debug("nvmlShutdown failed: %s", exc)
 
     def _read(self, nvml: NvmlApi) -> DetectorResult:
         driver = self._optional(nvml, "driver version", nvml.nvmlSystemGetDriverVersion)

@@ -34,7 +34,13 @@ from queen_server.catalog.facts import (
     pick_file,
 )
 from queen_server.errors import ModelUnverified
-from shared_schema.errors import GgufTruncated, InvalidGgufFile, ModelNameError
+from shared_schema.errors import (
+    AmbiguousFilter,
+    GgufTruncated,
+    InvalidGgufFile,
+    ModelNameError,
+    NoMatchingFile,
+)
 from shared_schema.gguf import parse_gguf_header
 
 __all__ = ["FileReader", "ModelCatalog", "Reading"]
@@ -63,6 +69,7 @@ class Reading:
     facts: ModelFacts | None
     problem: str | None
     expires: float
+    error: ModelUnverified | None = None  # why the last reading failed (typed, for refusals)
 
 
 class ModelCatalog:
@@ -86,6 +93,9 @@ class ModelCatalog:
         self.max_entries = max_entries
         self.clock = clock
         self._readings: OrderedDict[str, Reading] = OrderedDict()
+        # The first good reading of each name: the file it stays pinned to (issue 17), so a
+        # repo that changes later does not change what workers fetch or what routing accepts.
+        self._pins: OrderedDict[str, ModelFacts] = OrderedDict()
         self._headers: OrderedDict[str, HeaderFacts] = OrderedDict()  # by sha256
         self._pending: dict[str, asyncio.Task[None]] = {}
         self._local: set[str] = set()  # names seen that are not hub names
@@ -109,6 +119,36 @@ class ModelCatalog:
         if self.facts(name) is not None:
             return "verified"
         return "pending" if name in self._pending else "unverified"
+
+    def pin(self, name: str) -> ModelFacts | None:
+        """The file ``name`` is pinned to: the queen's first good reading of it (None: none)."""
+        return self._pins.get(name)
+
+    async def resolve(self, name: str, wait_s: float | None = None) -> ModelFacts:
+        """The pinned facts of a hub name, reading it first if need be (waiting up to
+        ``wait_s``, default the catalog's). Raises ``ModelUnverified`` with its ``kind`` when
+        the name cannot be resolved (``unreachable`` while a reading is still under way)."""
+        pinned = self._pins.get(name)
+        if pinned is not None:
+            self.refresh(name)
+            return pinned
+        if hub_name(name) is None:
+            raise ModelUnverified(f"'{name}' is not a hub model name (hf-user/hf-repo:filter)",
+                                  lasting=True, kind="invalid")
+        self.refresh(name)
+        task = self._pending.get(name)
+        if task is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), self.wait_s if wait_s is None
+                                       else wait_s)
+        pinned = self._pins.get(name)
+        if pinned is not None:
+            return pinned
+        reading = self._readings.get(name)
+        if reading is not None and reading.error is not None:
+            raise reading.error
+        raise ModelUnverified(f"the hub has not answered for {name} yet", lasting=False,
+                              kind="unreachable")
 
     def problem(self, name: str) -> str | None:
         reading = self._readings.get(name)
@@ -167,7 +207,7 @@ class ModelCatalog:
                 try:
                     _, remotes = pick_file(listing, parsed)
                 except ModelNameError as exc:
-                    raise ModelUnverified(f"{parsed.repo_id}: {exc}", lasting=True) from exc
+                    raise _name_problem(parsed.repo_id, exc) from exc
                 headers = [await self._header(listing, remote) for remote in remotes]
         except ModelUnverified as exc:
             old = self._readings.get(name)
@@ -175,12 +215,15 @@ class ModelCatalog:
             wait = self.ttl_s if exc.lasting else self.retry_s
             logger.warning("cannot read %s to price it (%s); priced as %s until it can be read",
                            name, exc, "before" if keep else "unverified")
-            self._remember(name, Reading(keep, str(exc), now + wait))
+            self._remember(name, Reading(keep, str(exc), now + wait, exc))
             return
         facts = model_facts(name, listing, remotes, headers)
         logger.info("read %s: %s parameters in %s (sha256 %s…)", name,
                     f"{facts.parameter_count:,}", ", ".join(facts.paths), facts.sha256[:12])
         self._remember(name, Reading(facts, None, now + self.ttl_s))
+        if name not in self._pins:
+            self._pins[name] = facts
+            _trim(self._pins, self.max_entries)
 
     async def _header(self, listing: RepoFiles, remote: RemoteFile) -> HeaderFacts:
         assert remote.sha256 is not None  # pick_file refuses files with none
@@ -196,7 +239,8 @@ class ModelCatalog:
                 self.reader.read_prefix, listing.repo_id, listing.commit, remote.path, nbytes)
             file_size = len(data) if len(data) < nbytes else (size or 1 << 62)
             try:
-                facts = header_facts(parse_gguf_header(data, remote.path, file_size))
+                facts = header_facts(parse_gguf_header(data, remote.path, file_size),
+                                     size or file_size)
             except GgufTruncated as exc:
                 if nbytes >= self.max_header_bytes:
                     raise ModelUnverified(
@@ -214,6 +258,18 @@ class ModelCatalog:
         self._readings[name] = reading
         self._readings.move_to_end(name)
         _trim(self._readings, self.max_entries)
+
+
+def _name_problem(repo_id: str, exc: ModelNameError) -> ModelUnverified:
+    """Why a repo's listing gives no single, pinned model file for a filter."""
+    kind, candidates = "invalid", None
+    if isinstance(exc, AmbiguousFilter):
+        kind, candidates = "ambiguous", exc.candidates
+    elif isinstance(exc, NoMatchingFile):
+        kind, candidates = "no_match", exc.candidates
+    elif "no sha256" in str(exc):
+        kind = "unpinned"
+    return ModelUnverified(f"{repo_id}: {exc}", lasting=True, kind=kind, candidates=candidates)
 
 
 def _trim(cache: OrderedDict[str, object], limit: int) -> None:

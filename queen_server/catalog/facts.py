@@ -10,10 +10,11 @@ element counts. Headers are cached by sha256, since many names (and many repos) 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shared_schema.errors import ModelNameError
 from shared_schema.gguf import GgufHeader, as_int
+from shared_schema.gguf_shape import GgufShape, shape_of
 from shared_schema.model_names import (
     ModelName,
     RemoteFile,
@@ -56,6 +57,7 @@ class HeaderFacts:
     architecture: str | None
     context_length: int | None
     split_count: int
+    shape: GgufShape  # this part's tensors only, for fitting (merged by ``model_facts``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,11 @@ class ModelFacts:
     architecture: str | None
     context_length: int | None
     size_bytes: int | None
+    shape: GgufShape | None = None  # layers and heads, for placing the model by memory
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.shape is not None and self.shape.has_chat_template
 
     @property
     def sha256(self) -> str:
@@ -98,7 +105,7 @@ def pick_file(listing: RepoFiles, name: ModelName) -> tuple[ResolvedFile, tuple[
     return resolved, remotes
 
 
-def header_facts(header: GgufHeader) -> HeaderFacts:
+def header_facts(header: GgufHeader, file_size: int) -> HeaderFacts:
     meta = header.metadata
     arch = meta.get("general.architecture")
     arch = arch if isinstance(arch, str) and arch else None
@@ -108,6 +115,7 @@ def header_facts(header: GgufHeader) -> HeaderFacts:
         architecture=arch,
         context_length=context,
         split_count=max(as_int(meta.get("split.count")) or 1, 1),
+        shape=shape_of([(header, file_size)]),
     )
 
 
@@ -125,7 +133,20 @@ def model_facts(name: str, listing: RepoFiles, remotes: tuple[RemoteFile, ...],
         architecture=first.architecture,
         context_length=first.context_length,
         size_bytes=sum(r.size for r in remotes if r.size is not None) or None,
+        shape=merge_shapes([h.shape for h in headers]),
     )
+
+
+def merge_shapes(shapes: list[GgufShape]) -> GgufShape:
+    """One model's shape from its parts' (metadata from the first, tensors from all)."""
+    first = shapes[0]
+    if len(shapes) == 1:
+        return first
+    blocks = max(s.block_count for s in shapes)
+    layers = [sum(s.layer_bytes[i] for s in shapes if i < len(s.layer_bytes))
+              for i in range(blocks)]
+    return replace(first, block_count=blocks, layer_bytes=tuple(layers),
+                   other_bytes=sum(s.other_bytes for s in shapes))
 
 
 def _unpinned(repo_id: str, path: str) -> ModelNameError:

@@ -81,14 +81,17 @@ class HubFiles:
         where = self.endpoint
         if isinstance(exc, GatedRepoError):
             return ModelUnverified(f"{what} is gated on {where} (set APIARY_HUB_TOKEN)",
-                                   lasting=True)
+                                   lasting=True, kind="gated")
         if isinstance(exc, RepositoryNotFoundError | EntryNotFoundError):
-            return ModelUnverified(f"{what} was not found on {where}", lasting=True)
+            return ModelUnverified(f"{what} was not found on {where}", lasting=True,
+                                   kind="not_found")
         if isinstance(exc, OfflineModeIsEnabled):
             return ModelUnverified(f"offline mode is on: cannot read {what}", lasting=False)
         if isinstance(exc, HfHubHTTPError):
             status = exc.response.status_code if exc.response is not None else None
+            kind = {401: "gated", 403: "gated", 404: "not_found", 410: "not_found"}.get(
+                status or 0, "unreachable")
             return ModelUnverified(f"{where} answered {status} for {what}",
-                                   lasting=status in _LASTING_STATUS)
+                                   lasting=status in _LASTING_STATUS, kind=kind)
         logger.debug("reading %s from %s failed", what, where, exc_info=exc)
         return ModelUnverified(f"cannot reach {where} for {what}: {exc}", lasting=False)

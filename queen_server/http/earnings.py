@@ -1,4 +1,5 @@
-"""``GET /worker/earnings``: a worker reads its own earnings, proving who it is with its key.
+"""``GET /worker/earnings``: a worker reads its own earnings, proving who it is with its key;
+``GET /worker/demand``: what developers ask this queen for (public, like ``/stats``).
 
 The answer is built in ``queen_server.reports``; this route checks the worker's signature, which
 names this queen's origin (``earnings_auth_payload``), so a header a worker sent to another
@@ -14,9 +15,9 @@ from fastapi.responses import Response
 
 from queen_server import reports
 from queen_server.errors import Unauthorized
-from queen_server.http.deps import queen
+from queen_server.http.deps import json_response, queen
 from queen_server.identity import PROXY_HINT, RequestOrigins, origins_of, verify_signature
-from shared_schema import WorkerEarnings, earnings_auth_payload
+from shared_schema import Demand, WorkerEarnings, earnings_auth_payload
 from shared_schema.protocol import EARNINGS_AUTH_MAX_SKEW_S, EARNINGS_AUTH_SCHEME
 
 router = APIRouter()
@@ -64,3 +65,10 @@ async def worker_earnings(request: Request) -> Response:
                                   origins_of(request.app).for_scope(request.scope))
     earnings = await reports.worker_earnings(state, pubkey, datetime.now(UTC))
     return Response(earnings.model_dump_json(), media_type="application/json")
+
+
+@router.get("/worker/demand", response_model=Demand,
+            summary="What developers ask this queen for (issue 17): for a worker's app, before "
+            "it connects (the first-run wizard) and for anyone deciding what to serve")
+async def worker_demand(request: Request) -> Response:
+    return json_response(queen(request).placement.demand.model_dump(mode="json"))

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 def error_response(error: ApiError) -> Response:
-    response = json_response(error.body().model_dump(), error.status_code)
+    response = json_response(error.payload(), error.status_code)
     response.headers.update(error.headers)
     return response
 

@@ -10,6 +10,7 @@ worker, relay (streamed or whole, with failover), and settle the books exactly o
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -121,6 +122,9 @@ async def serve(state: QueenState, request: Request, principal: Principal,
     dispatcher, billing = state.dispatcher, state.billing
     worker_req = gen.worker_req
     needs = capabilities.needs(gen.worker_url, worker_req)
+    arrived = time.monotonic()
+    if not dispatcher.candidates(gen.model):  # a model nobody holds: place it (issue 17)
+        await state.placement.prepare(gen.model)
     dispatcher.require_servable(gen.model, needs)
     answer = Delivered(gen.meter)
     admission, hold = await admit_and_hold(
@@ -137,6 +141,7 @@ async def serve(state: QueenState, request: Request, principal: Principal,
                 gen.job_id, gen.model, gen.worker_url, worker_req, stream=gen.stream,
                 billed=principal.billed, admission=admission, sent=answer.sent, needs=needs,
             )
+            state.placement.started(gen.model, time.monotonic() - arrived)
             if gen.stream:  # the stream now owns the hold and the caller's place
                 held = hold
 

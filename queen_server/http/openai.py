@@ -216,7 +216,11 @@ async def embeddings(request: Request) -> Response:
 async def list_models(request: Request) -> Response:
     state = queen(request)
     await state.billing.authenticate(request.headers.get("authorization"))
-    cards = [model_card(state, name) for name in state.registry.model_names()]
+    names = state.registry.model_names()
+    cards = [model_card(state, name) for name in names]
+    served = set(names)
+    cards += [loading_card(state, row) for row in state.placement.placements()
+              if row["model"] not in served and not served.add(str(row["model"]))]
     return json_response(ModelList(data=cards).model_dump(mode="json"))
 
 
@@ -227,9 +231,25 @@ async def retrieve_model(request: Request, model_id: str) -> Response:
     state = queen(request)
     await state.billing.authenticate(request.headers.get("authorization"))
     if not state.registry.holders(model_id):
+        for row in state.placement.placements():
+            if row["model"] == model_id:
+                return json_response(loading_card(state, row).model_dump(mode="json"))
         raise ModelNotFound(f"The model '{model_id}' is not served by any connected worker.",
                             param="model")
     return json_response(model_card(state, model_id).model_dump(mode="json"))
+
+
+def loading_card(state: QueenState, row: dict[str, Any]) -> ModelCard:
+    """A model being placed on a worker: its card says so, with the download's progress."""
+    name = str(row["model"])
+    card = model_card(state, name)
+    assert card.apiary is not None
+    card.apiary.status = "loading"
+    progress = row.get("progress")
+    card.apiary.progress = float(progress) if isinstance(progress, int | float) else None
+    estimate = row.get("estimated_time")
+    card.apiary.estimated_time = float(estimate) if isinstance(estimate, int | float) else None
+    return card
 
 
 def model_card(state: QueenState, name: str) -> ModelCard:
@@ -239,7 +259,7 @@ def model_card(state: QueenState, name: str) -> ModelCard:
     facts = state.catalog.facts(name)
     return ModelCard(
         id=name,
-        created=int(min(session.connected_at for session in holders)),
+        created=int(min((session.connected_at for session in holders), default=time.time())),
         apiary=ModelAvailability(
             workers=len(holders),
             loaded_on=sum(1 for session in holders if name in session.loaded),

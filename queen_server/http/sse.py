@@ -45,7 +45,7 @@ def frame(events: list[Event]) -> list[bytes]:
 
 def error_event(view: ChatView, error: ApiError) -> bytes:
     """The events that end a broken stream: the error body a plain answer would have had."""
-    return b"".join(frame(view.failed(error.body().model_dump())))
+    return b"".join(frame(view.failed(error.payload())))
 
 
 def answer_events(view: ChatView, answer: dict[str, Any]) -> list[bytes]:

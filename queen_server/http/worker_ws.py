@@ -20,6 +20,7 @@ from queen_server.identity import HelloGate, origins_of
 from queen_server.swarm.link import (
     Admit,
     Close,
+    FetchRefused,
     QueenLink,
     Refuse,
     Send,
@@ -65,6 +66,9 @@ class WorkerSocket:
         if frame is not None:
             await self.send_text(frame)
 
+    async def send_frame(self, frame: str) -> None:
+        await self.send_text(frame)
+
     async def close(self, code: int, reason: str) -> None:
         if self.websocket.application_state != WebSocketState.DISCONNECTED:
             await self.websocket.close(code, reason[:120])
@@ -84,7 +88,8 @@ async def worker_endpoint(websocket: WebSocket) -> None:
     pays = bool(terms["pays"])
     link = QueenLink(settings, gate, v1=v1, now=loop.time(), clock=time.time,
                      pays_workers=pays,
-                     payout_threshold_msat=int(terms["payout_threshold_sats"]) * 1000)
+                     payout_threshold_msat=int(terms["payout_threshold_sats"]) * 1000,
+                     demand=state.placement.demand)
     socket = WorkerSocket(websocket, link)
     try:
         admit = await _handshake(websocket, socket, settings.hello_timeout_s)
@@ -126,6 +131,7 @@ async def worker_endpoint(websocket: WebSocket) -> None:
     finally:
         if heartbeat is not None:
             heartbeat.cancel()
+        state.placement.left(worker)
         if state.registry.remove(worker, reason) or state.registry.get(worker.key) is None:
             state.stats.disconnected(worker.key)
         with contextlib.suppress(Exception):
@@ -184,6 +190,10 @@ async def _read_loop(
                                             models=action.models)
                 if action.models is not None:
                     state.catalog.prefetch(sorted(worker.cached))
+                if action.status is not None:
+                    state.placement.on_status(worker, action.status)
+            elif isinstance(action, FetchRefused):
+                state.placement.fetch_failed(worker, action.failure)
             elif isinstance(action, Close):
                 return action.reason, action.code
 

@@ -181,8 +181,12 @@ class Dispatcher:
         stats: JobStats,
         size_class_of: Callable[[str], str],
         rng: random.Random | None = None,
+        pinned: Callable[[str], str | None] = lambda _model: None,
     ) -> None:
+        """``pinned(model)``: the sha256 a model name is pinned to (issue 17), or None;
+        workers holding another file under that name are not used for it."""
         self.registry = registry
+        self.pinned = pinned
         self.settings = settings
         self.stats = stats
         self.size_class_of = size_class_of
@@ -374,10 +378,21 @@ class Dispatcher:
         handle, first = await self._attempt(request, worker, connection, openai_req)
         return JobRun(self, worker, handle, first, request)
 
+    def candidates(self, model: str) -> list[Worker]:
+        """The registry's candidates for ``model``, less those that say they hold another
+        file than the one the name is pinned to. (A worker that names no sha256 stays: older
+        workers did not; the audits re-score its answers against the pinned file.)"""
+        candidates = self.registry.candidates(model)
+        sha256 = self.pinned(model) if candidates else None
+        if sha256 is None:
+            return candidates
+        return [worker for worker in candidates
+                if (held := worker.models.get(model)) is None or held.sha256 in (None, sha256)]
+
     def require_servable(self, model: str, needs: Mapping[str, str] | None = None) -> None:
         """404 ``model_not_found`` unless some connected worker could serve ``model``; 400
         naming the field when none of them has the capabilities ``needs`` asks for."""
-        candidates = self.registry.candidates(model)
+        candidates = self.candidates(model)
         if not candidates:
             raise ModelNotFound(
                 f"The model '{model}' is not served by any connected worker.", param="model"
@@ -405,7 +420,7 @@ class Dispatcher:
         queue_deadline: float | None = None
         try:
             while True:
-                candidates = registry.candidates(model)
+                candidates = self.candidates(model)
                 if not legacy_ok:  # a billed job under legacy_workers="unbilled" only
                     candidates = [worker for worker in candidates if not worker.legacy]
                     if not candidates and not tried:

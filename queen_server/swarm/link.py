@@ -46,6 +46,8 @@ from shared_schema import (
     Cancel,
     Challenge,
     Chunk,
+    Demand,
+    FetchFailed,
     Hello,
     Job,
     JobError,
@@ -163,10 +165,19 @@ class Admit:
 
 @dataclass(frozen=True, slots=True)
 class StatusChanged:
-    """The worker's status changed its job slots or its holdings (``Registry.apply_status``)."""
+    """The worker's status changed its job slots or its holdings (``Registry.apply_status``);
+    ``status`` is the whole message (downloads, room for models, a pause)."""
 
     max_jobs: int | None
     models: list[ModelDescriptor] | None
+    status: Status | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRefused:
+    """The worker could not fetch a model the queen placed on it (``placement``)."""
+
+    failure: FetchFailed
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +188,7 @@ class Close:
     reason: str
 
 
-Action = Send | Refuse | Admit | StatusChanged | Close
+Action = Send | Refuse | Admit | StatusChanged | FetchRefused | Close
 NOTHING: tuple[Action, ...] = ()
 
 
@@ -195,6 +206,7 @@ class QueenLink:
         clock: Callable[[], float] = time.time,
         pays_workers: bool = False,
         payout_threshold_msat: int | None = None,
+        demand: Demand | None = None,
     ) -> None:
         """``pays_workers`` and ``payout_threshold_msat`` go into the welcome, so the worker
         can tell its owner whether this queen pays (billing on) and from what balance."""
@@ -203,6 +215,7 @@ class QueenLink:
         self.v1 = v1
         self.pays_workers = pays_workers
         self.payout_threshold_msat = payout_threshold_msat if pays_workers else None
+        self.demand = demand  # what developers ask for, told in the welcome
         self.state = State.AWAITING_HELLO
         self.nonce = nonce or secrets.token_hex(32)
         self.last_seen = now  # the loop time of the last frame (for heartbeats)
@@ -296,9 +309,9 @@ class QueenLink:
         if isinstance(message, Ping):
             return [Send(encode(Pong(ts=message.ts)))]
         if isinstance(message, Status):
-            if message.max_jobs is None and message.models is None:
-                return NOTHING
-            return [StatusChanged(message.max_jobs, message.models)]
+            return [StatusChanged(message.max_jobs, message.models, message)]
+        if isinstance(message, FetchFailed):
+            return [FetchRefused(message)]
         raise ProtocolError(
             "unexpected_message",
             f"a {message.type} is not expected from a worker after its welcome",
@@ -361,7 +374,8 @@ class QueenLink:
         welcome = Welcome(session_id=worker.session_id, worker_id=worker.public_id,
                           heartbeat_interval_s=self.settings.heartbeat_interval_s,
                           pays_workers=self.pays_workers,
-                          payout_threshold_msat=self.payout_threshold_msat)
+                          payout_threshold_msat=self.payout_threshold_msat,
+                          demand=self.demand)
         return [Admit(worker, encode(welcome))]
 
     def _v1_worker(self, body: dict[str, Any]) -> Worker:
@@ -385,7 +399,7 @@ class QueenLink:
         if problem is not None:
             raise HandshakeRefused("invalid_ln_url", f"the payout address {hello.ln_url!r} is "
                                    f"not valid: {problem}")
-        return Worker(
+        worker = Worker(
             key=hello.pubkey,
             public_id=self.gate.public_id(hello.pubkey),
             session_id=secrets.token_hex(8),
@@ -398,6 +412,12 @@ class QueenLink:
             vram_mb=hello.vram,
             connected_at=self._clock(),
         )
+        worker.memory_budget_mb = hello.memory_budget_mb
+        worker.model_room_mb = hello.model_room_mb
+        worker.swarm_models = hello.swarm_models
+        free = [gpu.memory_free_mb for gpu in hello.nv_gpus if gpu.memory_free_mb is not None]
+        worker.vram_free_mb = sum(free) if free else None
+        return worker
 
     def _legacy_worker(self, body: dict[str, Any]) -> Worker:
         if not looks_like_registration(body):

@@ -31,6 +31,7 @@ class Registry:
         self._connections: dict[str, Connection] = {}
         self._by_model: dict[str, set[Worker]] = {}
         self._fetchers: set[Worker] = set()
+        self._takers: set[Worker] = set()  # workers the queen may place models on (issue 17)
         self._leases: dict[str, JobHandle] = {}  # every lease, by job id
         self._held: dict[str, dict[str, JobHandle]] = {}  # worker key -> its leases, by job id
         self._changed = asyncio.Event()
@@ -119,13 +120,25 @@ class Registry:
         worker.flagged = flagged
         self.models_changed(worker)
 
+    def set_paused(self, worker: Worker, reason: str | None) -> None:
+        """Its owner paused the worker (on battery, the GPU in use...) or resumed it: a paused
+        worker is in no routing index; its jobs in flight finish or come back as retryable."""
+        if worker.paused == reason:
+            return
+        was = worker.paused
+        worker.paused = reason
+        if bool(was) != bool(reason):
+            self.models_changed(worker)
+
     def _index(self, worker: Worker) -> None:
-        if worker.flagged or CAPABILITY_AUDITOR in worker.capabilities:
+        if worker.flagged or worker.paused or CAPABILITY_AUDITOR in worker.capabilities:
             return  # in no index: routing never sees it (an auditor only audits)
         for name in worker.cached:
             self._by_model.setdefault(name, set()).add(worker)
         if worker.can_fetch:
             self._fetchers.add(worker)
+        if worker.takes_fetch:
+            self._takers.add(worker)
 
     def _unindex(self, worker: Worker) -> None:
         for name, holders in list(self._by_model.items()):
@@ -133,6 +146,7 @@ class Registry:
             if not holders:
                 del self._by_model[name]
         self._fetchers.discard(worker)
+        self._takers.discard(worker)
 
     # --- lookups for routing ------------------------------------------------------------------
 
@@ -145,6 +159,10 @@ class Registry:
         if not self._fetchers:
             return list(holders) if holders else []
         return list((holders or set()) | self._fetchers)
+
+    def takers(self) -> set[Worker]:
+        """Workers in routing that take ``fetch`` commands (live; do not change it)."""
+        return self._takers
 
     def model_names(self) -> list[str]:
         return sorted(self._by_model)

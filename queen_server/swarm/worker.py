@@ -20,7 +20,8 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from queen_server.swarm.jobs import JobHandle
-from shared_schema import ModelDescriptor
+from shared_schema import DownloadProgress, ModelDescriptor
+from shared_schema.capabilities import FETCH
 
 CAPABILITY_FETCH = "fetch_models"
 
@@ -40,6 +41,10 @@ class Connection(Protocol):
 
     async def send_cancel(self, job_id: str, reason: str) -> None: ...
 
+    async def send_frame(self, frame: str) -> None:
+        """A control message already encoded (a ``fetch``, a ``demand``)."""
+        ...
+
     async def close(self, code: int, reason: str) -> None: ...
 
 
@@ -56,6 +61,7 @@ class Worker:
         "capabilities",
         "closed",
         "connected_at",
+        "downloads",
         "flagged",
         "gpus",
         "jobs",
@@ -64,11 +70,16 @@ class Worker:
         "ln_url",
         "loaded",
         "max_jobs",
+        "memory_budget_mb",
+        "model_room_mb",
         "models",
+        "paused",
         "public_id",
         "session_id",
+        "swarm_models",
         "trust",
         "uncovered",
+        "vram_free_mb",
         "vram_mb",
         "worker_version",
     )
@@ -112,6 +123,14 @@ class Worker:
         # The worker's leases, by job id: a read-only view the registry sets when it adds the
         # worker (``Registry.add``); only the registry writes the mapping behind it.
         self.jobs: Mapping[str, JobHandle] = NO_LEASES
+        # What placing a model on it needs (issue 17), from its hello and statuses: claims, used
+        # only to choose whom to ask (a worker that lied just fails its fetch).
+        self.memory_budget_mb: int | None = None
+        self.model_room_mb: int | None = None
+        self.vram_free_mb: int | None = None
+        self.swarm_models = False
+        self.paused: str | None = None  # why its owner paused it; in no routing index then
+        self.downloads: dict[str, DownloadProgress] = {}
         self.models: dict[str, ModelDescriptor] = {}
         self.loaded: frozenset[str] = frozenset()
         self.cached: frozenset[str] = frozenset()
@@ -124,6 +143,11 @@ class Worker:
     @property
     def can_fetch(self) -> bool:
         return self.legacy or CAPABILITY_FETCH in self.capabilities
+
+    @property
+    def takes_fetch(self) -> bool:
+        """Whether the queen may place a model on it (a ``fetch`` command, issue 17)."""
+        return FETCH in self.capabilities and not self.legacy
 
     @property
     def earnings_key(self) -> str | None:

@@ -3,7 +3,9 @@ announced to the rest of the app; "Run at login" goes through ``desktop/autostar
 
 ``classify_changes`` says what a save means for a running worker: the queen and the payout
 address apply at once (the app reconnects), the store and engine settings when earning
-restarts, the rest at the next launch or right away (run at login)."""
+restarts, the rest at the next launch or right away (run at login). The owner's pause
+settings and the models opt-ins (issue 17) apply when earning restarts too: the service reads
+them when it is built (the hello carries the opt-ins; the pause watcher starts with it)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from PySide6.QtCore import QObject, Signal
 
 from desktop_worker.desktop.config import save_settings
 from desktop_worker.errors import WorkerError
+from desktop_worker.owner.policy import active_hours_problem
 from desktop_worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -23,7 +26,22 @@ log = logging.getLogger(__name__)
 # Applied to a running worker at once: the app reconnects (the hello carries both).
 LIVE_FIELDS = ("queen_url", "ln_url")
 # Applied when earning restarts: the model store and the engine are built per Start.
-RESTART_FIELDS = ("models_dir", "disk_quota_gb", "vram_cap_mb", "threads")
+RESTART_FIELDS = ("models_dir", "disk_quota_gb", "vram_cap_mb", "threads",
+                  "pause_on_battery", "pause_gpu_busy_pct", "pause_fullscreen", "active_hours",
+                  "accept_fetch", "swarm_models")
+# How each field that applies at restart is named to the owner.
+RESTART_NAMES = {
+    "models_dir": "the models folder",
+    "disk_quota_gb": "the disk quota",
+    "vram_cap_mb": "the VRAM cap",
+    "threads": "CPU threads",
+    "pause_on_battery": "pausing on battery",
+    "pause_gpu_busy_pct": "the GPU threshold",
+    "pause_fullscreen": "pausing for full-screen apps",
+    "active_hours": "your hours",
+    "accept_fetch": "models placed by the queen",
+    "swarm_models": "models chosen by the swarm",
+}
 
 
 def classify_changes(old: WorkerSettings, new: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -61,6 +79,12 @@ class SettingsService(QObject):
     def update(self, **changes: Any) -> WorkerSettings:
         """Validate ``changes`` over the current settings, save them and announce them.
         Raises ``WorkerError`` with a readable reason (nothing is saved then)."""
+        hours = changes.get("active_hours")
+        problem = active_hours_problem(hours) if isinstance(hours, str) else None
+        if problem is not None:
+            raise WorkerError(f"Active hours: {problem}")
+        if isinstance(hours, str) and not hours.strip():
+            changes = {**changes, "active_hours": None}
         values = self.settings.model_dump()
         values.update(changes)
         try:

@@ -1,5 +1,7 @@
 """The Settings tab: queen URL, payout address (checked live), models folder, disk quota, VRAM
-cap, CPU threads, start earning at launch, run at login.
+cap, CPU threads, start earning at launch, run at login; "When to pause" (on battery, another
+program on the GPU above a share, full-screen apps, active hours checked as the owner types)
+and "Models" (let the queen place models here; let the swarm choose them), issue 17.
 
 The queen URL goes through the same normaliser as the wizard, and one it cannot read is refused
 at Save, with the expected form. While the worker earns, a new queen or payout address applies
@@ -19,10 +21,12 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
+    QGroupBox,
     QHBoxLayout,
     QLineEdit,
     QMessageBox,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -30,7 +34,12 @@ from PySide6.QtWidgets import (
 
 from desktop_worker.errors import WorkerError
 from desktop_worker.gui.common import plain_label
-from desktop_worker.gui.services.settings import SettingsService, classify_changes
+from desktop_worker.gui.services.settings import (
+    RESTART_NAMES,
+    SettingsService,
+    classify_changes,
+)
+from desktop_worker.owner.policy import active_hours_problem
 from desktop_worker.queen_url import normalise_queen_url
 from desktop_worker.settings import WorkerSettings
 from shared_schema.payout_address import check_payout_address
@@ -73,6 +82,42 @@ class PayoutField(QWidget):
 
     def check(self, text: str) -> None:
         self.valid, message = payout_feedback(text)
+        self.verdict.setText(message)
+        self.verdict.setStyleSheet(OK if self.valid else BAD)
+
+    def value(self) -> str | None:
+        return self.edit.text().strip() or None
+
+
+def hours_feedback(text: str) -> tuple[bool, str]:
+    """(valid, what to tell the owner) for the active hours field."""
+    problem = active_hours_problem(text)
+    if problem is not None:
+        return False, problem
+    if not text.strip():
+        return True, "Empty: any time of day."
+    return True, "✓ serves only within these hours (this computer's local time)"
+
+
+class HoursField(QWidget):
+    """A line edit for the active hours with the live verdict under it."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.edit = QLineEdit()
+        self.edit.setPlaceholderText("22:00-07:00  or  09:00-12:00,14:00-18:00  (empty: always)")
+        self.verdict = plain_label()
+        self.verdict.setWordWrap(True)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.edit)
+        layout.addWidget(self.verdict)
+        self.edit.textChanged.connect(self.check)
+        self.valid = True
+        self.check("")
+
+    def check(self, text: str) -> None:
+        self.valid, message = hours_feedback(text)
         self.verdict.setText(message)
         self.verdict.setStyleSheet(OK if self.valid else BAD)
 
@@ -123,6 +168,21 @@ class SettingsView(QWidget):
         self.threads.setSpecialValueText("automatic")
         self.at_launch = QCheckBox("Start earning when the app opens")
         self.at_login = QCheckBox("Open Apiary when I log in")
+        # When to pause (issue 17).
+        self.on_battery = QCheckBox("Pause while this computer runs on battery")
+        self.gpu_busy = QSpinBox()
+        self.gpu_busy.setRange(0, 100)
+        self.gpu_busy.setSuffix(" %")
+        self.gpu_busy.setSpecialValueText("never")
+        self.gpu_busy.setToolTip("Pause while other programs use more than this share of an "
+                                 "NVIDIA GPU's memory (0: never)")
+        self.fullscreen = QCheckBox("Pause while a full-screen app runs (a game, a film)")
+        self.hours = HoursField()
+        # Models (issue 17).
+        self.accept_fetch = QCheckBox(
+            "Let the queen place models on this machine (within the disk quota)")
+        self.swarm_models = QCheckBox("Let the swarm choose my models (downloads what is in "
+                                      "demand, removes the least recently used)")
         self.save = QPushButton("Save")
         self.save.clicked.connect(self.apply)
         self.message = plain_label()  # error messages, in their own words
@@ -140,20 +200,41 @@ class SettingsView(QWidget):
         form.addRow("CPU threads", self.threads)
         form.addRow("", self.at_launch)
         form.addRow("", self.at_login)
+        self.pause_group = QGroupBox("When to pause")
+        pause_form = QFormLayout(self.pause_group)
+        pause_form.addRow("", self.on_battery)
+        pause_form.addRow("Another program uses the GPU above", self.gpu_busy)
+        pause_form.addRow("", self.fullscreen)
+        pause_form.addRow("Serve only during", self.hours)
+        self.models_group = QGroupBox("Models")
+        models_box = QVBoxLayout(self.models_group)
+        models_box.addWidget(self.accept_fetch)
+        models_box.addWidget(self.swarm_models)
         buttons = QHBoxLayout()
         buttons.addWidget(self.message, 1)
         buttons.addWidget(self.restart)
         buttons.addWidget(self.save)
+        body = QWidget()
+        fields = QVBoxLayout(body)
+        fields.addLayout(form)
+        fields.addWidget(self.pause_group)
+        fields.addWidget(self.models_group)
+        fields.addStretch(1)
+        self.scroll = QScrollArea()
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.scroll.setWidget(body)
         layout = QVBoxLayout(self)
-        layout.addLayout(form)
-        layout.addStretch(1)
+        layout.addWidget(self.scroll, 1)
         layout.addLayout(buttons)
-        self.payout.edit.textChanged.connect(lambda _t: self.save.setEnabled(self.payout.valid))
-        for edit in (self.queen, self.payout.edit, self.models_dir):
+        self.payout.edit.textChanged.connect(self._valid_changed)
+        self.hours.edit.textChanged.connect(self._valid_changed)
+        for edit in (self.queen, self.payout.edit, self.models_dir, self.hours.edit):
             edit.textChanged.connect(self._edited)
-        for box in (self.quota, self.vram, self.threads):
+        for box in (self.quota, self.vram, self.threads, self.gpu_busy):
             box.valueChanged.connect(self._edited)
-        for check in (self.at_launch, self.at_login):
+        for check in (self.at_launch, self.at_login, self.on_battery, self.fullscreen,
+                      self.accept_fetch, self.swarm_models):
             check.toggled.connect(self._edited)
         self._loading = False
         self._saved_form: dict[str, object] = {}
@@ -174,7 +255,14 @@ class SettingsView(QWidget):
         return {"queen": self.queen.text().strip(), "payout": self.payout.edit.text().strip(),
                 "models_dir": self.models_dir.text().strip(), "quota": self.quota.value(),
                 "vram": self.vram.value(), "threads": self.threads.value(),
-                "at_launch": self.at_launch.isChecked(), "at_login": self.at_login.isChecked()}
+                "at_launch": self.at_launch.isChecked(), "at_login": self.at_login.isChecked(),
+                "on_battery": self.on_battery.isChecked(), "gpu_busy": self.gpu_busy.value(),
+                "fullscreen": self.fullscreen.isChecked(), "hours": self.hours.edit.text().strip(),
+                "accept_fetch": self.accept_fetch.isChecked(),
+                "swarm_models": self.swarm_models.isChecked()}
+
+    def _valid_changed(self, *_args: object) -> None:
+        self.save.setEnabled(self.payout.valid and self.hours.valid)
 
     def _edited(self, *_args: object) -> None:
         if self._loading:
@@ -193,6 +281,12 @@ class SettingsView(QWidget):
         self.threads.setValue(settings.threads or 0)
         self.at_launch.setChecked(settings.start_earning_at_launch)
         self.at_login.setChecked(self.service.run_at_login())
+        self.on_battery.setChecked(settings.pause_on_battery)
+        self.gpu_busy.setValue(settings.pause_gpu_busy_pct or 0)
+        self.fullscreen.setChecked(settings.pause_fullscreen)
+        self.hours.edit.setText(settings.active_hours or "")
+        self.accept_fetch.setChecked(settings.accept_fetch)
+        self.swarm_models.setChecked(settings.swarm_models)
 
     def browse(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Models folder", self.models_dir.text())
@@ -203,6 +297,9 @@ class SettingsView(QWidget):
         """Save (refusing what cannot be read), then apply what can apply now."""
         if not self.payout.valid:
             self._say(f"Payout address: {self.payout.verdict.text()}", BAD)
+            return False
+        if not self.hours.valid:
+            self._say(f"Active hours: {self.hours.verdict.text()}", BAD)
             return False
         try:
             queen_url = normalise_queen_url(self.queen.text())
@@ -218,6 +315,12 @@ class SettingsView(QWidget):
             "vram_cap_mb": self.vram.value() or None,
             "threads": self.threads.value() or None,
             "start_earning_at_launch": self.at_launch.isChecked(),
+            "pause_on_battery": self.on_battery.isChecked(),
+            "pause_gpu_busy_pct": self.gpu_busy.value() or None,
+            "pause_fullscreen": self.fullscreen.isChecked(),
+            "active_hours": self.hours.value(),
+            "accept_fetch": self.accept_fetch.isChecked(),
+            "swarm_models": self.swarm_models.isChecked(),
         }
         live, on_restart = classify_changes(self.service.settings, changes)
         earning = self.earning()
@@ -248,9 +351,7 @@ class SettingsView(QWidget):
             self.restart.setVisible(False)
             self._say("Saved. Reconnecting to apply it now.", OK)
         elif earning and on_restart:
-            names = {"models_dir": "the models folder", "disk_quota_gb": "the disk quota",
-                     "vram_cap_mb": "the VRAM cap", "threads": "CPU threads"}
-            what = ", ".join(names[n] for n in on_restart)
+            what = ", ".join(RESTART_NAMES.get(n, n) for n in on_restart)
             self.restart.setVisible(True)
             self._say(f"Saved. The change to {what} {RESTART_NOTE}.", OK)
         else:

@@ -372,9 +372,11 @@ def test_an_embeddings_result_without_vectors_is_malformed():
 def test_status_changes_are_handed_to_the_registry():
     link, _ = admitted()
     models = [ModelDescriptor(name="new/model:Q4_0", loaded=True)]
-    [change] = link.receive(encode(Status(max_jobs=3, models=models)), 1.0)
-    assert change == StatusChanged(3, models)
-    assert link.receive(encode(Status(active_jobs=1)), 1.0) == NOTHING
+    status = Status(max_jobs=3, models=models, paused="on battery", model_room_mb=512)
+    [change] = link.receive(encode(status), 1.0)
+    assert change == StatusChanged(3, models, status)
+    bare = Status(active_jobs=1)  # still handed on: it says no download and no pause now
+    assert link.receive(encode(bare), 1.0) == [StatusChanged(None, None, bare)]
 
 
 @pytest.mark.parametrize(
