@@ -26,6 +26,7 @@ from desktop_worker.owner import OwnerProbe, PauseWatcher, controls_on, default_
 from desktop_worker.settings import WorkerSettings
 from desktop_worker.store import LocalModel, ModelStore
 from desktop_worker.store.names import validate_local_name
+from desktop_worker.swarm_choice import SwarmChooser
 from shared_schema import (
     CAPABILITY_CONTINUE,
     PROTOCOL_VERSION,
@@ -98,6 +99,7 @@ class WorkerService:
         # What the queen says developers ask for (issue 17), and who wants to hear of it.
         self.demand: Demand | None = None
         self.demand_listeners: list[Callable[[Demand], None]] = []
+        self.swarm = SwarmChooser(self)  # the owner's opt-in: follow demand (swarm_models)
         # Why the owner paused this worker (None: serving), and who wants to hear of it.
         self.paused: str | None = None
         self.pause_listeners: list[Callable[[str | None], None]] = []

@@ -32,9 +32,10 @@ from desktop_worker.gui.common import Icons, spawn
 from desktop_worker.gui.gui_gc import GuiThreadCollector
 from desktop_worker.gui.notify import Notice, NotificationPolicy
 from desktop_worker.gui.services.audit import audit_header_text
+from desktop_worker.gui.services.demand import InDemandModel
 from desktop_worker.gui.services.earnings import EarningsService
 from desktop_worker.gui.services.logs import OncePerRun
-from desktop_worker.gui.services.models import ModelsService
+from desktop_worker.gui.services.models import ModelsService, fetch_demand
 from desktop_worker.gui.services.settings import AutostartLike, SettingsService
 from desktop_worker.gui.services.worker import LogBridge, WorkerController
 from desktop_worker.gui.tray import Tray
@@ -52,7 +53,7 @@ from desktop_worker.link.backoff import Backoff
 from desktop_worker.link_probe import ProbeResult, probe_queen
 from desktop_worker.service import Detector, WorkerService
 from desktop_worker.settings import WorkerSettings, config_dir
-from shared_schema import WorkerEarnings
+from shared_schema import Demand, WorkerEarnings
 from shared_schema.protocol import Welcome
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,8 @@ class ApiaryApp(QObject):
         self._ticker.timeout.connect(self._tick)
 
         self.controller.hardware_detected.connect(self._on_hardware)
+        self.controller.demand_changed.connect(self.models.set_demand)  # the In demand list
+        self.controller.job_finished.connect(self.models.record_job)  # this worker's speed
         self.controller.job_finished.connect(
             lambda record: self._notify(self.policy.job_finished(record.outcome)))
         self.controller.link_changed.connect(
@@ -204,12 +207,18 @@ class ApiaryApp(QObject):
         self.wizard = FirstRunWizard(self.settings.ln_url, self.settings.queen_url,
                                      self.finish_setup, self.window,
                                      logo=self.icons.pixmap("app", 48), tester=self.test_queen,
-                                     cancel_work=self.models.cancel)
+                                     cancel_work=self.models.cancel,
+                                     demand_source=self.demand_source,
+                                     held=lambda: {m.name for m in self.models.store.list()})
         self.wizard.show_hardware(self.hardware, self.settings.vram_cap_mb)
         self.models.progress.connect(self.wizard.ready.show_progress)
         self.wizard.rejected.connect(self._wizard_closed)
         self.wizard.show()
         return self.wizard
+
+    async def demand_source(self, url: str) -> Demand | None:
+        """The wizard's demand: ``GET /worker/demand`` of the queen chosen (None: none)."""
+        return await fetch_demand(url)
 
     async def test_queen(self, url: str) -> ProbeResult:
         """The wizard's "Test connection": the real handshake, with the hello a Start sends
@@ -262,7 +271,9 @@ class ApiaryApp(QObject):
         if model is None or model.name in self.models.store:
             return None
         self._say_in_wizard(f"Downloading {model.label}…")
-        outcome = await self.models.pull(model.name, force=True)
+        pin = {"revision": model.revision, "expect_sha256": model.sha256} \
+            if isinstance(model, InDemandModel) else {}
+        outcome = await self.models.pull(model.name, force=True, **pin)
         if outcome == "done":
             return None
         if outcome == "cancelled":
@@ -306,6 +317,7 @@ class ApiaryApp(QObject):
     def _on_hardware(self, report: HardwareReport) -> None:
         self.hardware = report
         self.hardware_view.show_report(report)
+        self.models.update_demand()  # what fits follows the hardware
         if self.wizard is not None and self.wizard.isVisible():
             self.wizard.show_hardware(report, self.settings.vram_cap_mb)
 

@@ -2,6 +2,11 @@
 the connection), the detected hardware, a model that fits it (or a .gguf the owner has), then
 Start Earning.
 
+After the queen step the wizard asks that queen what its developers ask for (``GET
+/worker/demand``, in the background with a short timeout): the in-demand models that fit this
+machine come first, pinned to the file the queen routes to; with no demand (none yet, an older
+queen that answers 404, or one out of reach) the built-in list alone.
+
 Finishing does the work with the wizard still open: the model is downloaded (or imported) with
 its progress on the last page, and a failure stays there in plain words with a Retry, so the
 owner is never left at "Not earning" without knowing why. "Start Earning" starts; "Finish
@@ -10,7 +15,9 @@ without starting" does the same but does not start; Cancel stops a download in p
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,11 +45,15 @@ from desktop_worker.gui.services.advice import (
     need_mb,
     usable_vram_mb,
 )
+from desktop_worker.gui.services.demand import demand_rows, wizard_models
 from desktop_worker.gui.views.settings import BAD, OK, PayoutField
 from desktop_worker.hardware import HardwareReport
 from desktop_worker.link_probe import ProbeResult
 from desktop_worker.queen_url import normalise_queen_url
 from desktop_worker.store import PullProgress
+from shared_schema import Demand
+
+log = logging.getLogger(__name__)
 
 INTRO = ("Apiary lends this computer's spare GPU to a swarm that answers AI requests, and pays "
          "you in bitcoin over Lightning for every job it serves.")
@@ -188,13 +199,16 @@ class ModelPage(QWizardPage):
     def __init__(self) -> None:
         super().__init__()
         self.setTitle("A model to serve")
-        self.setSubTitle("The biggest well-known model that fits your hardware is selected; "
-                         "smaller ones download faster.")
+        self.setSubTitle("Models in demand on your queen come first; otherwise the biggest "
+                         "well-known model that fits your hardware is selected.")
         self.group = QButtonGroup(self)
         self.choices_box = QVBoxLayout()
         self.fit = QLabel()
         self.fit.setWordWrap(True)
         self.fit.setStyleSheet("color: #4b5563;")
+        self.demand_note = plain_label()  # whether the list follows the queen's demand
+        self.demand_note.setWordWrap(True)
+        self.demand_note.setStyleSheet("color: #4b5563;")
         self.own = QRadioButton("Use a .gguf file I already have")
         self.browse = QPushButton("Choose file…")
         self.file_label = plain_label()
@@ -210,6 +224,7 @@ class ModelPage(QWizardPage):
         own_row.addWidget(self.browse)
         own_row.addWidget(self.file_label, 1)
         layout = QVBoxLayout(self)
+        layout.addWidget(self.demand_note)
         layout.addLayout(self.choices_box)
         layout.addWidget(self.fit)
         layout.addSpacing(6)
@@ -339,7 +354,11 @@ class FirstRunWizard(QWizard):
         logo: QPixmap | None = None,
         tester: Callable[[str], Awaitable[ProbeResult]] | None = None,
         cancel_work: Callable[[], None] = lambda: None,
+        demand_source: Callable[[str], Awaitable[Demand | None]] | None = None,
+        held: Callable[[], Collection[str]] = frozenset,
     ) -> None:
+        """``demand_source(queen_url)``: the queen's demand or None (``fetch_demand``);
+        ``held()``: the models already here (not offered again)."""
         super().__init__(parent)
         self.setWindowTitle("Set up Apiary")
         self.setWizardStyle(QWizard.WizardStyle.ModernStyle)
@@ -363,6 +382,13 @@ class FirstRunWizard(QWizard):
         self.failure: str | None = None
         self._last_start = True
         self.suggestion: CatalogModel = fitting_models(None)[0]
+        self.demand_source = demand_source
+        self.held = held
+        self.demand: Demand | None = None
+        self.demand_url: str | None = None  # the queen the demand shown came from
+        self.demand_task: asyncio.Task[None] | None = None
+        self._report: HardwareReport | None = None
+        self._cap: int | None = None
         self.show_hardware(None)
         self.resize(640, 460)
 
@@ -370,8 +396,29 @@ class FirstRunWizard(QWizard):
 
     def show_hardware(self, report: HardwareReport | None, cap_mb: int | None = None) -> None:
         self.hardware.summary.setText(hardware_summary(report))
-        choices = fitting_models(report, cap_mb)
+        self._report, self._cap = report, cap_mb
+        self.show_models()
+
+    def show_models(self) -> None:
+        """The choices: the in-demand models that fit first (if the queen sent demand), then
+        the built-in ones that fit."""
+        report, cap_mb = self._report, self._cap
+        in_demand = wizard_models(demand_rows(self.demand, report, cap_mb=cap_mb,
+                                              held=set(self.held())))
+        names = {m.name for m in in_demand}
+        choices = [*in_demand, *(m for m in fitting_models(report, cap_mb)
+                                 if m.name not in names)]
         self.suggestion = choices[0]
+        if in_demand:
+            count = "a model that fits" if len(in_demand) == 1 \
+                else f"{len(in_demand)} models that fit"
+            self.model.demand_note.setText(
+                f"Developers on this queen ask for {count} your machine, listed first: "
+                "serving what is in demand keeps your worker busy.")
+        elif self.demand_url is not None and self.demand_task is None:
+            self.model.demand_note.setText(
+                "The queen has no demand to show that fits this machine (or is an older queen): "
+                "these are well-known models that fit.")
         self.model.show_choices(choices)
         need = need_mb(self.suggestion.size_bytes)
         vram = usable_vram_mb(report, cap_mb)
@@ -386,10 +433,37 @@ class FirstRunWizard(QWizard):
                                    "answer fast enough to earn there.")
 
     def _page_changed(self, _page_id: int) -> None:
-        last = self.currentPage() is self.ready
+        page = self.currentPage()
+        if page in (self.hardware, self.model) and self.queen.url != self.demand_url:
+            self.load_demand()
+        last = page is self.ready
         self.setOption(QWizard.WizardOption.HaveCustomButton1, last)
         if last and not self.busy:
             self.ready.summary.setText(self._summary(self.choices(True)))
+
+    def load_demand(self) -> None:
+        """Ask the queen chosen what is in demand, in the background (never blocking)."""
+        url = self.queen.url
+        if self.demand_source is None or url is None:
+            return
+        self.demand_url = url
+        if self.demand_task is not None:
+            self.demand_task.cancel()
+        self.model.demand_note.setText("Asking the queen which models are in demand…")
+        self.demand_task = spawn(self._load_demand(url))
+
+    async def _load_demand(self, url: str) -> None:
+        assert self.demand_source is not None
+        try:
+            demand = await self.demand_source(url)
+        except Exception:  # never let the queen's answer break the wizard
+            log.exception("asking %s for its demand failed", url)
+            demand = None
+        if url != self.demand_url:
+            return  # the owner chose another queen meanwhile
+        self.demand = demand
+        self.demand_task = None
+        self.show_models()
 
     @staticmethod
     def _summary(choices: WizardChoices) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import importlib.resources
 import logging
 import os
@@ -43,6 +44,7 @@ from desktop_worker.settings import WorkerSettings  # noqa: E402
 from queen_server.payouts.lightning import NoneBackend  # noqa: E402
 from queen_server.payouts.runner import PayoutRunner  # noqa: E402
 from queen_server.storage.tables import LedgerTxn  # noqa: E402
+from shared_schema import Demand, ModelDemand  # noqa: E402
 from tests.queen_server.billing.test_billing_api import funded_key  # noqa: E402
 from tests.support.fake_hub import FakeHub, FakeRepo  # noqa: E402
 from tests.support.hardware_fixtures import fixture_path, recorded_machine  # noqa: E402
@@ -141,6 +143,26 @@ async def main() -> None:
             os._exit(0)
 
 
+def _demand(name: str, size_gb: float, memory_mb: int, rpm: float, queued: int,
+            holders: int, msat: int, unmet: float = 0.0) -> ModelDemand:
+    return ModelDemand(name=name, requests_per_min=rpm, unmet_per_min=unmet, queued=queued,
+                       mean_wait_s=2.5 if queued else 0.4, holders=holders, loading=0,
+                       size_bytes=int(size_gb * (1 << 30)), memory_mb=memory_mb,
+                       sha256=hashlib.sha256(name.encode()).hexdigest(),
+                       revision=hashlib.sha1(name.encode()).hexdigest(),
+                       earn_msat_per_1k_tokens=msat)
+
+
+# What a busy queen's developers ask for (the 70B does not fit the RTX 3060: not listed).
+DEMAND = Demand(models=[
+    _demand("bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M", 4.68, 6100, 14, 3, 1, 1200, 2.5),
+    _demand("bartowski/Llama-3.2-3B-Instruct-GGUF:Q4_K_M", 2.02, 2900, 9, 0, 0, 600, 1.0),
+    _demand("bartowski/Mistral-Nemo-Instruct-2407-GGUF:Q4_K_M", 7.48, 9800, 4, 1, 0, 1800),
+    _demand("bartowski/Qwen2.5-1.5B-Instruct-GGUF:Q4_K_M", 0.99, 1700, 22, 0, 5, 250),
+    _demand("bartowski/Meta-Llama-3.1-70B-Instruct-GGUF:Q4_K_M", 42.5, 46000, 6, 4, 0, 9000),
+])
+
+
 async def backdate(queen, ids: list[str]) -> None:
     """Spread the settled jobs over the past days, for the chart."""
     engine = queen.state.billing.ledger.engine
@@ -157,13 +179,27 @@ async def shoot(app: ApiaryApp) -> None:
         window.show_tab(tab)
         await settle()
         save(window, f"tab-{tab.lower()}")
+    # The In demand list: the demand a busy queen sends (the estimates use the speed this
+    # worker measured on the jobs above).
+    app.controller.demand_changed.emit(DEMAND)
+    window.show_tab("Models")
+    await settle()
+    save(window, "tab-models-demand")
+
+    async def demand_source(_url: str) -> Demand:
+        return DEMAND
+
+    app.demand_source = demand_source  # type: ignore[method-assign]  # the same demand
     wizard = app.open_wizard()
     wizard.resize(660, 480)
-    # Welcome, Which queen? (tested), Hardware, Model, Ready.
+    # Welcome, Which queen? (tested), Hardware, Model (in demand first), Ready.
     for page in range(5):
         await settle()
         if wizard.currentPage() is wizard.queen:
             await wizard.queen.run_test()
+            await settle()
+        if wizard.currentPage() is wizard.model:
+            await until(lambda: wizard.demand_task is None)
             await settle()
         save(wizard, f"wizard-{page + 1}")
         wizard.button(QWizard.WizardButton.NextButton).click()

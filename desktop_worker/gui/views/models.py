@@ -1,5 +1,8 @@
-"""The Models tab: the cached models; add one by name (checked first, then downloaded with a
-progress bar, speed, ETA and Cancel); import a local .gguf; delete; disk use against the quota."""
+"""The Models tab: the cached models with their provenance (repo, file, commit, sha256); add one
+by name (checked first, then downloaded with a progress bar, speed, ETA and Cancel); import a
+local .gguf; delete; disk use against the quota. Above them, "In demand": the models the queen's
+developers ask for that fit this machine, each with the earnings estimate and a one-click Add
+(the same pull, pinned to the commit and file the queen routes to)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QProgressBar,
     QPushButton,
+    QTableView,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -24,10 +28,24 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_worker.gui.common import duration, plain_label, size, spawn, speed
-from desktop_worker.gui.services.models import DiskUse, ModelsService, progress_fraction
+from desktop_worker.gui.services.demand import DemandRow
+from desktop_worker.gui.services.models import (
+    ADD_COLUMN,
+    DemandTableModel,
+    DiskUse,
+    ModelsService,
+    progress_fraction,
+    provenance,
+)
 from desktop_worker.store import LocalModel, PullProgress
 
-COLUMNS = ("Model", "Size", "Quant", "Parameters", "Last used", "Source")
+COLUMNS = ("Model", "Size", "Quant", "Parameters", "Last used", "Source", "Provenance")
+NO_DEMAND = ("No demand from the queen yet: it says what developers ask for once this worker "
+             "is connected (Start Earning).")
+NOTHING_FITS = ("Nothing the queen's developers ask for fits this machine and is not here "
+                "already.")
+SWARM_ON = ("The swarm chooses your models (Settings): what is in demand is added by itself, "
+            "within your disk quota.")
 RIGHT = Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
 OUTCOME_COLOURS = {"done": "#166534", "cancelled": "#92400e", "warning": "#92400e",
                    "refused": "#b91c1c", "failed": "#b91c1c"}
@@ -71,6 +89,27 @@ class ModelsView(QWidget):
         self.delete.clicked.connect(self.delete_selected)
         self.disk = QProgressBar()
         self.disk.setTextVisible(True)
+        self.details = plain_label()  # the selected model's provenance
+        self.details.setWordWrap(True)
+        self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.details.setStyleSheet("color: #4b5563;")
+        self.table.itemSelectionChanged.connect(self.show_details)
+        self._models: dict[str, LocalModel] = {}
+
+        self.demand = DemandTableModel(self)
+        self.demand_table = QTableView()
+        self.demand_table.setModel(self.demand)
+        self.demand_table.verticalHeader().setVisible(False)
+        self.demand_table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.demand_table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        dheader = self.demand_table.horizontalHeader()
+        dheader.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        dheader.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        self.demand_table.setMaximumHeight(170)
+        self.demand_note = plain_label(NO_DEMAND)
+        self.demand_note.setWordWrap(True)
+        self.demand_note.setStyleSheet("color: #4b5563;")
+        self.add_buttons: dict[str, QPushButton] = {}
 
         add_row = QHBoxLayout()
         add_row.addWidget(self.name, 1)
@@ -89,10 +128,17 @@ class ModelsView(QWidget):
         buttons.addWidget(QLabel("Disk:"))
         buttons.addWidget(self.disk, 1)
         layout = QVBoxLayout(self)
+        title = QLabel("<b>In demand</b> on your queen: models that fit this machine")
+        layout.addWidget(title)
+        layout.addWidget(self.demand_table)
+        layout.addWidget(self.demand_note)
+        layout.addSpacing(6)
+        layout.addWidget(QLabel("<b>Your models</b>"))
         layout.addLayout(add_row)
         layout.addLayout(progress_row)
         layout.addLayout(message_row)
         layout.addWidget(self.table, 1)
+        layout.addWidget(self.details)
         layout.addLayout(buttons)
 
         service.models_changed.connect(self.show_models)
@@ -101,22 +147,55 @@ class ModelsView(QWidget):
         service.pull_started.connect(self.on_started)
         service.pull_finished.connect(self.on_finished)
         service.busy_changed.connect(self.on_busy)
+        service.demand_changed.connect(self.show_demand)
 
     # --- bindings --------------------------------------------------------------------------------
 
     def show_models(self, models: list[LocalModel]) -> None:
+        self._models = {m.name: m for m in models}
         self.table.setRowCount(len(models))
         for row, model in enumerate(models):
             used = dt.datetime.fromtimestamp(model.last_used).strftime("%Y-%m-%d %H:%M")
             params = model.info.parameter_count
+            repo, _file, commit = provenance(model)
+            origin = f"{repo} @ {commit[:10]}" if commit else repo
             cells = (model.name, size(model.size_bytes), model.info.quant or "-",
-                     f"{params / 1e9:.2f} B" if params else "?", used, model.source)
+                     f"{params / 1e9:.2f} B" if params else "?", used, model.source, origin)
             for column, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 if column == 1:
                     item.setTextAlignment(RIGHT)
+                item.setToolTip(provenance_text(model))
                 self.table.setItem(row, column, item)
+        self.show_details()
 
+    def show_details(self) -> None:
+        """The selected model's provenance, in full (selectable, to compare by hand)."""
+        rows = self.table.selectionModel().selectedRows()
+        item = self.table.item(rows[0].row(), 0) if rows else None
+        model = self._models.get(item.text()) if item is not None else None
+        self.details.setText(provenance_text(model) if model is not None
+                             else "Select a model to see where it came from.")
+
+    def show_demand(self, rows: list[DemandRow]) -> None:
+        self.demand.set_rows(rows)
+        self.add_buttons = {}
+        for number, row in enumerate(rows):
+            button = QPushButton("Replace" if row.replaces else "Add")
+            button.setToolTip(f"Download {row.name} (the file the queen pinned)")
+            button.clicked.connect(lambda _=False, name=row.name: self.add_in_demand(name))
+            button.setEnabled(self.add.isEnabled())
+            self.demand_table.setIndexWidget(self.demand.index(number, ADD_COLUMN), button)
+            self.add_buttons[row.name] = button
+        if self.service.settings.swarm_models:
+            self.demand_note.setText(SWARM_ON)
+        elif self.service.demand is None:
+            self.demand_note.setText(NO_DEMAND)
+        elif not rows:
+            self.demand_note.setText(NOTHING_FITS)
+        else:
+            self.demand_note.setText("Estimates are for the time this worker serves the model; "
+                                     "hover over one to see how it is computed.")
     def names(self) -> list[str]:
         return [self.table.item(row, 0).text() for row in range(self.table.rowCount())]
 
@@ -159,6 +238,8 @@ class ModelsView(QWidget):
     def on_busy(self, busy: bool) -> None:
         self.add.setEnabled(not busy)
         self.import_button.setEnabled(not busy)
+        for button in self.add_buttons.values():
+            button.setEnabled(not busy)
 
     def _say(self, text: str, colour: str) -> None:
         self.message.setText(text)
@@ -176,11 +257,24 @@ class ModelsView(QWidget):
         self._say(f"Checking {name}…", "#1f2937")
         spawn(self.service.pull(name))
 
+    def add_in_demand(self, name: str) -> None:
+        """One click on an in-demand row's Add: the usual pull, pinned to the queen's file."""
+        row = self.service.demand_row(name)
+        if row is None:
+            return
+        self.anyway.setVisible(False)
+        self._say(f"Checking {name}…", "#1f2937")
+        spawn(self.service.pull(name, revision=row.demand.revision,
+                                expect_sha256=row.demand.sha256))
+
     def add_anyway(self) -> None:
         name = getattr(self, "_pending", None)
         if name:
             self.anyway.setVisible(False)
-            spawn(self.service.pull(name, force=True))
+            row = self.service.demand_row(name)
+            pin = {} if row is None else {"revision": row.demand.revision,
+                                          "expect_sha256": row.demand.sha256}
+            spawn(self.service.pull(name, force=True, **pin))
 
     def choose_import(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Import a GGUF model", str(Path.home()),
@@ -202,3 +296,12 @@ class ModelsView(QWidget):
     async def _remove(self, name: str) -> None:
         error = await self.service.remove(name)
         self._say(error or f"Deleted {name}.", "#b91c1c" if error else "#166534")
+
+
+def provenance_text(model: LocalModel) -> str:
+    """Repo, file, commit and sha256 of a model, one per line."""
+    repo, file, commit = provenance(model)
+    if model.source != "hub":
+        return f"Imported from {file}\nsha256 {model.sha256}"
+    return (f"Repo {repo}\nFile {file}\nCommit {commit or 'not recorded'}\n"
+            f"sha256 {model.sha256}")
