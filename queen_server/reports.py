@@ -191,6 +191,17 @@ async def models(state: QueenState) -> list[dict[str, Any]]:
     return rows
 
 
+async def placements(state: QueenState) -> list[dict[str, Any]]:
+    """``/admin/api/placements``: models being fetched onto workers (issue 17), with their
+    progress, the estimate, and the workers that failed them."""
+    rows = state.placement.placements()
+    for row in rows:
+        failed = row.get("failed") or {}
+        row["failures"] = [f"{public_id(key)}: {why}" for key, why in failed.items()]
+        row["size_mb"] = int(row["size_bytes"]) / 2**20
+    return rows
+
+
 async def payouts(state: QueenState) -> list[dict[str, Any]]:
     """``/admin/api/payouts``: the latest payouts, newest first (none without a database)."""
     if state.db is None:

@@ -60,6 +60,11 @@ async def admin_models(request: Request) -> Response:
     return json_response(await reports.models(require_admin(request)))
 
 
+@router.get("/admin/api/placements", include_in_schema=False)
+async def admin_placements(request: Request) -> Response:
+    return json_response(await reports.placements(require_admin(request)))
+
+
 @router.get("/admin/api/payouts", include_in_schema=False)
 async def admin_payouts(request: Request) -> Response:
     return json_response(await reports.payouts(require_admin(request)))

@@ -265,6 +265,16 @@ MODEL_COLUMNS = (
     Column("price.completion_msat_per_1k", "Completion sats/1k", "price",
            "sats per 1,000 completion tokens"),
 )
+PLACEMENT_COLUMNS = (
+    Column("model", "Model", wrap=True),
+    Column("worker", "Worker"),
+    Column("size_mb", "Size", "mb"),
+    Column("progress", "Downloaded", "pct"),
+    Column("bytes_per_s", "Speed", "int", "Bytes a second, as the worker reports"),
+    Column("estimated_time", "Ready in", "seconds", "The queen's estimate"),
+    Column("since_s", "Since", "seconds", "Since the placement began"),
+    Column("failures", "Failed on", "list", "Workers that could not fetch it, and why"),
+)
 PUBLIC_MODEL_COLUMNS = (
     Column("id", "Model", wrap=True),
     Column("workers", "Workers", "int"),

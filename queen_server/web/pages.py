@@ -40,6 +40,7 @@ from queen_server.web.formatting import (
     KEY_COLUMNS,
     MODEL_COLUMNS,
     PAYOUT_COLUMNS,
+    PLACEMENT_COLUMNS,
     PUBLIC_MODEL_COLUMNS,
     WORKER_COLUMNS,
     WORKER_JOB_COLUMNS,
@@ -128,6 +129,7 @@ NAV = (
     ("/admin", "Overview"),
     ("/admin/workers", "Workers"),
     ("/admin/models", "Models"),
+    ("/admin/placements", "Placements"),
     ("/admin/jobs", "Jobs"),
     ("/admin/api-keys", "Keys"),
     ("/admin/payouts", "Payouts"),
@@ -308,6 +310,16 @@ async def models(request: Request) -> Response:
                              row_key="id",
                              intro="Every model a connected worker holds, and its price.",
                              empty="No connected worker holds a model.")
+
+
+@router.get("/admin/placements", response_class=HTMLResponse)
+async def placements(request: Request) -> Response:
+    return await _admin_page(request, "admin_table.html", "/admin/api/placements",
+                             reports.placements, "/admin/placements",
+                             columns=PLACEMENT_COLUMNS, title="Placements", row_key="model",
+                             intro="Models being fetched onto workers for developers who asked "
+                             "for them (models on demand).",
+                             empty="No model is being placed now.")
 
 
 @router.get("/admin/jobs", response_class=HTMLResponse)

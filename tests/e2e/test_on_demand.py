@@ -19,6 +19,8 @@ from tests.support.fake_hub import FakeHub
 from tests.support.on_demand import ASK, FILE, MIRROR, MODEL, QUANTS, REPO, repos, worker
 from tests.support.queen import running_queen
 
+ADMIN = "placement-admin-token"
+
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -30,7 +32,7 @@ def error_of(exc: openai.APIStatusError) -> dict[str, Any]:
 async def test_a_model_nobody_holds_is_placed_fetched_and_served(tmp_path):
     with FakeHub(repos()) as hub:
         async with running_queen(tmp_path, hub_endpoint=hub.url, model_wait_s=0,
-                                 total_timeout_s=60) as queen, \
+                                 total_timeout_s=60, admin_token=ADMIN) as queen, \
                 worker(tmp_path, queen, hub, "roomy", swarm_models=True) as chosen, \
                 worker(tmp_path, queen, hub, "small", disk_quota_gb=0.05) as small:
             client = queen.client()
@@ -56,10 +58,19 @@ async def test_a_model_nobody_holds_is_placed_fetched_and_served(tmp_path):
                     row["downloaded_bytes"] > 0 for row in queen.state.placement.placements()),
                     30, "download progress in a status")
                 cards = (await http.get("/v1/models")).json()["data"]
+                admin = {"Authorization": f"Bearer {ADMIN}"}
+                [row] = (await http.get("/admin/api/placements", headers=admin)).json()
+                page = await http.get("/admin/placements", headers=admin)
             [card] = [c for c in cards if c["id"] == MODEL]
             assert card["apiary"]["status"] == "loading"
             assert 0 < card["apiary"]["progress"] < 1
             assert card["apiary"]["sha256"] == hub.file_sha256(REPO, FILE)
+            # The admin pages show the placement: which worker, how far.
+            assert row["model"] == MODEL
+            assert row["worker"] == queen.state.registry.get(chosen.identity.pubkey).public_id
+            assert row["downloaded_bytes"] > 0
+            assert page.status_code == 200
+            assert MODEL in page.text
 
             hub.throttle(None)
             await queen.wait_until(lambda: MODEL in queen.state.registry.model_names(), 60,
