@@ -273,5 +273,6 @@ class WorkerService:
             # A job task ends only after its generation thread does; closing the engine under
             # a running thread would free the model it is reading.
             await self.fetcher.close()
+            await self.swarm.close()
             await self.runner.drain(0)
             await self.pool.close()

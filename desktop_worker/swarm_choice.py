@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from desktop_worker.engine.pool import ModelPool
+from desktop_worker.errors import DownloadCancelled
 from desktop_worker.settings import WorkerSettings
 from desktop_worker.store import ModelStore
 from shared_schema import Demand, ModelDemand
@@ -168,7 +170,14 @@ class SwarmChooser:
         self.task: asyncio.Task[None] | None = None
         self.failed: dict[str, float] = {}  # name -> when its pull failed
         self.last: Choice | None = None
+        self._cancel = threading.Event()  # set by ``close``: a pull under way stops
         service.demand_listeners.append(self.on_demand)
+
+    async def close(self) -> None:
+        """Stop a pull under way (its partial download stays, to resume) and wait for it."""
+        self._cancel.set()
+        if self.task is not None and not self.task.done():
+            await asyncio.wait([self.task], timeout=10)
 
     def on_demand(self, demand: Demand) -> None:
         if not self.service.settings.swarm_models or self.service.paused:
@@ -205,12 +214,13 @@ class SwarmChooser:
             if not choice.pull:
                 log.debug("swarm choice: nothing to pull (%s)", choice.why)
                 return
-            await asyncio.to_thread(self._apply, demand, choice)
-        except Exception:  # a choice must never take the worker down
+            if await asyncio.to_thread(self._apply, demand, choice):
+                self.service.link.send_status_now()  # on the loop: the link's event is not
+        except Exception:  # thread-safe  # a choice must never take the worker down
             log.exception("following the swarm's demand failed")
 
-    def _apply(self, demand: Demand, choice: Choice) -> None:
-        """Evict, then pull (in a thread)."""
+    def _apply(self, demand: Demand, choice: Choice) -> bool:
+        """Evict, then pull (in a thread); whether a model was added."""
         store, pool = self.service.store, self.service.pool
         for name in choice.evict:
             if name in pool.loaded():
@@ -219,17 +229,22 @@ class SwarmChooser:
             log.info("swarm choice: evicting %s (least recently used, not in demand)", name)
             store.remove(name)
         wanted = {d.name: d for d in demand.models}
+        added = False
         for name in choice.pull:
             d = wanted[name]
             log.info("swarm choice: pulling %s (%s)", name, choice.why)
             keep = {m.name for m in store.list()} - {name}
             try:
-                store.pull(name, protect=keep, revision=d.revision, expect_sha256=d.sha256,
-                           evict=True)
+                store.pull(name, cancel=self._cancel, protect=keep, revision=d.revision,
+                           expect_sha256=d.sha256, evict=True)
+            except DownloadCancelled:
+                log.info("swarm choice: the pull of %s stopped (the worker is stopping)", name)
+                return added
             except Exception as exc:
                 self.failed[name] = self.clock()
                 log.warning("swarm choice: could not pull %s: %s", name, exc)
                 continue
             self.failed.pop(name, None)
             log.info("swarm choice: %s is here; the queen is told", name)
-            self.service.link.send_status_now()
+            added = True
+        return added
