@@ -8,6 +8,8 @@ from desktop_worker.link.backoff import Backoff
 from desktop_worker.link.machine import (
     CancelJob,
     Close,
+    DemandReceived,
+    FetchModel,
     Link,
     RefusedByQueen,
     Send,
@@ -18,8 +20,12 @@ from desktop_worker.link.machine import (
 from shared_schema import (
     Cancel,
     Challenge,
+    Demand,
+    Fetch,
+    FetchFailed,
     Hello,
     Job,
+    ModelDemand,
     Ping,
     Refused,
     Status,
@@ -197,3 +203,23 @@ def test_backoff_resets_after_a_stable_session():
 def test_backoff_jitter_spreads_workers_dropped_together():
     delays = {round(Backoff(rng=random.Random(seed)).next_delay(), 3) for seed in range(50)}
     assert len(delays) > 40
+
+
+def test_fetch_and_demand_become_actions_and_a_welcome_carries_demand():
+    demand = Demand(models=[ModelDemand(name="org/repo:Q4_0", requests_per_min=3,
+                                        unmet_per_min=1, queued=0, mean_wait_s=0.5,
+                                        holders=0, loading=0)])
+    link, _ = _link()
+    link.receive(encode(Challenge(nonce=NONCE)))
+    welcome = Welcome(session_id="s", worker_id="w", heartbeat_interval_s=15, demand=demand)
+    assert link.receive(encode(welcome)) == [Welcomed(welcome), DemandReceived(demand)]
+    fetch = Fetch(name="org/repo:Q4_0", repo_id="org/repo", revision="c" * 40,
+                  paths=["m-Q4_0.gguf"], sha256="d" * 64, size_bytes=10)
+    assert link.receive(encode(fetch)) == [FetchModel(fetch)]
+    assert link.receive(encode(demand)) == [DemandReceived(demand)]
+    # A hostile queen's malformed fetch (a revision that is no commit) is ignored, not acted on.
+    bad = orjson.dumps(fetch.model_dump() | {"revision": "../../etc"})
+    assert link.receive(bad) == []
+    failure = FetchFailed(name="org/repo:Q4_0", code="disk_full", message="no room")
+    [send] = link.fetch_failed(failure)
+    assert decode(send.frame) == failure

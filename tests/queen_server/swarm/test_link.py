@@ -15,6 +15,7 @@ from queen_server.swarm.link import (
     NOTHING,
     Admit,
     Close,
+    FetchRefused,
     QueenLink,
     Refuse,
     Send,
@@ -27,6 +28,9 @@ from shared_schema import (
     Cancel,
     Challenge,
     Chunk,
+    Demand,
+    Fetch,
+    FetchFailed,
     Hello,
     Job,
     JobError,
@@ -520,3 +524,19 @@ def test_a_legacy_frame_that_is_not_an_answer_is_counted_but_not_answered(caplog
     assert malformed == [Close(1008, "too many bad frames (3)")]
     [event] = handle.take_ready()
     assert (event.code, event.retryable) == ("invalid_answer", True)
+
+
+def test_a_fetch_failure_is_handed_on_and_queen_only_messages_are_refused():
+    link, _ = admitted(max_bad_frames=10)
+    failure = FetchFailed(name="org/repo:Q4_0", code="disk_full", message="no room")
+    assert link.receive(encode(failure), 1.0) == [FetchRefused(failure)]
+    # A worker that sends the queen's own commands back is answered, and it counts.
+    for message in (Fetch(name="org/repo:Q4_0", repo_id="org/repo", revision="a" * 40,
+                          paths=["m.gguf"], sha256="b" * 64, size_bytes=1),
+                    Demand(models=[])):
+        [error] = sent(link.receive(encode(message), 1.0))
+        assert error["code"] == "unexpected_message"
+    assert link.bad_frames == 2
+    # A fetch failure that is not one (no name) is a bad frame, not a crash.
+    [error] = sent(link.receive('{"type": "fetch_failed", "code": "x"}', 1.0))
+    assert error["code"] == "invalid_message"
