@@ -215,6 +215,8 @@ class PlacementService:
         if why is not None:
             raise ModelForbidden(f"The model '{model}' is not served here: {why}.",
                                  param="model")
+        if self.catalog.pin(model) is None:
+            self._spend_placement(model, check_only=True)
         try:
             facts = await self.catalog.resolve(model, settings.price_wait_s)
         except ModelUnverified as exc:
@@ -225,11 +227,15 @@ class PlacementService:
             raise InvalidRequest(
                 f"The model '{model}' is {size / 1e9:.1f} GB; this queen places models up to "
                 f"{limit:g} GB (APIARY_MAX_MODEL_GB).", param="model", code="model_too_large")
-        self._spend_placement(model)
+        spent = self._spend_placement(model)
         loading = Loading(need_of(model, facts.sha256, size, facts.shape), facts, self.clock())
         self.loading[model] = loading
         await self._ask_more(loading, 1)
-        if not loading.asked:
+        if not loading.asked:  # no fetch went out: no placement spent
+            with contextlib.suppress(ValueError):
+                self._placed_at.remove(spent)
+            if loading.failed:  # the workers chosen could not even be sent the fetch
+                self._give_up(loading)
             if self.loading.get(model) is loading:
                 del self.loading[model]
             if loading.error is not None:
@@ -237,7 +243,10 @@ class PlacementService:
             raise NoCapacity(self._unplaceable(loading.need), code="no_worker_fits")
         return loading
 
-    def _spend_placement(self, model: str) -> None:
+    def _spend_placement(self, model: str, *, check_only: bool = False) -> float:
+        """Count a new placement against ``placements_per_hour`` (its time, returned);
+        ``check_only``: raise if none is left, count nothing (before the hub is read, so a
+        client naming many models cannot make the queen read the hub past the limit)."""
         now = self.clock()
         self._placed_at = [t for t in self._placed_at if now - t < 3600]
         if len(self._placed_at) >= self.settings.placements_per_hour:
@@ -246,7 +255,9 @@ class PlacementService:
                 f"This queen has placed {len(self._placed_at)} new models in the last hour, its "
                 f"limit (APIARY_PLACEMENTS_PER_HOUR); '{model}' can be placed in {wait} s.",
                 code="placement_limit", headers={"Retry-After": str(wait)})
-        self._placed_at.append(now)
+        if not check_only:
+            self._placed_at.append(now)
+        return now
 
     def _unplaceable(self, need: ModelNeed) -> str:
         takers = self.registry.takers()
@@ -261,31 +272,44 @@ class PlacementService:
                 f"taking models has is {room:,} MB of room and a {memory:,} MB memory budget.")
 
     async def _ask_more(self, loading: Loading, count: int) -> None:
-        """Send ``fetch`` to up to ``count`` more workers (never one that failed it)."""
+        """Send ``fetch`` to up to ``count`` more workers (never one that failed it). A worker
+        whose socket refuses the frame has failed it: the next best is asked in its place, here
+        and now, so that the caller sees the worker actually asked (or none)."""
         need = loading.need
-        started = time.perf_counter()
-        speeds = self.speeds_for(self.size_class_of(need.name))
-        chosen = choose(need, list(self.registry.takers()), speeds, count,
-                        exclude=loading.failed.keys() | loading.asked.keys() | loading.done)
-        self.decisions_s.append(time.perf_counter() - started)
-        del self.decisions_s[:-1000]
         facts = loading.facts
         frame = encode(Fetch(name=need.name, repo_id=facts.repo_id, revision=facts.commit,
                              paths=list(facts.paths), sha256=need.sha256,
                              size_bytes=need.size_bytes))
-        for worker in chosen:
-            connection = self.registry.connection(worker.key)
-            if connection is None:
-                continue
-            loading.asked[worker.key] = self.clock()
-            worker.downloads[need.name] = DownloadProgress(
-                name=need.name, downloaded_bytes=0, total_bytes=need.size_bytes)
-            log.info("placing %s on worker %s (%d MB)", need.name, worker.public_id,
-                     need.size_bytes // MB)
-            try:
-                await connection.send_frame(frame)
-            except Exception as exc:  # its socket is gone; its cleanup follows
-                self._failed(loading, worker, "worker_left", f"sending the fetch failed: {exc}")
+        while count > 0 and len(loading.failed) < self.settings.max_fetch_attempts:
+            started = time.perf_counter()
+            speeds = self.speeds_for(self.size_class_of(need.name))
+            chosen = choose(need, list(self.registry.takers()), speeds, count,
+                            exclude=loading.failed.keys() | loading.asked.keys() | loading.done)
+            self.decisions_s.append(time.perf_counter() - started)
+            del self.decisions_s[:-1000]
+            if not chosen:
+                return
+            for worker in chosen:
+                connection = self.registry.connection(worker.key)
+                if connection is None:  # gone since ``takers`` listed it
+                    loading.failed[worker.key] = "worker_left: not connected"
+                    continue
+                loading.asked[worker.key] = self.clock()
+                worker.downloads[need.name] = DownloadProgress(
+                    name=need.name, downloaded_bytes=0, total_bytes=need.size_bytes)
+                log.info("placing %s on worker %s (%d MB)", need.name, worker.public_id,
+                         need.size_bytes // MB)
+                try:
+                    await connection.send_frame(frame)
+                except Exception as exc:  # its socket is gone; its cleanup follows
+                    loading.asked.pop(worker.key, None)
+                    worker.downloads.pop(need.name, None)
+                    loading.failed[worker.key] = (
+                        f"worker_left: sending the fetch failed: {exc}"[:300])
+                    log.warning("worker %s could not be sent the fetch of %s: %s",
+                                worker.public_id, need.name, exc)
+                    continue
+                count -= 1
 
     def estimate_s(self, loading: Loading) -> float:
         """Seconds until the soonest asked worker should have the model loaded."""
