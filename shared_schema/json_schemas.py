@@ -23,7 +23,11 @@ def check_json_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
     pydantic reports as a 400 naming the field) otherwise."""
     if schema is None:
         return None
-    if len(orjson.dumps(schema)) > MAX_SCHEMA_BYTES:
+    try:
+        size = len(orjson.dumps(schema))
+    except TypeError as exc:  # an integer past 64 bits (JSON allows it; no grammar needs it)
+        raise ValueError(f"the schema holds a value JSON cannot carry here: {exc}") from None
+    if size > MAX_SCHEMA_BYTES:
         raise ValueError(f"the schema is larger than {MAX_SCHEMA_BYTES // 1024} KiB")
     _check_refs(schema)
     validator = validators.validator_for(schema, default=Draft202012Validator)

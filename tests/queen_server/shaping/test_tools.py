@@ -319,3 +319,9 @@ def test_unknown_keys_are_skipped_and_arguments_may_come_first():
     assert message["content"] is None
     assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {
         "city": "Rome", "unit": "f"}
+
+
+def test_a_schema_with_an_integer_past_64_bits_is_a_clear_error_not_a_crash():
+    # Found by the HTTP fuzzer: orjson cannot size it, which once answered a 500.
+    with pytest.raises(ValueError, match="JSON cannot carry"):
+        check_json_schema({"type": "object", "properties": {"a": {"maximum": -(2**70)}}})
