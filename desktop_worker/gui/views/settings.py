@@ -63,13 +63,15 @@ def payout_feedback(text: str) -> tuple[bool, str]:
     return True, f"✓ a valid {kind}"
 
 
-class PayoutField(QWidget):
-    """A line edit for the payout address with the live verdict under it."""
+class CheckedField(QWidget):
+    """A line edit with a live verdict under it: ``feedback(text)`` gives (valid, message)."""
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    def __init__(self, feedback: Callable[[str], tuple[bool, str]], placeholder: str,
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.feedback = feedback
         self.edit = QLineEdit()
-        self.edit.setPlaceholderText("you@wallet.example or lnurl1…  (empty: don't pay me)")
+        self.edit.setPlaceholderText(placeholder)
         self.verdict = plain_label()
         self.verdict.setWordWrap(True)
         layout = QVBoxLayout(self)
@@ -81,12 +83,20 @@ class PayoutField(QWidget):
         self.check("")
 
     def check(self, text: str) -> None:
-        self.valid, message = payout_feedback(text)
+        self.valid, message = self.feedback(text)
         self.verdict.setText(message)
         self.verdict.setStyleSheet(OK if self.valid else BAD)
 
     def value(self) -> str | None:
         return self.edit.text().strip() or None
+
+
+class PayoutField(CheckedField):
+    """The payout address, checked as the owner types."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(payout_feedback,
+                         "you@wallet.example or lnurl1…  (empty: don't pay me)", parent)
 
 
 def hours_feedback(text: str) -> tuple[bool, str]:
@@ -99,30 +109,12 @@ def hours_feedback(text: str) -> tuple[bool, str]:
     return True, "✓ serves only within these hours (this computer's local time)"
 
 
-class HoursField(QWidget):
-    """A line edit for the active hours with the live verdict under it."""
+class HoursField(CheckedField):
+    """The active hours, checked as the owner types."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.edit = QLineEdit()
-        self.edit.setPlaceholderText("22:00-07:00  or  09:00-12:00,14:00-18:00  (empty: always)")
-        self.verdict = plain_label()
-        self.verdict.setWordWrap(True)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(self.edit)
-        layout.addWidget(self.verdict)
-        self.edit.textChanged.connect(self.check)
-        self.valid = True
-        self.check("")
-
-    def check(self, text: str) -> None:
-        self.valid, message = hours_feedback(text)
-        self.verdict.setText(message)
-        self.verdict.setStyleSheet(OK if self.valid else BAD)
-
-    def value(self) -> str | None:
-        return self.edit.text().strip() or None
+        super().__init__(hours_feedback,
+                         "22:00-07:00  or  09:00-12:00,14:00-18:00  (empty: always)", parent)
 
 
 def ask(parent: QWidget, title: str, text: str) -> bool:
