@@ -108,7 +108,9 @@ def consider_audit(state: QueenState, gen: Generation, hold: Hold | None, worker
     case = case_for(
         request_id=gen.job_id, model=gen.model, sha256=sha256, worker_url=gen.worker_url,
         worker_req=gen.worker_req, worker_key=worker_key,
-        answer=whole if whole is not None and not answer.saw_chunk else answer.text,
+        # What the client got: a stream's relayed text; a plain answer's whole message (its
+        # checkpoints, kept for failover, hold only the text up to the last one).
+        answer=answer.text if gen.stream or whole is None else whole,
         claimed_completion_tokens=result.usage.completion_tokens, finish_reason=finish_reason,
         single_worker=not answer.parts, key_id=hold.key_id if hold is not None else None,
         charged_msat=hold.charged_msat if hold is not None else 0)
