@@ -137,7 +137,7 @@ def test_a_cheat_is_flagged_stops_getting_jobs_and_its_victims_are_refunded(tmp_
             assert next(k for k in keys if k["id"] == key_id)["available_msat"] > 0
             txns = _ledger(tmp_path, "SELECT id FROM ledger_txns WHERE kind = 'refund'")
             refunded = {row[0].removeprefix("refund:") for row in txns}
-            assert {row["request_id"] for row in evidence} <= refunded
+            assert {row["request_id"] for row in evidence()} <= refunded
             check = queen_cli(tmp_path, "ledger", "check")
             assert check.returncode == 0, check.stdout + check.stderr
             assert served >= 2
