@@ -204,7 +204,7 @@ class LinkClient:
             elif isinstance(action, CancelJob):
                 self.runner.cancel(action.job_id)
             elif isinstance(action, FetchModel):
-                self._fetch(link, action.fetch)
+                await self._fetch(link, action.fetch)
             elif isinstance(action, DemandReceived):
                 self.demand = action.demand
                 if self.on_demand is not None:
@@ -223,7 +223,7 @@ class LinkClient:
             elif isinstance(action, Close) and ws is not None:
                 await ws.close(action.code, action.reason)
 
-    def _fetch(self, link: Link, fetch: Fetch) -> None:
+    async def _fetch(self, link: Link, fetch: Fetch) -> None:
         async def report(failure: FetchFailed) -> None:
             if self._link is link:
                 await self._act(link, link.fetch_failed(failure))
@@ -231,8 +231,7 @@ class LinkClient:
         if self.on_fetch is None or self.paused:
             code = "paused" if self.paused else "not_allowed"
             why = f"paused: {self.paused}" if self.paused else "this worker takes no fetches"
-            asyncio.get_running_loop().create_task(
-                report(FetchFailed(name=fetch.name, code=code, message=why)))
+            await report(FetchFailed(name=fetch.name, code=code, message=why))
             return
         self.on_fetch(fetch, report)
 
@@ -261,8 +260,6 @@ class LinkClient:
         last: Status | None = None
         while True:
             status = await self.status()
-            if status is not None:
-                status.paused = self.paused
             if status is not None and _differs(status, last):
                 await self._act(link, link.status(status))
                 last = status

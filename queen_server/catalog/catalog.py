@@ -135,12 +135,7 @@ class ModelCatalog:
         if hub_name(name) is None:
             raise ModelUnverified(f"'{name}' is not a hub model name (hf-user/hf-repo:filter)",
                                   lasting=True, kind="invalid")
-        self.refresh(name)
-        task = self._pending.get(name)
-        if task is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(task), self.wait_s if wait_s is None
-                                       else wait_s)
+        await self.settle(name, wait_s)
         pinned = self._pins.get(name)
         if pinned is not None:
             return pinned
@@ -180,14 +175,16 @@ class ModelCatalog:
         for name in itertools.islice(names, PREFETCH_PER_WORKER):
             self.refresh(name)
 
-    async def settle(self, name: str) -> None:
-        """``refresh``, then wait up to ``wait_s`` for a reading in progress."""
+    async def settle(self, name: str, wait_s: float | None = None) -> None:
+        """``refresh``, then wait up to ``wait_s`` (default the catalog's) for a reading in
+        progress."""
         self.refresh(name)
         task = self._pending.get(name)
         if task is None:
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(task), self.wait_s)
+            await asyncio.wait_for(asyncio.shield(task),
+                                   self.wait_s if wait_s is None else wait_s)
 
     async def close(self) -> None:
         tasks = list(self._pending.values())

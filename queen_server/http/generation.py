@@ -19,6 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from queen_server.audits.cases import case_for
 from queen_server.billing.service import Billing, Hold, Principal
+from queen_server.errors import ModelNotFound
 from queen_server.http.deps import json_response
 from queen_server.http.io import ClientGone, DisconnectGuard
 from queen_server.http.sse import stream_answer
@@ -125,9 +126,11 @@ async def serve(state: QueenState, request: Request, principal: Principal,
     worker_req = gen.worker_req
     needs = capabilities.needs(gen.worker_url, worker_req)
     arrived = time.monotonic()
-    if not dispatcher.candidates(gen.model):  # a model nobody holds: place it (issue 17)
+    try:
+        dispatcher.require_servable(gen.model, needs)
+    except ModelNotFound:  # a model nobody holds: place it (issue 17), then look again
         await state.placement.prepare(gen.model)
-    dispatcher.require_servable(gen.model, needs)
+        dispatcher.require_servable(gen.model, needs)
     answer = Delivered(gen.meter)
     admission, hold = await admit_and_hold(
         state, request, principal, gen.job_id, gen.model, gen.prompt_texts, worker_req,

@@ -218,9 +218,11 @@ async def list_models(request: Request) -> Response:
     await state.billing.authenticate(request.headers.get("authorization"))
     names = state.registry.model_names()
     cards = [model_card(state, name) for name in names]
-    served = set(names)
-    cards += [loading_card(state, row) for row in state.placement.placements()
-              if row["model"] not in served and not served.add(str(row["model"]))]
+    listed = set(names)
+    for row in state.placement.placements():  # a row per worker fetching: one card per model
+        if row["model"] not in listed:
+            listed.add(str(row["model"]))
+            cards.append(loading_card(state, row))
     return json_response(ModelList(data=cards).model_dump(mode="json"))
 
 

@@ -187,11 +187,10 @@ async def _read_loop(
                 await socket.send_text(action.frame)
             elif isinstance(action, StatusChanged):
                 state.registry.apply_status(worker, max_jobs=action.max_jobs,
-                                            models=action.models)
+                                            models=action.models, status=action.status)
                 if action.models is not None:
                     state.catalog.prefetch(sorted(worker.cached))
-                if action.status is not None:
-                    state.placement.on_status(worker, action.status)
+                state.placement.on_status(worker)
             elif isinstance(action, FetchRefused):
                 state.placement.fetch_failed(worker, action.failure)
             elif isinstance(action, Close):

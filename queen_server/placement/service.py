@@ -35,10 +35,10 @@ from queen_server.errors import (
     WorkerFailed,
 )
 from queen_server.placement.demand import DemandBook
-from queen_server.placement.planner import ModelNeed, choose, fit_problem, need_of, repo_allowed
+from queen_server.placement.planner import ModelNeed, choose, need_of, repo_allowed
 from queen_server.swarm.registry import Registry
 from queen_server.swarm.worker import Worker
-from shared_schema import Demand, DownloadProgress, Fetch, FetchFailed, ModelDemand, Status, encode
+from shared_schema import Demand, DownloadProgress, Fetch, FetchFailed, ModelDemand, encode
 from shared_schema.fitting import MB
 from shared_schema.placement import MAX_DEMAND_MODELS
 
@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 LOAD_BYTES_PER_S = 1 << 30  # a loaded model maps its file: about a GB a second, plus a moment
 LOAD_FIXED_S = 2.0
 UNMET_AFTER_S = 0.5  # a request that waited longer for a worker counts as unmet demand
+UNFIT_RECHECK_S = 10.0  # a model no worker could hold is looked at again after this long
+MAX_UNFIT = 1000
 
 
 class PlacementSettings(Protocol):
@@ -144,7 +146,9 @@ class PlacementService:
         self._demand = Demand(models=[], interval_s=settings.demand_interval_s)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
-        self.decisions_s: list[float] = []  # how long each choice of workers took (bench)
+        # Models no connected worker could hold, until when: a client asking again and again
+        # for one gets the same answer without a scan of every worker each time.
+        self._unfit: dict[str, tuple[float, str]] = {}
 
     # --- what routing asks ------------------------------------------------------------------
 
@@ -215,6 +219,9 @@ class PlacementService:
         if why is not None:
             raise ModelForbidden(f"The model '{model}' is not served here: {why}.",
                                  param="model")
+        unfit = self._unfit.get(model)
+        if unfit is not None and unfit[0] > self.clock():
+            raise NoCapacity(unfit[1], code="no_worker_fits")
         if self.catalog.pin(model) is None:
             self._spend_placement(model, check_only=True)
         try:
@@ -240,8 +247,19 @@ class PlacementService:
                 del self.loading[model]
             if loading.error is not None:
                 raise loading.error
-            raise NoCapacity(self._unplaceable(loading.need), code="no_worker_fits")
+            raise self._no_worker_fits(loading.need)
         return loading
+
+    def _no_worker_fits(self, need: ModelNeed) -> NoCapacity:
+        """The answer for a model no connected worker can hold, remembered for
+        ``UNFIT_RECHECK_S`` (so a flood of requests for it costs one scan, not one each)."""
+        now = self.clock()
+        message = self._unplaceable(need)
+        if len(self._unfit) >= MAX_UNFIT:
+            self._unfit = {k: v for k, v in self._unfit.items() if v[0] > now}
+        if len(self._unfit) < MAX_UNFIT:
+            self._unfit[need.name] = (now + UNFIT_RECHECK_S, message)
+        return NoCapacity(message, code="no_worker_fits")
 
     def _spend_placement(self, model: str, *, check_only: bool = False) -> float:
         """Count a new placement against ``placements_per_hour`` (its time, returned);
@@ -281,12 +299,9 @@ class PlacementService:
                              paths=list(facts.paths), sha256=need.sha256,
                              size_bytes=need.size_bytes))
         while count > 0 and len(loading.failed) < self.settings.max_fetch_attempts:
-            started = time.perf_counter()
             speeds = self.speeds_for(self.size_class_of(need.name))
-            chosen = choose(need, list(self.registry.takers()), speeds, count,
+            chosen = choose(need, self.registry.takers(), speeds, count,
                             exclude=loading.failed.keys() | loading.asked.keys() | loading.done)
-            self.decisions_s.append(time.perf_counter() - started)
-            del self.decisions_s[:-1000]
             if not chosen:
                 return
             for worker in chosen:
@@ -330,14 +345,9 @@ class PlacementService:
 
     # --- what workers say -------------------------------------------------------------------
 
-    def on_status(self, worker: Worker, status: Status) -> None:
-        """A worker's status: its room, its downloads, a pause; a fetched model now held."""
-        if status.model_room_mb is not None:
-            worker.model_room_mb = status.model_room_mb
-        if status.vram_free_mb is not None:
-            worker.vram_free_mb = status.vram_free_mb
-        worker.downloads = {d.name: d for d in status.downloads}
-        self.registry.set_paused(worker, status.paused)
+    def on_status(self, worker: Worker) -> None:
+        """A worker's status was applied (``Registry.apply_status``): a fetched model it now
+        holds ends the wait; download progress keeps its placement from counting as stalled."""
         now = self.clock()
         for name, loading in list(self.loading.items()):
             if worker.key not in loading.asked:
@@ -517,11 +527,3 @@ class PlacementService:
                     "failed": dict(loading.failed),
                 })
         return out
-
-    def fits(self, worker: Worker, model: str) -> str | None:
-        """Why ``model`` (pinned) cannot go on ``worker``; for the admin pages."""
-        facts = self.catalog.pin(model)
-        if facts is None:
-            return "not resolved"
-        return fit_problem(worker, need_of(model, facts.sha256, facts.size_bytes or 0,
-                                           facts.shape))

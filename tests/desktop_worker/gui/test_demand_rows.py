@@ -4,7 +4,6 @@ units, the plain-words line, and hostile or odd demand."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,19 +17,15 @@ from desktop_worker.gui.services.demand import (
     wizard_models,
 )
 from desktop_worker.hardware import NullGpuDetector, SystemInfo, detect_hardware
-from shared_schema import Demand, ModelDemand
+from shared_schema import Demand
 from tests.support.hardware_fixtures import FixedSystemProbe, fixture_path, recorded_machine
+from tests.support.on_demand import model_demand
 
 MB = 1 << 20
 GB = 1 << 30
 
 
-def md(name: str, **kw: Any) -> ModelDemand:
-    values: dict[str, Any] = dict(requests_per_min=12, unmet_per_min=0, queued=3,
-                                  mean_wait_s=4.0, holders=0, loading=0, size_bytes=GB,
-                                  memory_mb=1500, earn_msat_per_1k_tokens=1000)
-    values.update(kw)
-    return ModelDemand(name=name, **values)
+md = model_demand
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from shared_schema import Demand, ModelDemand
 from tests.desktop_worker.gui.conftest import MODEL, open_app, until
 from tests.support.fake_hub import FakeHub, FakeRepo
 from tests.support.hardware_fixtures import fixture_path, recorded_machine
+from tests.support.on_demand import model_demand
 
 REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
 FILE = "SmolLM2-135M-Instruct-Q4_1.gguf"
@@ -40,11 +41,7 @@ def rtx3060(models_dir: Path):
 
 
 def md(name: str, **kw: Any) -> ModelDemand:
-    values: dict[str, Any] = dict(requests_per_min=12, unmet_per_min=1, queued=3,
-                                  mean_wait_s=4.0, holders=0, loading=0, size_bytes=GB,
-                                  memory_mb=1500, earn_msat_per_1k_tokens=2000)
-    values.update(kw)
-    return ModelDemand(name=name, **values)
+    return model_demand(name, **({"unmet_per_min": 1, "earn_msat_per_1k_tokens": 2000} | kw))
 
 
 def smollm(hub: FakeHub, **kw: Any) -> ModelDemand:

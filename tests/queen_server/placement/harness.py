@@ -164,8 +164,8 @@ class Swarm:
                downloads: Iterable[DownloadProgress] = (), paused: str | None = None) -> None:
         """A worker's status, handled as ``http.worker_ws`` does."""
         status = Status(models=models, downloads=list(downloads), paused=paused)
-        self.registry.apply_status(worker, models=models)
-        self.service.on_status(worker, status)
+        self.registry.apply_status(worker, models=models, status=status)
+        self.service.on_status(worker)
 
     def holds(self, worker: Worker, name: str, sha256: str | None = None) -> None:
         facts = self.catalog.pin(name)

@@ -17,6 +17,7 @@ from queen_server.errors import (
     NoCapacity,
     RateLimited,
 )
+from queen_server.placement import service as service_module
 from queen_server.placement.service import refusal
 from shared_schema.fitting import MB
 from tests.queen_server.placement.harness import (
@@ -43,6 +44,36 @@ async def test_no_worker_fits(swarm: Swarm):
     assert "2 workers" in error.message
     assert swarm.all_fetches() == []
     assert swarm.service.loading == {}
+
+
+async def test_a_flood_for_a_model_no_worker_fits_scans_the_swarm_once(
+        swarm: Swarm, monkeypatch: pytest.MonkeyPatch):
+    """A hostile client asking again and again for a model too big for every worker: each
+    request gets the same 503, but the workers are scanned once per ``UNFIT_RECHECK_S``, not
+    once per request (a scan grows with the swarm)."""
+    scans = []
+    real_choose = service_module.choose
+
+    def counting(*args, **kwargs):
+        scans.append(1)
+        return real_choose(*args, **kwargs)
+
+    monkeypatch.setattr(service_module, "choose", counting)
+    swarm.add("a", room_mb=500, memory_mb=8000)
+    messages = set()
+    for _ in range(50):
+        with pytest.raises(NoCapacity) as caught:
+            await swarm.service.prepare(BIG)
+        assert caught.value.code == "no_worker_fits"
+        messages.add(caught.value.message)
+    assert len(messages) == 1  # the same answer each time
+    assert len(scans) == 1
+    # A worker with room joins: once the recheck time has passed, the model is placed on it.
+    swarm.add("b", room_mb=50_000, memory_mb=16_000)
+    swarm.clock.now += service_module.UNFIT_RECHECK_S + 1
+    with pytest.raises(ModelLoading):
+        await swarm.service.prepare(BIG)
+    assert [name for name, _fetch in swarm.all_fetches()] == ["b"]
 
 
 async def test_no_taker_at_all_leaves_the_404_to_the_caller(swarm: Swarm):
