@@ -3,6 +3,7 @@
 #   chromium            the page tests (Playwright drives /usr/bin/chromium; no browser download)
 #   desktop-file-utils  desktop-file-validate, for the Linux autostart entry and the .deb's entry
 #   binutils            objdump, which PyInstaller needs for the installer build test
+#   redis-server        the queen's cluster tests (replicas sharing Redis)
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 as_root=()
@@ -13,6 +14,7 @@ missing=()
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 command -v desktop-file-validate >/dev/null || missing+=(desktop-file-utils)
 command -v objdump >/dev/null || missing+=(binutils)
+command -v redis-server >/dev/null || missing+=(redis-server)
 if [ ${#missing[@]} -gt 0 ]; then
     ("${as_root[@]}" apt-get install -y -q "${missing[@]}" \
         || ("${as_root[@]}" apt-get update -q && "${as_root[@]}" apt-get install -y -q "${missing[@]}")) >&2

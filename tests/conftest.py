@@ -16,6 +16,7 @@ os.environ.setdefault("APIARY_CONFIG_DIR", tempfile.mkdtemp(prefix="apiary-test-
 os.environ.setdefault("PYTHON_KEYRING_BACKEND", "keyring.backends.fail.Keyring")
 
 from tests.support.queen import QueenHarness, running_queen
+from tests.support.redis_server import redis_server  # noqa: F401  (a fixture)
 
 
 @pytest.fixture
