@@ -58,6 +58,11 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     def size_class_of(model: str) -> str:
         return state.price_of(model).size_class
 
+    def known_size_class(model: str) -> str:
+        """As ``size_class_of``, starting no reading: routing scores every model a worker
+        lists when it joins, and a worker's list must not make the queen read the hub."""
+        return billing.prices.for_model(model, catalog.parameter_count(model)).size_class
+
     def earn_msat_per_1k(model: str) -> int:
         if settings.auth != "keys" or state.billing.ledger is None:
             return 0  # this queen does not pay its workers
@@ -65,7 +70,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
 
     placement = PlacementService(settings, registry, catalog, speeds_for=stats.speeds_for,
                                  size_class_of=size_class_of, earn_msat_per_1k=earn_msat_per_1k)
-    dispatcher = Dispatcher(registry, settings, DispatchStats(stats, metrics), size_class_of,
+    dispatcher = Dispatcher(registry, settings, DispatchStats(stats, metrics), known_size_class,
                             pinned=placement.pinned)
     audits = AuditService(settings, registry, dispatcher, billing,
                           AuditStore(db.engine) if db is not None else None, metrics)

@@ -161,9 +161,10 @@ class AuditService:
 
     def _apply(self, worker: Worker) -> None:
         standing = self.standing(worker.key)
-        worker.trust = GOOD_TRUST if standing.state == "good" or self.is_trusted(worker) else 1.0
-        worker.uncovered = (standing.state == "unknown" and not self.is_trusted(worker)
-                            and self._waiting.get(worker.key, 0) >= self.settings.audit_backlog)
+        trust = GOOD_TRUST if standing.state == "good" or self.is_trusted(worker) else 1.0
+        uncovered = (standing.state == "unknown" and not self.is_trusted(worker)
+                     and self._waiting.get(worker.key, 0) >= self.settings.audit_backlog)
+        self.registry.set_standing(worker, trust=trust, uncovered=uncovered)
         if not worker.closed:
             self.registry.set_flagged(worker, standing.state == "flagged")
 

@@ -14,8 +14,12 @@ which ``runtime.DispatchStats`` feeds to the swarm stats and the metrics).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import math
 import random
+import statistics
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -35,8 +39,7 @@ from queen_server.swarm.jobs import (
     WorkerLost,
     answer_budget,
 )
-from queen_server.swarm.registry import Registry
-from queen_server.swarm.routing import rank
+from queen_server.swarm.registry import Profile, Registry
 from queen_server.swarm.worker import Connection, Worker
 from shared_schema import CAPABILITY_CONTINUE, JobError, Usage
 
@@ -44,6 +47,8 @@ log = logging.getLogger(__name__)
 
 # After a cancel, a worker has this long to end the job before its slot is taken back anyway.
 CANCEL_GRACE_S = 5.0
+# The longest Retry-After a shed request is told (the estimate behind it can be far off).
+MAX_RETRY_AFTER_S = 300
 
 
 class DispatchSettings(Protocol):
@@ -192,6 +197,9 @@ class Dispatcher:
         self.size_class_of = size_class_of
         self.rng = rng or random.Random()
         self.callers = CallerLimits()
+        self._medians: dict[str, tuple[int, float, float]] = {}
+        registry.free.score = self._score
+        registry.free.rng = self.rng
 
     def admit(self, caller: str) -> Admission:
         """Count one request of ``caller`` (an API key's id, a development key's hash, an
@@ -297,11 +305,11 @@ class Dispatcher:
         body = request.openai_req if openai_req is None else openai_req
         last_error = "no worker answered"
         for _ in range(attempts):
-            worker, connection = await self._acquire(request.model, tried, last_error, accept,
-                                                     legacy_ok=request.legacy_ok,
-                                                     admission=admission, needs=request.needs)
+            worker, connection, reserved = await self._acquire(
+                request.model, tried, last_error, accept, legacy_ok=request.legacy_ok,
+                admission=admission, needs=request.needs)
             handle, first = await self._attempt(request, worker, connection, body, continuation,
-                                                sent)
+                                                sent, reserved=reserved)
             if can_fail_over(first):
                 last_error = first.reason if isinstance(first, WorkerLost) else first.message
                 log.info("job %s failed on %r before its first token: %s", handle.id, worker,
@@ -325,6 +333,8 @@ class Dispatcher:
         body: dict[str, Any],
         continuation: str | None = None,
         sent: Callable[[str | None], None] | None = None,
+        *,
+        reserved: bool = False,
     ) -> tuple[JobHandle, JobEvent]:
         """Lease the job to ``worker``, send it, and wait for its first event (a lost socket
         is a ``WorkerLost``); ``GatewayTimeout`` when none comes in time."""
@@ -338,7 +348,7 @@ class Dispatcher:
                            loop.time(), worker_id=worker.public_id,
                            cancel=connection.send_cancel,
                            budget=answer_budget(body, settings.default_max_tokens))
-        self.registry.lease(worker, handle)
+        self.registry.lease(worker, handle, reserved=reserved)
         first_deadline = deadline
         if request.stream:
             first_deadline = min(deadline, loop.time() + settings.first_token_timeout_s)
@@ -378,27 +388,76 @@ class Dispatcher:
         handle, first = await self._attempt(request, worker, connection, openai_req)
         return JobRun(self, worker, handle, first, request)
 
-    def candidates(self, model: str) -> list[Worker]:
-        """The registry's candidates for ``model``, less those that say they hold another
+    def _servable(self, model: str) -> list[Profile]:
+        """The profiles of the workers that could serve ``model``, less those that hold another
         file than the one the name is pinned to. (A worker that names no sha256 stays: older
         workers did not; the audits re-score its answers against the pinned file.)"""
-        candidates = self.registry.candidates(model)
-        sha256 = self.pinned(model) if candidates else None
+        profiles = self.registry.profiles(model)
+        sha256 = self.pinned(model) if profiles else None
         if sha256 is None:
-            return candidates
-        return [worker for worker in candidates
-                if (held := worker.models.get(model)) is None or held.sha256 in (None, sha256)]
+            return profiles
+        return [profile for profile in profiles if profile[2] in (None, sha256)]
 
     def require_servable(self, model: str, needs: Mapping[str, str] | None = None) -> None:
         """404 ``model_not_found`` unless some connected worker could serve ``model``; 400
-        naming the field when none of them has the capabilities ``needs`` asks for."""
-        candidates = self.candidates(model)
-        if not candidates:
+        naming the field when none of them has the capabilities ``needs`` asks for. O(the
+        distinct kinds of worker), never O(workers)."""
+        profiles = self._servable(model)
+        if not profiles:
             raise ModelNotFound(
                 f"The model '{model}' is not served by any connected worker.", param="model"
             )
         if needs:
-            _check_capable(model, candidates, needs)
+            _check_capable(model, profiles, needs)
+
+    def _filter(self, model: str, tried: set[str], accept: Callable[[Worker], bool] | None,
+                legacy_ok: bool, needs: Mapping[str, str] | None,
+                ) -> Callable[[Worker], bool] | None:
+        """Which free workers will do for this job (None: any)."""
+        sha256 = self.pinned(model)
+        wanted = frozenset(needs) if needs else None
+        if not tried and accept is None and legacy_ok and wanted is None and sha256 is None:
+            return None
+
+        def ok(worker: Worker) -> bool:
+            if worker.key in tried or (not legacy_ok and worker.legacy):
+                return False
+            if wanted is not None and not wanted <= worker.capabilities:
+                return False
+            if sha256 is not None and (held := worker.models.get(model)) is not None \
+                    and held.sha256 not in (None, sha256):
+                return False
+            return accept is None or accept(worker)
+
+        return ok
+
+    def _score(self, worker: Worker, model: str) -> float:
+        """Routing's score of a worker for a model: its seconds per token on the model's size
+        class (a newcomer's: the class's median), times its audit ``trust``."""
+        size_class = self.size_class_of(model)
+        speeds = self.stats.speeds_for(size_class)
+        speed = speeds.get(worker.key)
+        if speed is None:
+            speed = self._typical(size_class, speeds)
+        return speed * worker.trust
+
+    def _typical(self, size_class: str, speeds: Mapping[str, float]) -> float:
+        """The median speed of a size class, recomputed at most once a second (or when the
+        number of records changes): a newcomer is scored at it."""
+        now = time.monotonic()
+        cached = self._medians.get(size_class)
+        if cached is not None and cached[0] == len(speeds) and now - cached[1] < 1.0:
+            return cached[2]
+        median = statistics.median(speeds.values()) if speeds else 1.0
+        self._medians[size_class] = (len(speeds), now, median)
+        return median
+
+    def _untried_left(self, model: str, tried: set[str]) -> bool:
+        """Whether a worker that could serve ``model`` has not failed this job yet: looks at
+        no more than ``len(tried) + 1`` of them."""
+        registry = self.registry
+        pool = itertools.chain(registry.holders(model), registry.fetchers())
+        return any(worker.key not in tried for worker in itertools.islice(pool, len(tried) + 1))
 
     async def _acquire(
         self,
@@ -410,74 +469,105 @@ class Dispatcher:
         legacy_ok: bool = True,
         admission: Admission | None = None,
         needs: Mapping[str, str] | None = None,
-    ) -> tuple[Worker, Connection]:
-        """The best (acceptable) worker with a free slot and the connection that holds it,
-        waiting in the admission queue if all are busy. Without ``legacy_ok``, legacy workers
-        are no candidates (a 404 if only they serve the model). With an ``admission``, the wait
-        takes one of its caller's queue places, given back however the wait ends."""
+    ) -> tuple[Worker, Connection, bool]:
+        """The best (acceptable) worker with a free slot, the connection that holds it, and
+        whether its slot was reserved for this job (it waited for it in the admission queue).
+        Without ``legacy_ok``, legacy workers are no candidates (a 404 if only they serve the
+        model). With an ``admission``, the wait takes one of its caller's queue places, given
+        back however the wait ends."""
         registry = self.registry
-        loop = asyncio.get_running_loop()
+        settings = self.settings
+        ok = self._filter(model, tried, accept, legacy_ok, needs)
         queue_deadline: float | None = None
         try:
             while True:
-                candidates = self.candidates(model)
-                if not legacy_ok:  # a billed job under legacy_workers="unbilled" only
-                    candidates = [worker for worker in candidates if not worker.legacy]
-                    if not candidates and not tried:
-                        raise ModelNotFound(
-                            f"The model '{model}' is not served by any connected worker that takes "
-                            "billed requests.", param="model",
-                        )
-                if needs and candidates:
-                    if not tried:
-                        _check_capable(model, candidates, needs)
-                    wanted = needs.keys()
-                    candidates = [worker for worker in candidates
-                                  if wanted <= worker.capabilities]
-                if accept is not None:
-                    candidates = [worker for worker in candidates if accept(worker)]
-                    if not candidates or all(worker.key in tried for worker in candidates):
-                        raise WorkerFailed(
-                            "the worker was lost mid-answer and no other connected worker holds "
-                            f"the same model file to continue it; last error: {last_error}",
-                            code="worker_lost",
-                        )
-                if not candidates:
-                    if tried:
-                        raise WorkerFailed(
-                            f"no other worker can serve this model; last error: {last_error}"
-                        )
-                    self.require_servable(model)
-                speeds = self.stats.speeds_for(self.size_class_of(model))
-                for worker in rank(model, candidates, speeds, self.rng, exclude=tried):
-                    if worker.free_slots > 0:
-                        connection = registry.connection(worker.key)
-                        if connection is not None:
-                            return worker, connection
-                if all(worker.key in tried for worker in candidates):
-                    raise WorkerFailed(
-                        f"every worker serving '{model}' failed this job; last error: {last_error}"
-                    )
-                now = loop.time()
-                if queue_deadline is None:
-                    if registry.waiting >= self.settings.max_queued_jobs:
-                        raise NoCapacity(
-                            "the queue of waiting jobs is full", code="queue_full",
-                            headers=self._retry_after(),
-                        )
-                    if admission is not None and not admission.try_queue(
-                            self.settings.max_queued_per_key):
-                        raise self._queue_limited()
-                    queue_deadline = now + self.settings.queue_timeout_s
-                if now >= queue_deadline:
-                    raise NoCapacity(
-                        f"every worker serving '{model}' is busy; try again shortly",
-                        headers=self._retry_after(),
-                    )
-                await registry.wait_for_change(queue_deadline - now)
+                self._check_servable(model, tried, last_error, accept, legacy_ok, needs)
+                worker = registry.choose(model, ok)
+                reserved = False
+                if worker is None:
+                    if tried and not self._untried_left(model, tried):
+                        raise WorkerFailed(f"every worker serving '{model}' failed this job; "
+                                           f"last error: {last_error}")
+                    now = time.monotonic()
+                    if queue_deadline is None:
+                        self._may_queue(model, admission)
+                        queue_deadline = now + settings.queue_timeout_s
+                    if now >= queue_deadline:
+                        raise self._busy(model)
+                    caller = admission.caller if admission is not None else ""
+                    try:
+                        worker = await registry.wait_for_worker(model, caller,
+                                                                queue_deadline - now, ok)
+                    except TimeoutError:
+                        raise self._busy(model) from None
+                    if worker is None or worker.closed:
+                        continue  # the swarm changed under the wait: look again
+                    reserved = True
+                connection = registry.connection(worker.key)
+                if connection is not None:
+                    return worker, connection, reserved
+                if reserved:  # not reached: the registry adds and removes both together
+                    registry.unreserve(worker)
+                registry.free.drop(worker)
         finally:
             if admission is not None:
                 admission.unqueue()
+
+    def _check_servable(self, model: str, tried: set[str], last_error: str,
+                        accept: Callable[[Worker], bool] | None, legacy_ok: bool,
+                        needs: Mapping[str, str] | None) -> None:
+        """Fail a job that no connected worker could take at all (before it waits for one)."""
+        if accept is not None:  # a twin for a failover: rare, so the holders are scanned
+            twins = [worker for worker in self.registry.holders(model)
+                     if worker.key not in tried and accept(worker)]
+            if not twins:
+                raise WorkerFailed(
+                    "the worker was lost mid-answer and no other connected worker holds the "
+                    f"same model file to continue it; last error: {last_error}",
+                    code="worker_lost",
+                )
+            return
+        profiles = self._servable(model)
+        if not legacy_ok:  # a billed job under legacy_workers="unbilled" only
+            profiles = [profile for profile in profiles if not profile[0]]
+            if not profiles and not tried:
+                raise ModelNotFound(
+                    f"The model '{model}' is not served by any connected worker that takes "
+                    "billed requests.", param="model",
+                )
+        if not profiles:
+            if tried:
+                raise WorkerFailed(
+                    f"no other worker can serve this model; last error: {last_error}"
+                )
+            self.require_servable(model)
+        if needs and not tried:
+            _check_capable(model, profiles, needs)
+
+    def _may_queue(self, model: str, admission: Admission | None) -> None:
+        """Refuse a job the queue cannot take: the queue is full, the caller has its share of
+        it, or the wait it would have (the waiters ahead over the model's measured service
+        rate) is already past the queue timeout, so it is shed now rather than failed later."""
+        registry = self.registry
+        settings = self.settings
+        if registry.waiting >= settings.max_queued_jobs:
+            raise NoCapacity("the queue of waiting jobs is full", code="queue_full",
+                             headers=self._retry_after())
+        expected = registry.queue.expected_wait_s(model, registry.slots(model))
+        if expected is not None and expected > settings.queue_timeout_s:
+            retry_s = min(MAX_RETRY_AFTER_S, max(1, math.ceil(expected - settings.queue_timeout_s)))
+            raise NoCapacity(
+                f"every worker serving '{model}' is busy, and the jobs waiting for them would "
+                f"take about {expected:.0f} s (past the {settings.queue_timeout_s:g} s this "
+                "queen waits); try again shortly", code="overloaded",
+                headers={"Retry-After": str(retry_s)},
+            )
+        if admission is not None and not admission.try_queue(settings.max_queued_per_key):
+            raise self._queue_limited()
+
+    def _busy(self, model: str) -> NoCapacity:
+        return NoCapacity(f"every worker serving '{model}' is busy; try again shortly",
+                          headers=self._retry_after())
 
     async def end(self, handle: JobHandle, reason: str) -> None:
         """Release a job's lease. An unfinished job is cancelled on its worker first, and its
@@ -515,16 +605,16 @@ class Dispatcher:
         self.stats.job_failed(handle, outcome, elapsed)
 
 
-def _check_capable(model: str, candidates: list[Worker], needs: Mapping[str, str]) -> None:
+def _check_capable(model: str, profiles: list[Profile], needs: Mapping[str, str]) -> None:
     """400 naming the first field no worker of ``model`` can honour (the request asks for
     something only newer workers do; none is connected)."""
     for capability, param in needs.items():
-        if not any(capability in worker.capabilities for worker in candidates):
+        if not any(capability in profile[1] for profile in profiles):
             raise InvalidRequest(
                 f"'{param}' is not supported by any connected worker serving '{model}' (it "
                 f"needs workers with the '{capability}' capability; try again later or without "
                 f"'{param}').", param=param, code="unsupported_by_workers")
-    if not any(needs.keys() <= worker.capabilities for worker in candidates):
+    if not any(needs.keys() <= profile[1] for profile in profiles):
         fields = ", ".join(f"'{param}'" for param in dict.fromkeys(needs.values()))
         raise InvalidRequest(
             f"No connected worker serving '{model}' supports {fields} together.",

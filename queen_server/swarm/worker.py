@@ -75,6 +75,7 @@ class Worker:
         "models",
         "paused",
         "public_id",
+        "reserved",
         "session_id",
         "swarm_models",
         "trust",
@@ -123,6 +124,8 @@ class Worker:
         # The worker's leases, by job id: a read-only view the registry sets when it adds the
         # worker (``Registry.add``); only the registry writes the mapping behind it.
         self.jobs: Mapping[str, JobHandle] = NO_LEASES
+        # Slots the registry handed to waiting jobs that have not leased them yet.
+        self.reserved = 0
         # What placing a model on it needs (issue 17), from its hello and statuses: claims, used
         # only to choose whom to ask (a worker that lied just fails its fetch).
         self.memory_budget_mb: int | None = None
@@ -156,7 +159,7 @@ class Worker:
 
     @property
     def free_slots(self) -> int:
-        return self.max_jobs - len(self.jobs)
+        return self.max_jobs - len(self.jobs) - self.reserved
 
     def note_status(self, status: Status) -> None:
         """What a status says for placing models: room, free VRAM, downloads under way."""

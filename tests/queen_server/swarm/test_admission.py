@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from queen_server.errors import RateLimited
+from queen_server.errors import NoCapacity, RateLimited
 from queen_server.swarm.admission import IN_FLIGHT, QUEUED, Admission, CallerLimits
 from queen_server.swarm.dispatch import Dispatcher
 from queen_server.swarm.registry import Registry
@@ -189,3 +189,78 @@ async def test_a_wait_that_times_out_gives_its_queue_place_back():
     first.leave()
     assert len(dispatcher.callers) == 0
     assert registry.waiting == 0
+
+
+# --- the queue: handed slots, no barging, shedding ----------------------------------------------
+
+
+async def queued(registry: Registry, count: int) -> None:
+    async with asyncio.timeout(5):
+        while registry.waiting < count:  # noqa: ASYNC110 (a test's view of the queue)
+            await asyncio.sleep(0)
+
+
+async def test_a_freed_slot_goes_to_the_waiter_not_to_a_request_arriving_just_then():
+    registry, dispatcher = busy_swarm()
+    first = await dispatcher.start("c-1", MODEL, "/v1/chat/completions", {}, stream=True)
+    waiter = asyncio.create_task(dispatcher.start("c-2", MODEL, "/v1/chat/completions", {},
+                                                  stream=True))
+    await queued(registry, 1)
+    # The worker ends its job and, in the same turn, a new request arrives.
+    first.handle.feed(JobError(id=first.handle.id, code="cancelled", message="done"))
+    await first.finish()
+    late = asyncio.create_task(dispatcher.start("c-3", MODEL, "/v1/chat/completions", {},
+                                                stream=True))
+    second = await asyncio.wait_for(waiter, 5)
+    assert second.handle.id == "c-2.1"
+    await queued(registry, 1)  # the late one waits its turn
+    assert not late.done()
+    second.handle.feed(JobError(id=second.handle.id, code="cancelled", message="done"))
+    await second.finish()
+    third = await asyncio.wait_for(late, 5)
+    assert third.handle.id == "c-3.1"
+    await third.finish()
+
+
+async def test_a_waiter_whose_client_left_is_never_dispatched():
+    registry, dispatcher = busy_swarm()
+    connection = registry.connection("w")
+    first = await dispatcher.start("c-1", MODEL, "/v1/chat/completions", {}, stream=True)
+    gone = asyncio.create_task(dispatcher.start("c-gone", MODEL, "/v1/chat/completions", {},
+                                                stream=True))
+    stays = asyncio.create_task(dispatcher.start("c-stays", MODEL, "/v1/chat/completions", {},
+                                                 stream=True))
+    await queued(registry, 2)
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert registry.waiting == 1
+    first.handle.feed(JobError(id=first.handle.id, code="cancelled", message="done"))
+    await first.finish()
+    run = await asyncio.wait_for(stays, 5)
+    assert [job[0] for job in connection.jobs] == ["c-1.1", "c-stays.1"]  # type: ignore[union-attr]
+    await run.finish()
+
+
+async def test_a_job_whose_wait_would_pass_the_timeout_is_shed_at_once():
+    registry, dispatcher = busy_swarm()
+    dispatcher.settings.queue_timeout_s = 2.0  # type: ignore[misc]
+    dispatcher.settings.max_queued_per_key = 0  # type: ignore[misc]
+    registry.queue.served(MODEL, 1.0)  # a job holds the one slot for a second
+    first = await dispatcher.start("c-1", MODEL, "/v1/chat/completions", {}, stream=True)
+    waiting = [asyncio.create_task(dispatcher.start(f"c-{n}", MODEL, "/v1/chat/completions",
+                                                    {}, stream=True)) for n in (2, 3)]
+    await queued(registry, 2)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(NoCapacity) as shed:  # two ahead, one slot a second: 3 s > 2 s
+        await dispatcher.start("c-4", MODEL, "/v1/chat/completions", {}, stream=True)
+    assert loop.time() - started < 1.0  # told now, not after the queue timeout
+    assert shed.value.status_code == 503
+    assert shed.value.code == "overloaded"
+    assert shed.value.headers == {"Retry-After": "1"}
+    assert registry.waiting == 2
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+    await first.finish()

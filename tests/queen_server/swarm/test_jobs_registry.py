@@ -305,7 +305,7 @@ async def test_legacy_session_takes_one_job_at_a_time():
         registry.lease(legacy, handle_on(legacy, "j2"))
 
 
-async def test_wait_for_change_wakes_on_release():
+async def test_a_released_slot_is_handed_to_the_waiter_reserved():
     registry = Registry()
     session = make_session("a", loaded=(MODEL,))
     add(registry, session)
@@ -314,50 +314,74 @@ async def test_wait_for_change_wakes_on_release():
     loop = asyncio.get_running_loop()
     seen_waiting: list[int] = []
 
-    def release() -> None:  # runs once the waiter below is parked on its event
+    def release() -> None:  # runs once the waiter below is in the queue
         seen_waiting.append(registry.waiting)
         registry.release(handle.id)
 
     loop.call_soon(release)
-    start = loop.time()
     async with asyncio.timeout(5):
-        await registry.wait_for_change(30)
-    assert loop.time() - start < 5
+        worker = await registry.wait_for_worker(MODEL, "caller", 30)
+    assert worker is session
     assert seen_waiting == [1]
     assert registry.waiting == 0
-    assert session.free_slots == 1
+    # The slot is the waiter's: nobody else can take it, and it leases it as reserved.
+    assert session.free_slots == 0
+    assert registry.choose(MODEL) is None
+    registry.lease(session, handle_on(session, "j2"), reserved=True)
+    assert session.reserved == 0
 
 
-async def test_wait_for_change_wakes_when_a_worker_joins():
+async def test_a_waiter_gets_a_worker_that_joins():
     registry = Registry()
-    asyncio.get_running_loop().call_soon(registry.add, make_session("a", loaded=(MODEL,)),
-                                         DummyConnection())
+    joining = make_session("a", loaded=(MODEL,))
+    asyncio.get_running_loop().call_soon(registry.add, joining, DummyConnection())
     async with asyncio.timeout(5):
-        await registry.wait_for_change(30)
+        worker = await registry.wait_for_worker(MODEL, "caller", 30)
+    assert worker is joining
     assert registry.waiting == 0
     assert len(registry) == 1
 
 
-async def test_wait_for_change_returns_after_its_timeout():
+async def test_a_wait_times_out_and_leaves_the_queue():
     registry = Registry()
     loop = asyncio.get_running_loop()
     start = loop.time()
-    await registry.wait_for_change(0.05)
+    with pytest.raises(TimeoutError):
+        await registry.wait_for_worker(MODEL, "caller", 0.05)
     assert loop.time() - start >= 0.05
     assert registry.waiting == 0
 
 
-async def test_a_change_with_nobody_waiting_does_not_wake_a_later_waiter():
+async def test_a_cancelled_waiter_is_never_handed_a_slot():
     registry = Registry()
     session = make_session("a", loaded=(MODEL,))
     add(registry, session)
     handle = handle_on(session)
     registry.lease(session, handle)
-    registry.release(handle.id)  # nobody is waiting yet
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    await registry.wait_for_change(0.05)
-    assert loop.time() - start >= 0.05
+    waiting = asyncio.create_task(registry.wait_for_worker(MODEL, "gone", 30))
+    await asyncio.sleep(0)  # let it queue
+    assert registry.waiting == 1
+    waiting.cancel()  # its client left
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert registry.waiting == 0
+    registry.release(handle.id)
+    assert session.reserved == 0
+    assert session.free_slots == 1
+    assert registry.choose(MODEL) is session
+
+
+async def test_waiters_of_a_model_that_loses_its_last_worker_look_again_at_once():
+    registry = Registry()
+    session = make_session("a", loaded=(MODEL,))
+    add(registry, session)
+    registry.lease(session, handle_on(session))
+    waiting = asyncio.create_task(registry.wait_for_worker(MODEL, "caller", 30))
+    await asyncio.sleep(0)
+    registry.remove(session, "gone")
+    async with asyncio.timeout(5):
+        assert await waiting is None
+    assert registry.waiting == 0
 
 
 async def test_close_all_removes_and_closes_every_session():
