@@ -1,0 +1,386 @@
+"""The cluster bus: publish bytes to a channel, subscribe to a channel's messages.
+
+``InProcessBus`` serves one queen with no Redis (everything in the process, nothing lost);
+``RedisBus`` carries messages between replicas with Redis pub/sub. Both hand out the same
+``Subscription``: an async iterator of ``bytes`` messages and ``BusGap`` markers.
+
+A ``BusGap`` says messages may have been lost at that point of the stream, so the reader must
+not assume it saw everything. Pub/sub is at-most-once: while the connection to Redis is down,
+whatever was published is gone. ``RedisBus`` reconnects and resubscribes by itself (with
+backoff), and puts a ``BusGap`` in every subscription when the connection drops, so a
+cross-replica stream fails loudly (``cluster.stream``) rather than arriving shorter.
+
+Backpressure: each subscription holds at most ``limit`` messages. When a reader falls that far
+behind, newer messages are dropped (counted) and one ``BusGap`` marks the place, after the
+messages already held: memory stays bounded, and the loss is never silent. Publishing never
+waits on a slow reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from queen_server.cluster.errors import BusUnavailable
+
+log = logging.getLogger(__name__)
+
+DEFAULT_QUEUE_LIMIT = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class BusGap:
+    """Messages may have been lost here (a reconnect, or this reader fell behind)."""
+
+    reason: str
+
+
+BusItem = bytes | BusGap
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class Subscription:
+    """One reader's messages on one channel, bounded (see the module's docstring)."""
+
+    __slots__ = ("_closed", "_items", "_on_close", "_overflowing", "_waiter", "channel",
+                 "dropped", "limit")
+
+    def __init__(self, channel: str, limit: int = DEFAULT_QUEUE_LIMIT,
+                 on_close: Callable[[Subscription], None] | None = None) -> None:
+        if limit < 1:
+            raise ValueError("a subscription must hold at least one message")
+        self.channel = channel
+        self.limit = limit
+        self.dropped = 0  # messages dropped because this reader fell behind
+        self._items: deque[BusItem] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._overflowing = False
+        self._closed = False
+        self._on_close = on_close
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def put(self, data: bytes) -> None:
+        """Hand one message to this reader (the bus calls it; never blocks)."""
+        if self._closed:
+            return
+        if self._overflowing or len(self._items) >= self.limit:
+            self.dropped += 1
+            if not self._overflowing:
+                self._overflowing = True
+                self._items.append(BusGap(f"the reader of {self.channel} fell behind "
+                                          f"({self.limit} messages waiting); messages dropped"))
+                self._notify()
+            return
+        self._items.append(data)
+        self._notify()
+
+    def put_gap(self, reason: str) -> None:
+        """Mark that messages may have been lost here (one marker for a run of them)."""
+        if self._closed or (self._items and isinstance(self._items[-1], BusGap)):
+            return
+        self._items.append(BusGap(reason))
+        self._notify()
+
+    def _notify(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def take_ready(self) -> list[BusItem]:
+        """Every item already waiting, without blocking."""
+        items = list(self._items)
+        self._items.clear()
+        self._overflowing = False
+        return items
+
+    async def get(self, timeout: float | None = None) -> BusItem:  # noqa: ASYNC109
+        """The next item; ``TimeoutError`` after ``timeout`` seconds; ``BusUnavailable`` once
+        the subscription (or its bus) is closed."""
+        while not self._items:
+            if self._closed:
+                raise BusUnavailable(f"the subscription to {self.channel} is closed")
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+            self._waiter = waiter
+            timer = None if timeout is None else loop.call_later(timeout, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                self._waiter = None
+            if not self._items and not self._closed and timeout is not None:
+                raise TimeoutError
+        item = self._items.popleft()
+        if isinstance(item, BusGap):
+            self._overflowing = False  # the reader saw the marker: later messages are kept
+        return item
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> BusItem:
+        try:
+            return await self.get()
+        except BusUnavailable:
+            raise StopAsyncIteration from None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._notify()
+        if self._on_close is not None:
+            self._on_close(self)
+
+
+class Bus(Protocol):
+    async def publish(self, channel: str, data: bytes) -> int:
+        """Send ``data`` to every current subscriber of ``channel``; the number of receivers
+        (processes for Redis, subscriptions in process). ``BusUnavailable`` when it cannot
+        be sent."""
+        ...
+
+    async def subscribe(self, channel: str, limit: int = DEFAULT_QUEUE_LIMIT) -> Subscription:
+        """A new reader of ``channel``, subscribed when this returns."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class InProcessBus:
+    """The bus of a single queen: direct hand-off to the subscriptions in this process."""
+
+    def __init__(self) -> None:
+        self._subs: dict[str, set[Subscription]] = {}
+        self._closed = False
+
+    async def publish(self, channel: str, data: bytes) -> int:
+        if self._closed:
+            raise BusUnavailable("the bus is closed")
+        subs = self._subs.get(channel)
+        if not subs:
+            return 0
+        for sub in tuple(subs):
+            sub.put(data)
+        return len(subs)
+
+    async def subscribe(self, channel: str, limit: int = DEFAULT_QUEUE_LIMIT) -> Subscription:
+        if self._closed:
+            raise BusUnavailable("the bus is closed")
+        sub = Subscription(channel, limit, self._forget)
+        self._subs.setdefault(channel, set()).add(sub)
+        return sub
+
+    def _forget(self, sub: Subscription) -> None:
+        subs = self._subs.get(sub.channel)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                del self._subs[sub.channel]
+
+    async def close(self) -> None:
+        self._closed = True
+        for subs in list(self._subs.values()):
+            for sub in list(subs):
+                sub.close()
+
+
+class RedisBus:
+    """The bus over Redis pub/sub: one connection publishes, one reads every channel this
+    process subscribes to and hands each message to the local subscriptions of its channel.
+
+    The reading connection has no retries of its own: when it breaks, the reader puts a
+    ``BusGap`` in every subscription, reconnects with backoff (``reconnect_s`` up to
+    ``max_reconnect_s``) and resubscribes every channel. Should the client library ever
+    reconnect on its own, a connect callback does the same, so no reconnect goes unmarked.
+    """
+
+    def __init__(self, url: str, *, reconnect_s: float = 0.05, max_reconnect_s: float = 2.0,
+                 subscribe_timeout_s: float = 5.0) -> None:
+        self.url = url
+        self.reconnect_s = reconnect_s
+        self.max_reconnect_s = max_reconnect_s
+        self.subscribe_timeout_s = subscribe_timeout_s
+        self._publisher = aioredis.from_url(url)
+        self._reader_client = aioredis.from_url(url, retry=Retry(NoBackoff(), 0),
+                                                socket_timeout=None)
+        self._subs: dict[str, set[Subscription]] = {}
+        self._confirmed: dict[str, asyncio.Future[None]] = {}
+        self._pubsub: Any = None
+        self._live: set[str] = set()  # channels Redis confirmed on the current connection
+        self._wanted = asyncio.Event()  # set when some channel is wanted
+        self._task: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._closed = False
+        self.reconnects = 0  # connections made after the first (for logs and tests)
+
+    async def start(self) -> RedisBus:
+        """Check Redis answers and start the reader. ``BusUnavailable`` if it does not."""
+        try:
+            await self._publisher.ping()
+        except (RedisError, OSError) as exc:
+            raise BusUnavailable(f"Redis at {self.url} did not answer: {exc}") from exc
+        self._task = asyncio.create_task(self._read_forever(), name="redis-bus-reader")
+        return self
+
+    async def publish(self, channel: str, data: bytes) -> int:
+        if self._closed:
+            raise BusUnavailable("the bus is closed")
+        try:
+            return int(await self._publisher.publish(channel, data))
+        except (RedisError, OSError) as exc:
+            # A pooled connection that died with a Redis restart fails once; the retry takes a
+            # fresh one. (A message sent twice is harmless: jobs and events are deduplicated.)
+            log.debug("publishing to %s failed (%s); retrying once", channel, exc)
+        try:
+            return int(await self._publisher.publish(channel, data))
+        except (RedisError, OSError) as exc:
+            raise BusUnavailable(f"publishing to {channel} failed: {exc}") from exc
+
+    async def subscribe(self, channel: str, limit: int = DEFAULT_QUEUE_LIMIT) -> Subscription:
+        if self._closed or self._task is None:
+            raise BusUnavailable("the bus is closed or not started")
+        sub = Subscription(channel, limit, self._forget)
+        subs = self._subs.setdefault(channel, set())
+        subs.add(sub)
+        confirmed = self._confirmed.get(channel)
+        if confirmed is None:
+            confirmed = asyncio.get_running_loop().create_future()
+            self._confirmed[channel] = confirmed
+            pubsub = self._pubsub
+            if pubsub is not None:
+                with contextlib.suppress(RedisError, OSError):  # the reader will redo it
+                    await pubsub.subscribe(channel)
+            self._wanted.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(confirmed), self.subscribe_timeout_s)
+        except TimeoutError:
+            sub.close()
+            raise BusUnavailable(f"subscribing to {channel} on {self.url} timed out") from None
+        return sub
+
+    def _forget(self, sub: Subscription) -> None:
+        subs = self._subs.get(sub.channel)
+        if subs is None:
+            return
+        subs.discard(sub)
+        if subs or self._closed:
+            return
+        del self._subs[sub.channel]
+        confirmed = self._confirmed.pop(sub.channel, None)
+        if confirmed is not None and not confirmed.done():
+            confirmed.cancel()
+        pubsub = self._pubsub
+        if pubsub is not None:
+            task = asyncio.get_running_loop().create_task(self._unsubscribe(pubsub, sub.channel))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _unsubscribe(self, pubsub: Any, channel: str) -> None:
+        if channel in self._subs:
+            return  # subscribed again meanwhile
+        with contextlib.suppress(RedisError, OSError):
+            await pubsub.unsubscribe(channel)
+
+    def _gap_all(self, reason: str) -> None:
+        for subs in self._subs.values():
+            for sub in subs:
+                sub.put_gap(reason)
+
+    def _on_reconnect(self, _connection: Any) -> None:
+        """The client library reconnected the reading connection by itself."""
+        self.reconnects += 1
+        self._gap_all("the Redis connection was re-established; messages may have been lost")
+
+    async def _read_forever(self) -> None:
+        delay = self.reconnect_s
+        connected_before = False
+        while not self._closed:
+            if not self._subs:
+                self._wanted.clear()
+                await self._wanted.wait()
+                continue
+            pubsub = self._reader_client.pubsub()
+            self._live = set()
+            try:
+                await pubsub.subscribe(*self._subs)
+                pubsub.connection.register_connect_callback(self._on_reconnect)
+                self._pubsub = pubsub
+                if connected_before:
+                    self.reconnects += 1
+                    log.info("cluster bus reconnected to Redis; %d channels resubscribed",
+                             len(self._subs))
+                connected_before = True
+                delay = self.reconnect_s
+                await self._pump(pubsub)
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError, RuntimeError) as exc:
+                if self._closed:
+                    break
+                log.warning("cluster bus lost Redis (%s); reconnecting in %.2f s", exc, delay)
+                self._gap_all(f"the Redis connection was lost ({exc}); messages may have "
+                              "been lost")
+            finally:
+                self._pubsub = None
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+            if not self._closed:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.max_reconnect_s)
+
+    async def _pump(self, pubsub: Any) -> None:
+        subs_of = self._subs
+        while not self._closed:
+            message = await pubsub.get_message(timeout=1.0)
+            if message is None:
+                continue
+            kind = message["type"]
+            channel = message["channel"]
+            channel = channel.decode() if isinstance(channel, bytes) else channel
+            if kind == "message":
+                for sub in tuple(subs_of.get(channel, ())):
+                    sub.put(message["data"])
+            elif kind == "subscribe":
+                self._live.add(channel)
+                confirmed = self._confirmed.get(channel)
+                if confirmed is not None and not confirmed.done():
+                    confirmed.set_result(None)
+
+    @property
+    def connected(self) -> bool:
+        """Whether every channel wanted here is subscribed on a live connection (after a
+        reconnect, False until Redis confirmed them all again)."""
+        return self._pubsub is not None and self._live >= self._subs.keys()
+
+    async def close(self) -> None:
+        self._closed = True
+        for subs in list(self._subs.values()):
+            for sub in list(subs):
+                sub.close()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        for task in list(self._background):
+            task.cancel()
+        await self._publisher.aclose()
+        await self._reader_client.aclose()

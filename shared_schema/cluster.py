@@ -1,0 +1,125 @@
+"""What queen replicas say to each other over the cluster bus (issue 18, "Many queens").
+
+A request that reaches replica B but is best served by a worker held by replica A travels as a
+``ClusterJob`` on A's job channel. A answers on B's reply channel with ``ClusterEvent``s, each
+carrying one per-job sequence number and one frame: the worker's own protocol frame (``Chunk``,
+``Result``, ``JobError``, relayed as the worker sent it) or one of the replica-level frames
+below (``Accepted``: A has the job; ``Assigned``: which of A's workers runs it; ``KeepAlive``:
+still working, nothing to send; ``Lost``: A lost the worker or the job). B cancels with a
+``ClusterCancel`` on A's job channel.
+
+The replicas are one operator's processes, but the decoder still validates every message
+(pydantic, in Rust): a bad message is a ``ProtocolError``, never a half-read one. Encoding is
+``model_dump_json`` and decoding one ``validate_json`` of the tagged union, so a relayed token
+costs a few microseconds of CPU on each side (measured by
+``tests/queen_server/cluster/measure_hop.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, TypeAdapter, ValidationError
+
+from shared_schema.base import WireModel
+from shared_schema.errors import ProtocolError
+from shared_schema.protocol import Chunk, JobError, Result
+
+
+class Accepted(WireModel):
+    """A took the job (always seq 0): B's short first deadline becomes the idle deadline."""
+
+    type: Literal["accepted"] = "accepted"
+
+
+class Assigned(WireModel):
+    """A gave the job to one of its workers (again after a failover on A): who it is, for B's
+    books (the worker's earnings key for ``Part`` and ``sent``), its logs, and B's own failover
+    (a twin must hold the same file: ``sha256``)."""
+
+    type: Literal["assigned"] = "assigned"
+    worker_key: str | None = None  # the earnings key; None for a legacy worker
+    worker_id: str = ""  # the public id
+    sha256: str | None = None
+
+
+class KeepAlive(WireModel):
+    """A is still on the job but has had nothing to send for a while (a long prompt, a queue)."""
+
+    type: Literal["keepalive"] = "keepalive"
+
+
+class Lost(WireModel):
+    """A cannot finish the job: its worker was lost with no twin on A, its handler failed, or
+    A is shutting down. B reads it as a ``WorkerLost`` (and may fail over)."""
+
+    type: Literal["lost"] = "lost"
+    reason: str
+
+
+Frame = Annotated[Chunk | Result | JobError | Accepted | Assigned | KeepAlive | Lost,
+                  Field(discriminator="type")]
+# The frames that end a job's stream.
+TERMINAL_FRAMES = (Result, JobError, Lost)
+
+
+class ClusterJob(WireModel):
+    """A job sent from the replica that holds the client (``origin``) to the one that holds a
+    worker for it. Mirrors the dispatcher's ``JobRequest``; ``timeout_s`` is relative (the
+    replicas' clocks need not agree)."""
+
+    type: Literal["job"] = "job"
+    job_id: str = Field(min_length=1, max_length=200)
+    origin: str = Field(min_length=1, max_length=200)
+    reply_to: str = Field(min_length=1, max_length=400)
+    model: str
+    openai_url: str
+    openai_req: dict[str, Any]
+    stream: bool = True
+    continuation: str | None = None
+    needs: dict[str, str] = Field(default_factory=dict)
+    legacy_ok: bool = True
+    billed: bool = False
+    timeout_s: float = Field(gt=0)
+
+
+class ClusterEvent(WireModel):
+    """One event of a job, from the serving replica back to the origin, in ``seq`` order."""
+
+    type: Literal["event"] = "event"
+    job_id: str
+    seq: int = Field(ge=0)
+    frame: Frame
+
+    @property
+    def terminal(self) -> bool:
+        return isinstance(self.frame, TERMINAL_FRAMES)
+
+
+class ClusterCancel(WireModel):
+    """The origin's client went away, or the origin gave up on the job."""
+
+    type: Literal["cancel"] = "cancel"
+    job_id: str
+    reason: str = "cancelled"
+
+
+ClusterMessage = Annotated[ClusterJob | ClusterEvent | ClusterCancel, Field(discriminator="type")]
+CLUSTER_ADAPTER: TypeAdapter[ClusterMessage] = TypeAdapter(ClusterMessage)
+
+
+def encode_cluster(message: ClusterJob | ClusterEvent | ClusterCancel) -> bytes:
+    """One bus message (UTF-8 JSON)."""
+    return message.model_dump_json().encode()
+
+
+def decode_cluster(data: bytes | str) -> ClusterJob | ClusterEvent | ClusterCancel:
+    """Parse one bus message, ignoring fields a newer replica added. ``ProtocolError``
+    (``invalid_message``) when it is not one."""
+    try:
+        return CLUSTER_ADAPTER.validate_json(data, extra="ignore")
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ProtocolError("invalid_message",
+                            f"bad cluster message at {where or 'top'}: {first['msg']}") from exc
