@@ -2,6 +2,7 @@
 
     apiary-worker                    open the desktop app (tray + window)
     apiary-worker --headless --queen ws://HOST:PORT/worker --ln-url ADDRESS --model NAME_OR_PATH
+                  (--queen repeated, or comma-separated: replicas of one queen, tried in turn)
     apiary-worker detect
     apiary-worker models pull NAME | list | rm NAME | import PATH --name NAME
 """
@@ -54,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"apiary-worker {__version__}")
     parser.add_argument("--headless", action="store_true", help="serve without the desktop app")
-    parser.add_argument("--queen", dest="queen_url", help="the queen's worker websocket URL")
+    parser.add_argument("--queen", dest="queen_url", action="append", metavar="URL",
+                        help="the queen's worker URL; repeat it (or separate with commas) for "
+                        "replicas of one queen, tried in turn when one cannot be reached")
     parser.add_argument("--ln-url", help="Lightning address or LNURL for payouts (optional)")
     parser.add_argument("--model", dest="models", action="append", metavar="NAME_OR_PATH",
                         help="a model to serve: hf-user/hf-repo:filter or a local .gguf file "
@@ -83,6 +86,8 @@ def settings_from(args: argparse.Namespace) -> WorkerSettings:
     names = ("queen_url", "ln_url", "models", "models_dir", "max_jobs", "gpu_layers", "n_ctx",
              "threads")
     overrides = {name: getattr(args, name, None) for name in names}
+    if overrides["queen_url"] is not None:  # --queen, repeatable: one comma-separated list
+        overrides["queen_url"] = ",".join(overrides["queen_url"])
     return WorkerSettings(**{k: v for k, v in overrides.items() if v is not None})
 
 
@@ -153,7 +158,7 @@ async def serve(settings: WorkerSettings) -> int:
         with contextlib.suppress(NotImplementedError, RuntimeError):  # Windows
             loop.add_signal_handler(signum, stop.set)
     log.info("apiary-worker %s, key %s..., queen %s", __version__, service.identity.pubkey[:12],
-             settings.queen_url)
+             ", ".join(settings.link_urls))
     bar = DownloadBar()
     try:
         await service.prepare(settings.models, progress=bar.update)

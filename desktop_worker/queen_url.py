@@ -16,12 +16,17 @@ The rules:
 * The path gets ``/worker`` unless it already ends with it; an OpenAI base path ``/v1`` pasted
   from the API docs is dropped first. A fragment is dropped; a query, a user name or password,
   or a malformed host or port is refused.
+
+A worker may name several queen URLs (replicas of one queen, issue 18): ``parse_queen_urls``
+reads them comma-separated (``APIARY_QUEEN_URL``) or as a list (``--queen`` repeated), each
+normalised as above, duplicates dropped, the order kept (the link tries them in turn).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from desktop_worker.errors import QueenAddressError
@@ -74,6 +79,26 @@ def normalise_queen_url(text: str) -> str:
     if port is not None and port != {"ws": 80, "wss": 443}[scheme]:
         netloc = f"{netloc}:{port}"
     return f"{scheme}://{netloc}{_path(parts.path)}"
+
+
+def parse_queen_urls(value: str | Sequence[str]) -> list[str]:
+    """Every queen URL in ``value`` (comma-separated text, or a list whose items may be comma-
+    separated too), normalised, in order, without duplicates; ``QueenAddressError`` names the
+    entry that cannot be read, or says that none was given."""
+    items = [value] if isinstance(value, str) else list(value)
+    urls: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise _refuse(f"{item!r} is not a queen address")
+        for entry in item.split(","):
+            if not entry.strip():
+                continue
+            url = normalise_queen_url(entry)
+            if url not in urls:
+                urls.append(url)
+    if not urls:
+        raise _refuse("The queen address is empty")
+    return urls
 
 
 def describe(url: str) -> str:

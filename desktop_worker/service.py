@@ -105,7 +105,7 @@ class WorkerService:
         self.pause_listeners: list[Callable[[str | None], None]] = []
         self._hand_back: asyncio.Task[None] | None = None
         self.link = LinkClient(
-            settings.queen_url,
+            settings.link_urls,
             self.hello_factory,
             self.runner,
             status=self.status,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import platformdirs
-from pydantic import Field, TypeAdapter, ValidationError, field_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -30,7 +30,7 @@ from pydantic_settings import (
 )
 
 from desktop_worker.errors import QueenAddressError
-from desktop_worker.queen_url import normalise_queen_url
+from desktop_worker.queen_url import normalise_queen_url, parse_queen_urls
 from desktop_worker.resources import resources_dir
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,12 @@ def default_key_path() -> Path:
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="APIARY_", extra="ignore")
 
+    # The queen's worker URL. Several (replicas of one queen, issue 18) may be given comma-
+    # separated (APIARY_QUEEN_URL, or --queen repeated): each is normalised, ``queen_url`` keeps
+    # the first (what the app shows and edits, and where earnings are asked), ``queen_urls``
+    # all of them, and the link tries them in turn (``link_urls``).
     queen_url: str = Field(default_factory=default_queen_url)
+    queen_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
     ln_url: str | None = None
     models: Annotated[list[str], NoDecode] = Field(default_factory=list)
     models_dir: Path = Field(default_factory=default_models_dir)
@@ -195,6 +200,29 @@ class WorkerSettings(BaseSettings):
             file_secret_settings,
         )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _queen_urls(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        given = data.get("queen_url") or data.get("queen_urls")
+        if given is None:
+            return data
+        try:
+            urls = parse_queen_urls(given)
+        except QueenAddressError as exc:
+            raise ValueError(str(exc)) from None
+        return {**data, "queen_url": urls[0], "queen_urls": urls}
+
+    @property
+    def link_urls(self) -> list[str]:
+        """The queen URLs the link dials, in order: ``queen_urls`` while it still starts with
+        ``queen_url``; ``queen_url`` alone once that was replaced (the app copies the settings
+        with a new queen, which must not bring the old queen's replicas along)."""
+        if self.queen_urls and self.queen_urls[0] == self.queen_url:
+            return list(self.queen_urls)
+        return [self.queen_url]
+
     @field_validator("models", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
@@ -230,6 +258,11 @@ class SavedSettingsSource(PydanticBaseSettingsSource):
                 log.debug("ignoring %r in %s: not a setting", name, config_path())
                 continue
             problem = _check_value(field, value)
+            if problem is None and name in ("queen_url", "queen_urls"):
+                try:
+                    parse_queen_urls(value)
+                except QueenAddressError as exc:
+                    problem = str(exc)
             if problem is not None:
                 log.warning("ignoring %s=%r in %s: %s", name, value, config_path(), problem)
                 continue

@@ -2,19 +2,92 @@
 
 from __future__ import annotations
 
+import os
+import re
+import secrets
+import socket
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 import platformdirs
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from shared_schema import queen_origin
+
+# The database URLs the queen takes, as the messages show them.
+DB_FORMS = "sqlite:///queen.db, sqlite:////abs/path.db or postgresql://user:password@host/db"
+# The async driver the queen uses for each database it runs on, when the URL names none.
+ASYNC_DRIVERS = {"sqlite": "aiosqlite", "postgresql": "asyncpg"}
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+_REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def default_db_url() -> str:
     data_dir = Path(platformdirs.user_data_dir("apiary", appauthor=False))
     return f"sqlite+aiosqlite:///{data_dir / 'queen.sqlite3'}"
+
+
+def async_database_url(text: str) -> str:
+    """The URL an operator wrote, as the async SQLAlchemy URL the queen opens.
+
+    ``sqlite:///queen.db`` becomes ``sqlite+aiosqlite:///queen.db``; ``postgresql://`` and
+    ``postgres://`` (Heroku's and many hosts' form) become ``postgresql+asyncpg://``. An async
+    driver written out stays as written; a sync one (``postgresql+psycopg2``) and any other
+    database are refused with a ``ValueError`` that names the form to write. Pure (no
+    connection); messages never carry the password."""
+    raw = (text or "").strip()
+    scheme, sep, rest = raw.partition("://")
+    if not sep or not scheme:
+        raise ValueError(f"not a database URL: write {DB_FORMS}")
+    backend, _plus, driver = scheme.lower().partition("+")
+    if backend == "postgres":
+        backend = "postgresql"
+    if backend not in ASYNC_DRIVERS:
+        raise ValueError(f"the queen runs on SQLite or PostgreSQL, not {backend!r}: write "
+                         f"{DB_FORMS}")
+    written = f"{backend}+{driver or ASYNC_DRIVERS[backend]}://{rest}"
+    instead = (f"write {backend}://… (the queen then uses {ASYNC_DRIVERS[backend]}) or "
+               f"{backend}+{ASYNC_DRIVERS[backend]}://…")
+    try:
+        url = make_url(written)
+    except (ArgumentError, ValueError):
+        raise ValueError(f"not a database URL ({scheme}://…): write {DB_FORMS}") from None
+    try:
+        is_async = bool(url.get_dialect(_is_async=True).is_async)
+    except NoSuchModuleError:
+        raise ValueError(f"no database driver is called {driver!r}: {instead}") from None
+    if not is_async:
+        raise ValueError(f"the queen needs an async database driver, and {scheme}:// is not "
+                         f"one: {instead}")
+    return written
+
+
+def check_redis_url(text: str) -> str:
+    """``text`` when it is a URL the redis client opens (``redis://``, ``rediss://`` for TLS,
+    ``unix://`` for a socket), else a ``ValueError`` naming them (never echoing a password)."""
+    raw = text.strip()
+    scheme = urlsplit(raw).scheme.lower() if "://" in raw else ""
+    if scheme not in REDIS_SCHEMES:
+        shown = f"{scheme}://" if scheme else "a URL without a scheme"
+        raise ValueError(f"the Redis URL must start with redis://, rediss:// (TLS) or unix:// "
+                         f"(a socket), not {shown}: e.g. redis://redis:6379/0")
+    if scheme != "unix" and not urlsplit(raw).hostname:
+        raise ValueError("the Redis URL names no host: e.g. redis://redis:6379/0")
+    if scheme == "unix" and not urlsplit(raw).path:
+        raise ValueError("the Redis URL names no socket: e.g. unix:///run/redis/redis.sock")
+    return raw
+
+
+def default_replica_id() -> str:
+    """A short id for this queen process among its replicas: the host name (a container's id
+    under Docker), the process id and 4 random hex digits, so that a restarted container (same
+    host name, often pid 1) is never taken for its former self."""
+    host = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().lower()).strip("-")[:24] or "queen"
+    return f"{host}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
 class QueenSettings(BaseSettings):
@@ -29,7 +102,19 @@ class QueenSettings(BaseSettings):
     # (127.0.0.1 and localhost both); on a wildcard host (0.0.0.0, ::) each request's Host
     # header is taken as the origin, which gives no relay protection (warned at start).
     public_url: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    db: str = Field(default_factory=default_db_url, description="SQLAlchemy async URL.")
+    # The database: sqlite:///queen.db (relative), sqlite:////abs/path.db, or
+    # postgresql://user:password@host/db (postgres:// too); mapped to the async drivers
+    # (aiosqlite, asyncpg). Held as the async URL, password included (never logged).
+    db: str = Field(default_factory=default_db_url, description="database URL")
+    # Replicas (issue 18): the Redis the queens share (redis://, rediss://, unix://; None: one
+    # queen on its own, with an in-process bus), and this process's name among them (default:
+    # host name, pid and a random suffix, new at each start).
+    redis_url: str | None = None
+    replica_id: str = Field(default_factory=default_replica_id)
+    # Which peers' X-Forwarded-For/-Proto uvicorn believes (comma-separated addresses or
+    # networks, or "*"): the TLS proxy in front of the queen. None: uvicorn's own default,
+    # $FORWARDED_ALLOW_IPS else 127.0.0.1.
+    forwarded_allow_ips: str | None = None
     log_level: str = "info"
 
     # Clients. "keys": every request needs a key (made with `apiary-queen keys create`);
@@ -173,6 +258,24 @@ class QueenSettings(BaseSettings):
         if isinstance(value, list):
             for url in value:
                 queen_origin(url)  # InvalidQueenUrl is a ValueError: a clear start-up error
+        return value
+
+    @field_validator("db")
+    @classmethod
+    def _async_db(cls, value: str) -> str:
+        return async_database_url(value)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis(cls, value: str | None) -> str | None:
+        return None if value is None or not value.strip() else check_redis_url(value)
+
+    @field_validator("replica_id")
+    @classmethod
+    def _replica(cls, value: str) -> str:
+        if not _REPLICA_ID.fullmatch(value):
+            raise ValueError("a replica id is 1 to 64 letters, digits, '.', '_' or '-', "
+                             "starting with a letter or digit")
         return value
 
     @property

@@ -1,6 +1,11 @@
 """The websockets adapter around the link state machine: connect, feed frames in, carry actions
 out, reconnect with backoff, and shut down gracefully (finish or cancel jobs, close with 1001).
 
+A worker may know several URLs of one queen (its replicas, issue 18): each attempt that ends
+moves on to the next (``backoff.QueenRotation``), failed ones hop at once until every URL has
+failed, and a session that had been welcomed is retried within about a second, so a worker
+whose replica was killed is back on another within seconds.
+
 The hello is signed for the origin of the URL the connection actually reached (the configured
 one, or where the queen's redirect led: websockets follows them), never one the queen names."""
 
@@ -10,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -18,7 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from desktop_worker.errors import HandshakeRefusedError, LinkError
 from desktop_worker.jobs import JobRunner
-from desktop_worker.link.backoff import Backoff
+from desktop_worker.link.backoff import Backoff, QueenRotation
 from desktop_worker.link.machine import (
     Action,
     CancelJob,
@@ -54,19 +59,41 @@ MIN_STATUS_GAP_S = 0.5
 
 
 class _Sink:
-    """Where a job's output goes: through the machine, onto this connection."""
+    """Where a job's output goes: through the machine, onto this connection.
+
+    A chunk is handed to the machine and not waited on: its frame is sent by a task of its own
+    (``_pump``) while the engine goes on, and the chunks made during that send go out joined in
+    the next frame (``Link.chunk_sent``). The job's end waits for the pump, so it comes last."""
 
     def __init__(self, client: LinkClient, link: Link) -> None:
         self.client = client
         self.link = link
+        self._pump: asyncio.Task[None] | None = None
 
     async def chunk(self, job_id: str, data: dict[str, Any]) -> None:
-        await self.client._act(self.link, self.link.chunk(job_id, data))
+        actions = self.link.chunk(job_id, data)
+        if actions:
+            self._pump = asyncio.create_task(self._send_chunks(job_id, actions))
+
+    async def _send_chunks(self, job_id: str, actions: list[Action]) -> None:
+        while actions:
+            await self.client._act(self.link, actions)
+            actions = self.link.chunk_sent(job_id)
+
+    async def _sent(self) -> None:
+        """Wait for the chunk frame being sent (the job's end must follow it)."""
+        pump = self._pump
+        if pump is not None:
+            await asyncio.wait([pump])
+            if not pump.cancelled() and pump.exception() is not None:
+                log.warning("sending a chunk failed: %s", pump.exception())
 
     async def result(self, job_id: str, data: dict[str, Any], usage: Usage) -> None:
+        await self._sent()
         await self.client._act(self.link, self.link.result(job_id, data, usage))
 
     async def error(self, job_id: str, code: str, message: str, retryable: bool) -> None:
+        await self._sent()
         await self.client._act(self.link, self.link.error(job_id, code, message, retryable))
 
 
@@ -79,7 +106,7 @@ class LinkClient:
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         hello_for: Callable[[], Awaitable[tuple[HelloFor, int]]],
         runner: JobRunner,
         *,
@@ -96,8 +123,14 @@ class LinkClient:
         """``on_welcome`` is called with each session's welcome (also kept as ``welcome``):
         the worker's id, and whether the queen pays its workers. ``on_demand`` gets each demand
         message (also kept as ``demand``); ``on_fetch`` each fetch command, with the way to
-        report its failure (without one, fetches are refused as ``not_allowed``)."""
-        self.url = url
+        report its failure (without one, fetches are refused as ``not_allowed``).
+
+        ``url`` is the queen's worker URL, or a list of them (replicas), tried in turn; ``url``
+        is then the one being dialled or served."""
+        self.urls = [url] if isinstance(url, str) else list(url)
+        if not self.urls:
+            raise LinkError("no queen URL to connect to")
+        self.url = self.urls[0]
         self.hello_for = hello_for
         self.runner = runner
         self.status = status
@@ -118,6 +151,7 @@ class LinkClient:
         self.state = "stopped"
         self.welcome: Welcome | None = None  # the last session's
         self._ws: ClientConnection | None = None
+        self._session_up = False  # the current attempt was welcomed
         # Why the last attempt ended (None: the session ended without an error), for the app.
         self.last_error: BaseException | None = None
 
@@ -128,11 +162,15 @@ class LinkClient:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Connect, serve, and reconnect until ``stop``; raises on a fatal refusal."""
-        _origin_of(self.url)  # a URL that names no queen is the owner's to fix: fail now
+        for url in self.urls:
+            _origin_of(url)  # a URL that names no queen is the owner's to fix: fail now
+        rotation = QueenRotation(self.urls, self.backoff)
         while not stop.is_set():
+            self.url = rotation.current
             self._set_state("connecting", self.url)
             started = time.monotonic()
             self.last_error = None
+            self._session_up = False
             try:
                 await self._connect_and_serve(stop)
             except HandshakeRefusedError as exc:
@@ -145,9 +183,10 @@ class LinkClient:
                 log.warning("cannot reach the queen at %s: %s", self.url, exc or type(exc).__name__)
             if stop.is_set():
                 break
-            delay = self.backoff.next_delay(time.monotonic() - started)
+            delay = rotation.after_attempt(welcomed=self._session_up,
+                                           session_s=time.monotonic() - started)
             self._set_state("disconnected", f"reconnecting in {delay:.1f} s")
-            log.info("reconnecting to the queen in %.1f s", delay)
+            log.info("reconnecting to the queen in %.1f s (%s)", delay, rotation.current)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
         self._set_state("stopped")
@@ -190,7 +229,7 @@ class LinkClient:
                 self._link = None
                 code = ws.close_code
                 if not stop.is_set() and link.welcome is not None:
-                    log.warning("lost the queen (close code %s)", code)
+                    log.warning("lost the queen at %s (close code %s)", self.url, code)
 
     async def _act(self, link: Link, actions: list[Action]) -> None:
         ws = self._ws
@@ -211,6 +250,7 @@ class LinkClient:
                     self.on_demand(action.demand)
             elif isinstance(action, Welcomed):
                 self.welcome = action.welcome
+                self._session_up = True
                 self._set_state("connected", f"worker id {action.welcome.worker_id}")
                 log.info("connected to the queen at %s as worker %s (%s)", self.url,
                          action.welcome.worker_id, _pay_note(action))

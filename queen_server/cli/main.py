@@ -29,7 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"apiary-queen {__version__}")
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (default 8000)")
-    parser.add_argument("--db", help="database URL (default: SQLite in the user data dir)")
+    parser.add_argument("--db", help="database URL: sqlite:///queen.db, sqlite:////abs/path.db "
+                        "or postgresql://user:password@host/db (default: SQLite in the user "
+                        "data dir)")
+    parser.add_argument("--redis-url", help="the Redis replicas share (redis://, rediss://, "
+                        "unix://); none: one queen on its own")
+    parser.add_argument("--forwarded-allow-ips", help="addresses or networks of the proxy "
+                        "whose X-Forwarded-For/-Proto headers are believed, or '*' (default: "
+                        "$FORWARDED_ALLOW_IPS, else 127.0.0.1)")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     add_commands(parser)
     return parser
@@ -44,12 +51,22 @@ def settings_from(args: argparse.Namespace) -> QueenSettings:
     return QueenSettings(**overrides)
 
 
+def describe(exc: ValidationError) -> str:
+    """What is wrong with each setting, without the values given (a database or Redis URL
+    carries a password)."""
+    problems = []
+    for error in exc.errors(include_url=False, include_input=False):
+        name = ".".join(str(part) for part in error["loc"]) or "settings"
+        problems.append(f"{name}: {error['msg'].removeprefix('Value error, ')}")
+    return "; ".join(problems)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = settings_from(args)
     except ValidationError as exc:
-        print(f"apiary-queen: bad setting: {exc}", file=sys.stderr)  # noqa: T201
+        print(f"apiary-queen: bad setting: {describe(exc)}", file=sys.stderr)  # noqa: T201
         return 2
     if args.command:
         try:
@@ -66,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     except DatabaseError as exc:
         print(f"apiary-queen: {exc}", file=sys.stderr)  # noqa: T201
         return 2
-    log.info("queen %s on http://%s:%d (database %s)", __version__, settings.host, settings.port,
+    log.info("queen %s (replica %s) on http://%s:%d (database %s)", __version__,
+             settings.replica_id, settings.host, settings.port,
              app.state.queen.db.url.render_as_string(hide_password=True))
     config = uvicorn.Config(
         app,
@@ -74,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         port=settings.port,
         log_level=settings.log_level,
         ws_max_size=settings.max_frame_bytes,
+        # X-Forwarded-For/-Proto are believed from these peers only (the TLS proxy): they give
+        # the client's address (rate limits, login guards) and https (Secure cookies, links).
+        proxy_headers=True,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
         ws_per_message_deflate=False,  # small JSON frames: compression costs more than it saves
         access_log=False,
     )

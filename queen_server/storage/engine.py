@@ -19,6 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 from queen_server.errors import QueenError
+from queen_server.settings import async_database_url
 from queen_server.storage.tables import WorkerRecord
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -39,10 +40,13 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyp
 
 class Database:
     def __init__(self, url: str) -> None:
+        """``url`` in any form ``settings.async_database_url`` takes (``sqlite:///queen.db``,
+        ``postgresql://…``); a form the queen cannot open is a ``DatabaseError`` that names the
+        one to write, without the password."""
         try:
-            parsed = make_url(url)
-        except Exception as exc:
-            raise DatabaseError(f"not a database URL: {url!r}") from exc
+            parsed = make_url(async_database_url(url))
+        except ValueError as exc:
+            raise DatabaseError(str(exc)) from None
         self.url = parsed
         if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
             Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
