@@ -93,6 +93,15 @@ class RateLimited(ApiError):
     code = "rate_limit_exceeded"
 
 
+class LimitsUnavailable(ApiError):
+    """A key's rate or concurrency limit could not be checked (the shared Redis is down): the
+    request is refused rather than admitted past a limit the operator set."""
+
+    status_code = 503
+    error_type = "server_error"
+    code = "limits_unavailable"
+
+
 class KeyNotFound(ApiError):
     status_code = 404
     error_type = "invalid_request_error"

@@ -13,6 +13,9 @@ Accounts (all in msat):
 
 A posting's amounts always sum to zero; its ``txn`` id is its idempotency key. ``worker_jobs``
 counts settled jobs per worker, written in the same database transaction as the entries.
+``guard`` names an account the posting may not take below zero: the store applies that entry as a
+conditional update and refuses the whole posting when the balance cannot cover it (a reservation
+from a key's ``available``, which several queen replicas may spend from at once).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class Posting:
     entries: tuple[tuple[str, int], ...]
     memo: str = ""
     worker_jobs: tuple[tuple[str, int], ...] = ()
+    guard: str | None = None
 
     def __post_init__(self) -> None:
         total = sum(amount for _, amount in self.entries)
@@ -59,6 +63,15 @@ class Posting:
             raise UnbalancedPosting(f"posting {self.txn} sums to {total} msat, not 0")
         if any(not isinstance(amount, int) for _, amount in self.entries):
             raise UnbalancedPosting(f"posting {self.txn} has a non-integer amount")
+        if self.guard is not None and [account for account, amount in self.entries
+                                       if account == self.guard and amount < 0] != [self.guard]:
+            raise UnbalancedPosting(f"posting {self.txn} guards {self.guard}, which it must "
+                                    "debit exactly once")
+
+    @property
+    def guarded_debit(self) -> int:
+        """What the posting takes from its guarded account (0 when it has none)."""
+        return -sum(amount for account, amount in self.entries if account == self.guard)
 
 
 def _posting(
@@ -67,9 +80,10 @@ def _posting(
     entries: Iterable[tuple[str, int]],
     memo: str = "",
     worker_jobs: tuple[tuple[str, int], ...] = (),
+    guard: str | None = None,
 ) -> Posting:
     return Posting(txn, kind, tuple((acct, amt) for acct, amt in entries if amt != 0), memo,
-                   worker_jobs)
+                   worker_jobs, guard)
 
 
 def deposit(key_id: int, amount_msat: int, txn: str, memo: str = "") -> Posting:
@@ -78,8 +92,11 @@ def deposit(key_id: int, amount_msat: int, txn: str, memo: str = "") -> Posting:
 
 
 def reserve(key_id: int, amount_msat: int, job_id: str) -> Posting:
+    """Hold money for a request: refused by the store if ``available`` cannot cover it."""
+    guard = key_available(key_id) if amount_msat > 0 else None
     return _posting(f"reserve:{job_id}", "reserve",
-                    [(key_available(key_id), -amount_msat), (key_reserved(key_id), amount_msat)])
+                    [(key_available(key_id), -amount_msat), (key_reserved(key_id), amount_msat)],
+                    guard=guard)
 
 
 def release(key_id: int, amount_msat: int, job_id: str) -> Posting:

@@ -1,13 +1,20 @@
 """Billing on the request path: who is calling, what a request may cost, and what it did cost.
 
-Admission reserves the most a request can cost (a prompt estimate plus its token limit) from an
-in-memory balance, with no ``await`` between the check and the debit, so concurrent requests can
-never take a key below zero. The reservation is written to the ledger before the job is sent;
-the end of the job settles the real usage and releases the rest. A job that fails is charged
-nothing; a stream that breaks is charged only the tokens it delivered.
+Admission reserves the most a request can cost (a prompt estimate plus its token limit). The
+in-memory balance is checked and debited with no ``await`` in between (the fast refusal, and the
+affordable ``max_tokens``); then the reservation is written to the ledger as a conditional debit
+that the database refuses if the key's ``available`` cannot cover it. The database is the truth:
+several queen replicas on one database never overspend a key, and a replica whose cached balance
+went stale (another replica spent) corrects it from the refusal. The end of the job settles the
+real usage and releases the rest. A job that fails is charged nothing; a stream that breaks is
+charged only the tokens it delivered.
 
 Balances are loaded from the ledger on a key's first use. Deposits made by other processes (the
-``apiary-queen keys credit`` command) are picked up by a poll every ``billing_refresh_s``.
+``apiary-queen keys credit`` command) are picked up by a poll every ``billing_refresh_s``. With
+``shared`` (replicas: a Redis is given), the poll reloads cached balances whole, a refusal of
+the cache is checked against the database before the client hears it, and reservations are
+recovered per job once they are older than any request can last (another replica may still be
+serving the younger ones). Rate and concurrency limits are ``limits.py``'s.
 """
 
 from __future__ import annotations
@@ -17,20 +24,23 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from queen_server.billing import ledger
 from queen_server.billing.keys import KeyRecord, KeyStore, hash_secret
+from queen_server.billing.limits import InProcessKeyLimits, KeyLimits, Lease, RedisKeyLimits
 from queen_server.billing.pricing import Price, PriceTable
-from queen_server.billing.store import LedgerStore
-from queen_server.errors import PaymentRequired, RateLimited, Unauthorized
+from queen_server.billing.store import LedgerStore, Refused
+from queen_server.errors import PaymentRequired, Unauthorized
 from queen_server.swarm.jobs import Part
 from queen_server.swarm.metering import estimate_prompt_tokens
 
 if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
     from queen_server.settings import QueenSettings
     from queen_server.storage.engine import Database
 
@@ -64,6 +74,7 @@ class Hold:
     price: Price
     closed: bool = False
     charged_msat: int = 0
+    lease: Lease | None = None  # its place in the key's rate and concurrency limits
 
 
 @dataclass
@@ -73,7 +84,7 @@ class _KeyState:
     spent: int = 0  # charged so far, for the key's spend budget
     held: int = 0  # reserved by requests in flight
     inflight: int = 0
-    recent: deque[float] = field(default_factory=deque)
+    unposted: int = 0  # debited here, its reservation not yet answered by the database
 
 
 @dataclass
@@ -107,8 +118,27 @@ async def _load_once(
 
 
 class Billing:
-    def __init__(self, settings: QueenSettings, db: Database | None) -> None:
+    def __init__(
+        self,
+        settings: QueenSettings,
+        db: Database | None,
+        redis: aioredis.Redis | None = None,
+        *,
+        limits: KeyLimits | None = None,
+        shared: bool | None = None,
+    ) -> None:
+        """``redis``: the replicas' shared Redis, for the keys' limits (``RedisKeyLimits``)
+        and ``shared`` mode; None for one queen (in-process limits). ``limits`` overrides the
+        limits' implementation. ``shared`` (default: whether ``redis`` is given) says other
+        queen processes spend from this database too."""
         self.settings = settings
+        if limits is None:
+            limits = RedisKeyLimits(redis) if redis is not None else InProcessKeyLimits()
+        self.limits = limits
+        self.shared = redis is not None if shared is None else shared
+        # No request lives longer than this: a reservation older is a dead replica's.
+        self.stale_reservation_s = 2 * (settings.queue_timeout_s + settings.total_timeout_s) + 60
+        self._last_sweep = 0.0
         unverified = settings.unverified_price_class
         self.prices = (PriceTable.from_file(settings.prices_file, unverified)
                        if settings.prices_file else PriceTable(unverified_class=unverified))
@@ -135,8 +165,12 @@ class Billing:
             log.warning("APIARY_AUTH=open: anyone who can reach this queen may use it for free")
         if self.ledger is None or self.keys is None:
             return
+        await self.limits.start()
         self.ledger.start()
-        await self._recover_reservations()
+        if self.shared:
+            await self.recover_stale_reservations()
+        else:
+            await self._recover_reservations()
         self._records = await self.keys.all()
         self._seq = await self.ledger.last_seq()
         self._poller = asyncio.create_task(self._poll(), name="billing poller")
@@ -146,6 +180,7 @@ class Billing:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
+        await self.limits.stop()
         if self.ledger is not None:
             await self.ledger.stop()
 
@@ -159,6 +194,22 @@ class Billing:
                 await self.ledger.post(ledger.release(key_id, amount, f"recovery-{seq}-{key_id}"))
                 log.warning("released %d msat left reserved on key %d by an unclean stop",
                             amount, key_id)
+
+    async def recover_stale_reservations(self) -> int:
+        """Release, job by job, reservations older than any request can last: a replica died
+        holding them. (The blanket release of one queen's restart would take money from
+        requests other replicas are serving.) Idempotent across replicas: ``release:<job>``.
+        Returns the msat released."""
+        assert self.ledger is not None
+        self._last_sweep = time.monotonic()
+        before = datetime.now(UTC) - timedelta(seconds=self.stale_reservation_s)
+        released = 0
+        for job_id, key_id, amount in await self.ledger.open_reservations(before):
+            if await self.ledger.post(ledger.release(key_id, amount, job_id)):
+                released += amount
+                log.warning("released %d msat reserved on key %d for job %s, which no replica "
+                            "finished", amount, key_id, job_id)
+        return released
 
     # --- who is calling -----------------------------------------------------------------------
 
@@ -226,59 +277,77 @@ class Billing:
             return None
         key = principal.key
         state = await self._state(key.id)
-        self._check_limits(key, state)
-        prompt = estimate_prompt_tokens(prompt_texts)
-        completion = 0
-        if completion_limit is not None:
-            asked = request.get("max_completion_tokens") or request.get(completion_limit)
-            if asked is None:
-                affordable = price.max_completion_tokens(state.available, prompt) // choices
-                completion = min(self.settings.default_max_tokens, affordable)
-                if completion >= 1:
-                    request[completion_limit] = completion
-            else:
-                completion = int(asked)
-            completion *= choices
-        amount = price.cost_msat(prompt, completion)
-        # Check and debit with no await in between: this is what keeps balances >= 0.
-        if amount > state.available or (completion_limit is not None and completion < 1):
-            raise PaymentRequired(
-                f"This request may cost up to {_sats(amount)} sats "
-                f"({price.size_class} model: {price.prompt_msat_per_1k} msat per 1k prompt "
-                f"tokens, {price.completion_msat_per_1k} per 1k completion tokens); the key has "
-                f"{_sats(state.available)} sats available.",
-            )
-        if key.budget_msat is not None and state.spent + state.held + amount > key.budget_msat:
-            left = max(0, key.budget_msat - state.spent - state.held)
-            raise PaymentRequired(
-                f"This request may cost up to {_sats(amount)} sats, and the key's spend budget "
-                f"has {_sats(left)} sats left.", code="budget_exceeded")
-        state.available -= amount
-        state.held += amount
-        state.inflight += 1
-        state.recent.append(time.monotonic())
-        hold = Hold(key.id, job_id, amount, price)
+        lease = await self.limits.admit(key)
         try:
-            await self.ledger.post(ledger.reserve(key.id, amount, job_id))
+            hold = await self._reserve(key, state, job_id, price, prompt_texts, request,
+                                       completion_limit, choices)
         except BaseException:
-            self._undo(state, hold)
+            await self.limits.cancel(lease)  # refused: it counts against no limit
             raise
+        hold.lease = lease
         return hold
 
-    def _check_limits(self, key: KeyRecord, state: _KeyState) -> None:
-        if key.concurrency_limit is not None and state.inflight >= key.concurrency_limit:
-            raise RateLimited(
-                f"This key allows {key.concurrency_limit} requests at once.",
-                code="concurrency_limit_exceeded", headers={"Retry-After": "1"},
-            )
-        if key.rpm_limit is not None:
-            now = time.monotonic()
-            while state.recent and now - state.recent[0] >= 60:
-                state.recent.popleft()
-            if len(state.recent) >= key.rpm_limit:
-                wait = max(1, int(60 - (now - state.recent[0])) + 1)
-                raise RateLimited(f"This key allows {key.rpm_limit} requests per minute.",
-                                  headers={"Retry-After": str(wait)})
+    async def _reserve(self, key: KeyRecord, state: _KeyState, job_id: str, price: Price,
+                       prompt_texts: list[str], request: dict[str, Any],
+                       completion_limit: str | None, choices: int) -> Hold:
+        assert self.ledger is not None
+        prompt = estimate_prompt_tokens(prompt_texts)
+        asked = None
+        if completion_limit is not None:
+            asked = request.get("max_completion_tokens") or request.get(completion_limit)
+        for attempt in range(2):  # the second with a balance corrected from the database
+            last = attempt == 1
+            completion = 0
+            if completion_limit is not None:
+                if asked is None:
+                    affordable = price.max_completion_tokens(state.available, prompt) // choices
+                    completion = min(self.settings.default_max_tokens, affordable)
+                    if completion >= 1:
+                        request[completion_limit] = completion
+                else:
+                    completion = int(asked)
+                completion *= choices
+            amount = price.cost_msat(prompt, completion)
+            # Check and debit with no await in between: this replica's requests never race.
+            if amount > state.available or (completion_limit is not None and completion < 1):
+                if self.shared and not last:  # the cache may be stale: ask the database
+                    await self._resync(key.id, state)
+                    continue
+                raise _short_of_money(amount, price, state.available)
+            if key.budget_msat is not None and state.spent + state.held + amount > key.budget_msat:
+                left = max(0, key.budget_msat - state.spent - state.held)
+                raise PaymentRequired(
+                    f"This request may cost up to {_sats(amount)} sats, and the key's spend "
+                    f"budget has {_sats(left)} sats left.", code="budget_exceeded")
+            state.available -= amount
+            state.held += amount
+            state.inflight += 1
+            state.unposted += amount
+            hold = Hold(key.id, job_id, amount, price)
+            try:
+                await self.ledger.post(ledger.reserve(key.id, amount, job_id))
+            except BaseException as exc:
+                state.unposted -= amount
+                self._undo(state, hold)
+                if not isinstance(exc, Refused):
+                    raise
+                # Another process spent it: the database's balance is the truth.
+                state.available = exc.balance_msat - state.unposted
+                log.info("key %d: the database refused a reservation of %d msat (balance %d); "
+                         "the cached balance was stale", key.id, amount, exc.balance_msat)
+                if last:
+                    raise _short_of_money(amount, price, exc.balance_msat) from None
+                continue
+            state.unposted -= amount
+            return hold
+        raise AssertionError("unreachable")
+
+    async def _resync(self, key_id: int, state: _KeyState) -> None:
+        """Reload a key's cached balance from the database (other replicas move it)."""
+        assert self.ledger is not None
+        account = ledger.key_available(key_id)
+        _, balances = await self.ledger.snapshot([account])
+        state.available = balances[account] - state.unposted
 
     def _undo(self, state: _KeyState, hold: Hold) -> None:
         state.available += hold.reserved_msat
@@ -312,6 +381,7 @@ class Billing:
         if parts is None:
             parts = [Part(worker_key, prompt_tokens, completion_tokens, completed)]
         hold.closed = True
+        await self.limits.release(hold.lease)
         state = self._states[hold.key_id]
         price = hold.price
         costs = [price.cost_msat(part.prompt_tokens, part.completion_tokens) for part in parts]
@@ -449,12 +519,21 @@ class Billing:
             await asyncio.sleep(self.settings.billing_refresh_s)
             try:
                 await self.refresh()
+                if self.shared and (time.monotonic() - self._last_sweep
+                                    > self.stale_reservation_s / 4):
+                    await self.recover_stale_reservations()
             except Exception:
                 log.exception("billing refresh failed")
 
     async def refresh(self) -> None:
-        """Apply deposits committed by other processes, and reload the keys."""
+        """Apply deposits committed by other processes, and reload the keys. Shared: reload
+        the cached balances whole (other replicas spend and release), and what each budgeted
+        key has spent."""
         if self.ledger is None or self.keys is None:
+            return
+        if self.shared:
+            await self._reload_states()
+            self._records = await self.keys.all()
             return
         self._seq, deposits = await self.ledger.deposits_since(self._seq)
         for seq, account, amount in deposits:
@@ -464,6 +543,30 @@ class Billing:
             if state is not None and seq > state.loaded_at_seq:
                 state.available += amount
         self._records = await self.keys.all()
+
+
+    async def _reload_states(self) -> None:
+        assert self.ledger is not None
+        if not self._states:
+            return
+        budgeted = {record.id for record in self._records.values()
+                    if record.budget_msat is not None}
+        names = {key_id: ledger.key_available(key_id) for key_id in self._states}
+        _, balances = await self.ledger.snapshot(list(names.values()))
+        for key_id, name in names.items():
+            state = self._states[key_id]
+            state.available = balances[name] - state.unposted
+            if key_id in budgeted:
+                state.spent = await self.ledger.key_spent(key_id)
+
+
+def _short_of_money(amount: int, price: Price, available: int) -> PaymentRequired:
+    return PaymentRequired(
+        f"This request may cost up to {_sats(amount)} sats "
+        f"({price.size_class} model: {price.prompt_msat_per_1k} msat per 1k prompt "
+        f"tokens, {price.completion_msat_per_1k} per 1k completion tokens); the key has "
+        f"{_sats(max(0, available))} sats available.",
+    )
 
 
 def _sats(msat: int) -> str:

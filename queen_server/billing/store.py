@@ -14,8 +14,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import String, exists, func, insert, literal, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.orm import aliased
 
 from queen_server.billing.ledger import Posting
 from queen_server.errors import QueenError
@@ -26,6 +29,17 @@ log = logging.getLogger(__name__)
 
 class LedgerWriteError(QueenError):
     pass
+
+
+class Refused(QueenError):
+    """A guarded posting was not applied: its account holds less than it would take. Carries
+    the balance the database had, so a replica's cached balance can be corrected."""
+
+    def __init__(self, account: str, amount_msat: int, balance_msat: int) -> None:
+        super().__init__(f"{account} holds {balance_msat} msat, less than {amount_msat}")
+        self.account = account
+        self.amount_msat = amount_msat
+        self.balance_msat = balance_msat
 
 
 @dataclass
@@ -46,6 +60,17 @@ class CheckReport:
 
 # Accounts allowed below zero: the source of deposits.
 MAY_GO_NEGATIVE = ("deposits",)
+_ATTEMPTS = 4  # a lone posting's tries when it meets a deadlock or a busy database
+# PostgreSQL's deadlock_detected and serialization_failure: the other transaction went first.
+_TRANSIENT_SQLSTATES = ("40P01", "40001")
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether a failed write may succeed if tried again at once (a deadlock with another
+    replica, a busy SQLite file), as opposed to a posting the database cannot take."""
+    orig = getattr(exc, "orig", None)
+    state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return state in _TRANSIENT_SQLSTATES or "database is locked" in str(exc)
 
 
 class LedgerStore:
@@ -71,10 +96,13 @@ class LedgerStore:
         self._writer = None
 
     async def post(self, posting: Posting) -> bool:
-        """Commit a posting; True if it was new, False if its txn id was already there."""
+        """Commit a posting; True if it was new, False if its txn id was already there.
+        Raises ``Refused`` when a guarded posting's account cannot cover it."""
         if self._writer is None:
             async with self.engine.begin() as conn:
                 [applied] = await self._apply(conn, [posting])
+            if isinstance(applied, Refused):
+                raise applied
             return applied
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait((posting, future))
@@ -93,74 +121,151 @@ class LedgerStore:
 
     async def _commit(self, batch: list[tuple[Posting, asyncio.Future[bool]]]) -> None:
         """Commit a batch in one transaction. If it fails, commit its postings one at a time,
-        so that one bad posting (an amount the database cannot store) fails only itself. The
-        writer never dies: every future gets a result or a ``LedgerWriteError``."""
-        try:
-            async with self.engine.begin() as conn:
-                results = await self._apply(conn, [posting for posting, _ in batch])
-        except Exception as exc:  # the database, or a value it cannot take
-            if len(batch) > 1:
-                for item in batch:
-                    await self._commit([item])
+        so that one bad posting (an amount the database cannot store) fails only itself; a lone
+        posting that meets a deadlock or a lock timeout (another replica's transaction) is
+        tried again. The writer never dies: every future gets a result, a ``Refused`` or a
+        ``LedgerWriteError``."""
+        for attempt in range(_ATTEMPTS):
+            try:
+                async with self.engine.begin() as conn:
+                    results = await self._apply(conn, [posting for posting, _ in batch])
+                break
+            except Exception as exc:  # the database, or a value it cannot take
+                if len(batch) > 1:
+                    for item in batch:
+                        await self._commit([item])
+                    return
+                if _transient(exc) and attempt + 1 < _ATTEMPTS:
+                    log.info("ledger write met a concurrent transaction; trying again: %s", exc)
+                    continue
+                [(posting, future)] = batch
+                log.exception("the ledger could not commit posting %s", posting.txn)
+                if not future.done():
+                    future.set_exception(LedgerWriteError(f"the ledger could not commit: {exc}"))
                 return
-            [(posting, future)] = batch
-            log.exception("the ledger could not commit posting %s", posting.txn)
-            if not future.done():
-                future.set_exception(LedgerWriteError(f"the ledger could not commit: {exc}"))
-            return
-        for (_, future), applied in zip(batch, results, strict=True):
-            if not future.done():
-                future.set_result(applied)
+        for (_, future), result in zip(batch, results, strict=True):
+            if future.done():
+                continue
+            if isinstance(result, Refused):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
 
     async def apply_in(self, conn: AsyncConnection, postings: list[Posting]) -> list[bool]:
-        """Apply postings inside the caller's transaction (to commit them with other rows)."""
-        return await self._apply(conn, postings)
+        """Apply postings inside the caller's transaction (to commit them with other rows).
+        A guarded posting the balance cannot cover raises ``Refused`` (roll back the rest)."""
+        results = await self._apply(conn, postings)
+        for result in results:
+            if isinstance(result, Refused):
+                raise result
+        return [bool(result) for result in results]
 
-    async def _apply(self, conn: AsyncConnection, postings: list[Posting]) -> list[bool]:
+    async def _apply(self, conn: AsyncConnection,
+                     postings: list[Posting]) -> list[bool | Refused]:
+        """Apply postings in one transaction: True for each applied, False for a txn id already
+        in the ledger, a ``Refused`` for a guarded posting its balance cannot cover.
+
+        The account rows are locked first, in name order (on PostgreSQL; SQLite locks the whole
+        file), so two replicas' batches never deadlock on each other. Guarded debits are taken
+        with a conditional ``UPDATE ... WHERE balance >= amount`` under that lock
+        (``_debit_guarded``): no other process can spend the same msat, so a guarded account
+        never goes below zero."""
         ids = [posting.txn for posting in postings]
         existing = set((await conn.scalars(select(LedgerTxn.id).where(LedgerTxn.id.in_(ids))))
                        .all())
-        now = datetime.now(UTC)
-        results: list[bool] = []
-        txns: list[dict[str, object]] = []
-        entries: list[dict[str, object]] = []
-        deltas: dict[str, int] = defaultdict(int)
+        fresh: list[Posting] = []
         for posting in postings:
-            if posting.txn in existing:
-                results.append(False)
-                continue
-            existing.add(posting.txn)
-            txns.append({"id": posting.txn, "kind": posting.kind, "memo": posting.memo,
-                         "created_at": now})
-            for account, amount in posting.entries:
-                entries.append({"txn_id": posting.txn, "account": account,
-                                "amount_msat": amount})
-                deltas[account] += amount
-            results.append(True)
+            if posting.txn not in existing:
+                existing.add(posting.txn)
+                fresh.append(posting)
+        names = sorted({account for posting in fresh for account, _ in posting.entries})
+        if names:
+            await self._lock_accounts(conn, names)
+        refused = await self._debit_guarded(conn, [p for p in fresh if p.guard is not None])
+        applied = [posting for posting in fresh if posting.txn not in refused]
+        results: list[bool | Refused] = []
+        done = {posting.txn for posting in applied}
+        for posting in postings:
+            if posting.txn in refused:
+                results.append(refused.pop(posting.txn))
+            else:
+                results.append(posting.txn in done)
+                done.discard(posting.txn)  # a second posting of one txn id in a batch: False
+        if not applied:
+            return results
+        now = datetime.now(UTC)
+        await conn.execute(insert(LedgerTxn), [
+            {"id": posting.txn, "kind": posting.kind, "memo": posting.memo, "created_at": now}
+            for posting in applied])
         jobs: dict[str, int] = defaultdict(int)
-        for posting, applied in zip(postings, results, strict=True):
-            if applied:
-                for worker, count in posting.worker_jobs:
-                    jobs[worker] += count
-        if txns:
-            await conn.execute(insert(LedgerTxn), txns)
-        for worker, count in jobs.items():
+        for posting in applied:
+            for worker, count in posting.worker_jobs:
+                jobs[worker] += count
+        for worker in sorted(jobs):
             await conn.execute(update(WorkerRecord).where(WorkerRecord.key == worker)
-                               .values(jobs_settled=WorkerRecord.jobs_settled + count))
+                               .values(jobs_settled=WorkerRecord.jobs_settled + jobs[worker]))
+        entries = [{"txn_id": posting.txn, "account": account, "amount_msat": amount}
+                   for posting in applied for account, amount in posting.entries]
         if entries:
             await conn.execute(insert(LedgerEntry), entries)
-        if deltas:
-            known = set((await conn.scalars(
-                select(Account.name).where(Account.name.in_(list(deltas))))).all())
-            new = [{"name": name, "balance_msat": 0, "is_liability": name not in MAY_GO_NEGATIVE}
-                   for name in deltas if name not in known]
-            if new:
-                await conn.execute(insert(Account), new)
-            for name, delta in deltas.items():
-                if delta:
-                    await conn.execute(update(Account).where(Account.name == name)
-                                       .values(balance_msat=Account.balance_msat + delta))
+        deltas: dict[str, int] = defaultdict(int)
+        for posting in applied:
+            for account, amount in posting.entries:
+                if account != posting.guard:  # the guarded debit is applied already
+                    deltas[account] += amount
+        for name in sorted(deltas):
+            if deltas[name]:
+                await conn.execute(update(Account).where(Account.name == name)
+                                   .values(balance_msat=Account.balance_msat + deltas[name]))
         return results
+
+    async def _lock_accounts(self, conn: AsyncConnection, names: list[str]) -> None:
+        """Create the accounts that do not exist yet, then lock all of them in name order."""
+        rows = [{"name": name, "balance_msat": 0, "is_liability": name not in MAY_GO_NEGATIVE}
+                for name in names]
+        dialect = conn.dialect.name
+        if dialect in ("postgresql", "sqlite"):
+            dialect_insert = pg_insert if dialect == "postgresql" else sqlite_insert
+            await conn.execute(dialect_insert(Account).on_conflict_do_nothing(), rows)
+        else:
+            known = set((await conn.scalars(
+                select(Account.name).where(Account.name.in_(names)))).all())
+            if new := [row for row in rows if row["name"] not in known]:
+                await conn.execute(insert(Account), new)
+        if dialect == "postgresql":
+            await conn.execute(select(Account.name).where(Account.name.in_(names))
+                               .order_by(Account.name).with_for_update())
+
+    @staticmethod
+    async def _debit_guarded(conn: AsyncConnection,
+                             postings: list[Posting]) -> dict[str, Refused]:
+        """Take the guarded postings' debits, in order, while their accounts cover them; the
+        rest are refused. One conditional ``UPDATE ... WHERE balance >= total`` per account
+        (not per posting: this is the hot path of every request), under the lock taken by
+        ``_lock_accounts``, so it cannot fail unless another writer broke that lock."""
+        if not postings:
+            return {}
+        guards = sorted({posting.guard for posting in postings if posting.guard is not None})
+        rows = await conn.execute(select(Account.name, Account.balance_msat)
+                                  .where(Account.name.in_(guards)))
+        left = {name: int(balance) for name, balance in rows}
+        taken: dict[str, int] = defaultdict(int)
+        refused: dict[str, Refused] = {}
+        for posting in postings:
+            guard, amount = posting.guard or "", posting.guarded_debit
+            if left.get(guard, 0) >= amount:
+                left[guard] -= amount
+                taken[guard] += amount
+            else:
+                refused[posting.txn] = Refused(guard, amount, left.get(guard, 0))
+        for name in sorted(taken):
+            done = await conn.execute(
+                update(Account)
+                .where(Account.name == name, Account.balance_msat >= taken[name])
+                .values(balance_msat=Account.balance_msat - taken[name]))
+            if not done.rowcount:
+                raise LedgerWriteError(f"{name} changed under the ledger's lock")
+        return refused
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -195,6 +300,24 @@ class LedgerStore:
                                       .where(Account.name.in_(accounts)))
             found = {name: int(balance) for name, balance in rows}
         return last, {name: found.get(name, 0) for name in accounts}
+
+    async def open_reservations(self, before: datetime) -> list[tuple[str, int, int]]:
+        """``(job id, key id, msat)`` of each reservation made before ``before`` that neither
+        a settle nor a release has closed: what a dead replica left held."""
+        closing = aliased(LedgerTxn)
+        job = func.substr(LedgerTxn.id, len("reserve:") + 1)
+        query = (
+            select(LedgerTxn.id, LedgerEntry.account, LedgerEntry.amount_msat)
+            .join(LedgerEntry, LedgerEntry.txn_id == LedgerTxn.id)
+            .where(LedgerTxn.kind == "reserve", LedgerTxn.created_at < before,
+                   LedgerEntry.amount_msat > 0, LedgerEntry.account.endswith(":reserved"),
+                   ~exists().where(closing.id.in_([literal("settle:", String).concat(job),
+                                                   literal("release:", String).concat(job)])))
+        )
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(query)).all()
+        return [(txn.removeprefix("reserve:"), int(account.split(":")[1]), int(amount))
+                for txn, account, amount in rows]
 
     async def key_spent(self, key_id: int) -> int:
         """What a key has been charged, in total: its two accounts' net change by charges."""

@@ -17,6 +17,12 @@ the worker's earnings page), its money returned, and the worker waits out a back
 logged with its traceback, and still fails only that payout. Worker-supplied URLs are fetched
 through ``guarded_client`` (no private addresses, DNS answers pinned), never through the
 queen's own client, which may reach an LNbits on the operator's private network.
+
+Several queen replicas on one PostgreSQL database each run this loop, and exactly one runs a
+pass at a time: a pass holds a session-level advisory lock (``pg_try_advisory_lock``) on a
+connection of its own for its whole length, and a replica that cannot take it skips its pass
+(the holder is paying). A replica that dies mid-pass drops its connection, and with it the lock;
+the next pass reconciles what it left. On SQLite (one queen) there is no lock.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import httpx
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from queen_server.billing import ledger
@@ -53,6 +59,8 @@ log = logging.getLogger(__name__)
 
 QUEEN_BUG = "an internal error in the queen; it will be tried again"
 _HISTORY = 64  # earlier payouts read per worker for its backoff
+# The advisory lock every replica's payout pass takes (any constant unique to payouts).
+PAYOUT_LOCK = 0x41706961_72790001
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +129,24 @@ class PayoutRunner:
                               resolver=self.resolver, timeout_s=self.settings.lnurl_timeout_s)
 
     async def run_once(self) -> PassReport:
+        """One pass; on PostgreSQL only while holding the payout lock (an empty report, with
+        nothing done, when another replica holds it)."""
+        if self.engine.dialect.name != "postgresql":
+            return await self._pass()
+        async with self.engine.connect() as lock:
+            if not await lock.scalar(text("SELECT pg_try_advisory_lock(:key)"),
+                                     {"key": PAYOUT_LOCK}):
+                log.debug("another replica is running the payout pass; skipping this one")
+                return PassReport()
+            try:
+                await lock.commit()  # the lock is the session's; no transaction stays open
+                return await self._pass()
+            finally:
+                await lock.execute(text("SELECT pg_advisory_unlock(:key)"),
+                                   {"key": PAYOUT_LOCK})
+                await lock.commit()
+
+    async def _pass(self) -> PassReport:
         reconciled = await self.reconcile()
         paid, failed, waiting, manual = reconciled.paid, reconciled.failed, reconciled.waiting, 0
         threshold = self.settings.payout_threshold_sats * 1000
