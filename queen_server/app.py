@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
+import redis.asyncio as aioredis
 from fastapi import FastAPI
 from fastapi.responses import Response
 from starlette.middleware import Middleware
@@ -19,6 +20,8 @@ from queen_server.audits.store import AuditStore
 from queen_server.billing.service import Billing
 from queen_server.catalog import ModelCatalog
 from queen_server.catalog.hub import HubFiles
+from queen_server.cluster.bus import RedisBus
+from queen_server.cluster.directory import RedisDirectory
 from queen_server.errors import ApiError
 from queen_server.http import admin, earnings, openai, worker_ws
 from queen_server.http import stats as stats_routes
@@ -28,6 +31,7 @@ from queen_server.http.spec import install_docs, publish_request_schemas
 from queen_server.identity import QueenOrigins
 from queen_server.payouts.runner import PayoutRunner, make_backend
 from queen_server.placement.service import PlacementService
+from queen_server.replicas import Replicas
 from queen_server.runtime import DispatchStats, QueenState
 from queen_server.settings import QueenSettings
 from queen_server.stats.metrics import Metrics
@@ -45,7 +49,11 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     settings = settings or QueenSettings()
     registry = Registry()
     db = Database(settings.db) if use_db else None
-    billing = Billing(settings, db)
+    # Replicas share one Redis (issue 18): keys' rate limits, the directory, the job bus.
+    shared_redis = (aioredis.Redis.from_url(settings.redis_url, socket_timeout=2,
+                                            socket_connect_timeout=2)
+                    if settings.redis_url else None)
+    billing = Billing(settings, db, shared_redis)
     stats = SwarmStats()
     metrics = Metrics(workers=lambda: len(registry), queued=lambda: registry.waiting)
 
@@ -86,6 +94,14 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
         audits=audits,
         placement=placement,
     )
+    replicas = None
+    if settings.redis_url:
+        replicas = Replicas(settings.replica_id, registry, dispatcher,
+                            RedisBus(settings.redis_url),
+                            RedisDirectory(settings.redis_url, client=shared_redis),
+                            address=",".join(settings.public_url)
+                            or f"{settings.host}:{settings.port}")
+    state.replicas = replicas
     stats_store = StatsStore(db.engine, stats) if db is not None else None
     origins = QueenOrigins(settings)  # what workers' signatures must name
 
@@ -99,6 +115,9 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
             await stats_store.load()
             stats_store.start()
         await state.billing.start()
+        if replicas is not None:
+            await replicas.bus.start()
+            await replicas.start()
         audits.start()
         placement.start()
         http = httpx.AsyncClient(timeout=20, trust_env=False)
@@ -113,6 +132,8 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
         try:
             yield
         finally:
+            if replicas is not None:
+                await replicas.stop()
             await registry.close_all(CLOSE_GOING_AWAY, "the queen is shutting down")
             await audits.stop()
             await placement.stop()
@@ -121,6 +142,8 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
             await http.aclose()
             await catalog.close()
             await state.billing.stop()
+            if shared_redis is not None:
+                await shared_redis.aclose()
             if stats_store is not None:
                 await stats_store.stop()
             if state.db is not None:

@@ -4,6 +4,7 @@ and ``DispatchStats``: the swarm's ``JobStats`` port, wired to the swarm stats a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from queen_server.audits.service import AuditService
 from queen_server.billing.pricing import Price
@@ -18,6 +19,9 @@ from queen_server.swarm.dispatch import Dispatcher
 from queen_server.swarm.jobs import JobHandle
 from queen_server.swarm.registry import Registry
 
+if TYPE_CHECKING:
+    from queen_server.replicas import Replicas
+
 
 @dataclass
 class QueenState:
@@ -31,6 +35,7 @@ class QueenState:
     catalog: ModelCatalog
     audits: AuditService
     placement: PlacementService
+    replicas: Replicas | None = None  # the other queen replicas (issue 18), with a Redis
 
     def price_of(self, model: str) -> Price:
         """The model's price: the operator's class for it, else by the size the queen read

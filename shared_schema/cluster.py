@@ -81,6 +81,10 @@ class ClusterJob(WireModel):
     legacy_ok: bool = True
     billed: bool = False
     timeout_s: float = Field(gt=0)
+    # A continuation goes only to a twin: a worker holding this file (and able to continue).
+    sha256: str | None = Field(default=None, max_length=64)
+    # Workers that already failed this answer (their keys): not given it again.
+    exclude: list[str] = Field(default_factory=list, max_length=64)
 
 
 class ClusterEvent(WireModel):

@@ -200,6 +200,8 @@ class RemoteJobClient:
         needs: Mapping[str, str] | None = None,
         legacy_ok: bool = True,
         billed: bool = False,
+        sha256: str | None = None,
+        exclude: list[str] | None = None,
         sink: Callable[[JobEvent], None] | None = None,
     ) -> RemoteJob:
         """Send a job to ``replica_id``. ``ReplicaUnavailable`` when no replica listens on its
@@ -210,7 +212,8 @@ class RemoteJobClient:
         message = ClusterJob(job_id=job_id, origin=self.replica_id, reply_to=self.reply_to,
                              model=model, openai_url=openai_url, openai_req=openai_req,
                              stream=stream, continuation=continuation, needs=dict(needs or {}),
-                             legacy_ok=legacy_ok, billed=billed, timeout_s=timeout_s)
+                             legacy_ok=legacy_ok, billed=billed, timeout_s=timeout_s,
+                             sha256=sha256, exclude=list(exclude or ())[:64])
         now = asyncio.get_running_loop().time()
         job = RemoteJob(self, job_id, replica_id, ReplyStream(now, self.accept_s), sink)
         self.jobs[job_id] = job  # before publishing: in process, replies come at once

@@ -128,9 +128,10 @@ async def serve(state: QueenState, request: Request, principal: Principal,
     arrived = time.monotonic()
     try:
         dispatcher.require_servable(gen.model, needs)
-    except ModelNotFound:  # a model nobody holds: place it (issue 17), then look again
-        await state.placement.prepare(gen.model)
-        dispatcher.require_servable(gen.model, needs)
+    except ModelNotFound:  # nobody here holds it: another replica's worker, or place it
+        if not await dispatcher.served_elsewhere(gen.model):
+            await state.placement.prepare(gen.model)
+            dispatcher.require_servable(gen.model, needs)
     answer = Delivered(gen.meter)
     admission, hold = await admit_and_hold(
         state, request, principal, gen.job_id, gen.model, gen.prompt_texts, worker_req,

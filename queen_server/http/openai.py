@@ -282,7 +282,7 @@ def model_card(state: QueenState, name: str) -> ModelCard:
 async def health(request: Request) -> dict[str, Any]:
     state = queen(request)
     registry = state.registry
-    return {
+    answer: dict[str, Any] = {
         "status": "ok",
         "version": __version__,
         "workers": len(registry),
@@ -291,6 +291,13 @@ async def health(request: Request) -> dict[str, Any]:
         "jobs_queued": registry.waiting,
         "models": registry.model_names(),
     }
+    if state.replicas is not None:  # this replica's figures above; the whole swarm's here
+        answer["replica"] = state.replicas.replica_id
+        try:
+            answer["swarm"] = await state.replicas.swarm()
+        except Exception as exc:  # the shared Redis is down: this replica still answers
+            answer["swarm"] = {"error": f"the replicas' directory is unreachable: {exc}"}
+    return answer
 
 
 SCHEMAS = (ChatCompletionRequest, ChatCompletionChunk, CompletionRequest, EmbeddingRequest,

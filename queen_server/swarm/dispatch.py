@@ -14,34 +14,32 @@ which ``runtime.DispatchStats`` feeds to the swarm stats and the metrics).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import math
 import random
-import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from queen_server.errors import (
     GatewayTimeout,
-    InvalidRequest,
-    ModelNotFound,
     NoCapacity,
     RateLimited,
     WorkerFailed,
 )
 from queen_server.swarm.admission import IN_FLIGHT, Admission, CallerLimits
+from queen_server.swarm.eligibility import Eligibility, Scores
+from queen_server.swarm.elsewhere import REPLICA_PREFIX, Elsewhere, RemoteRun, view_of
 from queen_server.swarm.jobs import (
     JobEvent,
     JobHandle,
     WorkerLost,
     answer_budget,
 )
-from queen_server.swarm.registry import Profile, Registry
+from queen_server.swarm.registry import Registry
 from queen_server.swarm.worker import Connection, Worker
-from shared_schema import CAPABILITY_CONTINUE, JobError, Usage
+from shared_schema import JobError, Usage
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +129,11 @@ class JobRequest:
     # The capabilities a worker needs for this request, each with the field that needs it
     # (``shared_schema.capabilities.needs``): only such workers take it, retries and twins too.
     needs: Mapping[str, str] = field(default_factory=dict)
+    # Replicas (issue 18): a job another replica sent here is served here or not at all;
+    # replicas that failed this request; the file a continuation's twin must hold.
+    local_only: bool = False
+    tried_replicas: set[str] = field(default_factory=set)
+    twin_sha256: str | None = None
 
 
 class JobRun:
@@ -197,8 +200,10 @@ class Dispatcher:
         self.size_class_of = size_class_of
         self.rng = rng or random.Random()
         self.callers = CallerLimits()
-        self._medians: dict[str, tuple[int, float, float]] = {}
-        registry.free.score = self._score
+        self.elsewhere: Elsewhere | None = None  # the other replicas, when there are any
+        self._remote: dict[str, JobHandle] = {}  # handles of jobs on other replicas, by id
+        self.eligibility = Eligibility(registry, pinned)
+        registry.free.score = Scores(stats.speeds_for, size_class_of).score
         registry.free.rng = self.rng
 
     def admit(self, caller: str) -> Admission:
@@ -242,6 +247,10 @@ class Dispatcher:
         admission: Admission | None = None,
         sent: Callable[[str | None], None] | None = None,
         needs: Mapping[str, str] | None = None,
+        local_only: bool = False,
+        continuation: str | None = None,
+        twin_sha256: str | None = None,
+        exclude: Collection[str] = (),
     ) -> JobRun:
         """Send the job to the best worker and wait for the answer's first event. ``billed``:
         the caller pays for it (``Principal.billed``), which may keep it off legacy workers.
@@ -256,8 +265,12 @@ class Dispatcher:
         deadline = asyncio.get_running_loop().time() + settings.total_timeout_s
         request = JobRequest(job_id, model, openai_url, openai_req, stream, deadline,
                              legacy_ok=not billed or settings.legacy_workers != "unbilled",
-                             needs=needs or {})
-        return await self._launch(request, settings.max_attempts, admission=admission, sent=sent)
+                             needs=needs or {}, local_only=local_only, tried=set(exclude))
+        # Another replica's continuation of an answer (``local_only``: it was sent here by
+        # the replica holding the client) goes only to a twin of the file it names.
+        accept = Eligibility.twin(model, twin_sha256) if twin_sha256 is not None else None
+        return await self._launch(request, settings.max_attempts, admission=admission, sent=sent,
+                                  accept=accept, continuation=continuation)
 
     async def fail_over(self, run: JobRun, delivered_text: str, delivered_tokens: int) -> JobRun:
         """Continue an answer whose worker failed mid-way on a twin: a worker that holds the same
@@ -278,13 +291,9 @@ class Dispatcher:
         for name in ("max_tokens", "max_completion_tokens"):
             if openai_req.get(name) is not None:
                 openai_req[name] = max(1, openai_req[name] - delivered_tokens)
-
-        def twin(worker: Worker) -> bool:
-            held = worker.models.get(request.model)
-            return (CAPABILITY_CONTINUE in worker.capabilities and held is not None
-                    and held.sha256 == sha256)
-
-        return await self._launch(request, self.settings.max_attempts, accept=twin,
+        request.twin_sha256 = sha256
+        return await self._launch(request, self.settings.max_attempts,
+                                  accept=Eligibility.twin(request.model, sha256),
                                   continuation=delivered_text, openai_req=openai_req)
 
     async def _launch(
@@ -305,18 +314,21 @@ class Dispatcher:
         body = request.openai_req if openai_req is None else openai_req
         last_error = "no worker answered"
         for _ in range(attempts):
-            worker, connection, reserved = await self._acquire(
+            target = await self._acquire(
                 request.model, tried, last_error, accept, legacy_ok=request.legacy_ok,
-                admission=admission, needs=request.needs)
-            handle, first = await self._attempt(request, worker, connection, body, continuation,
-                                                sent, reserved=reserved)
+                admission=admission, needs=request.needs, request=request)
+            handle, first, worker = await self._attempt(request, target, body, continuation,
+                                                        sent)
             if can_fail_over(first):
                 last_error = first.reason if isinstance(first, WorkerLost) else first.message
-                log.info("job %s failed on %r before its first token: %s", handle.id, worker,
-                         last_error)
+                log.info("job %s failed on %s before its first token: %s", handle.id,
+                         handle.worker_id, last_error)
                 self.record_failure(handle, "worker_lost" if isinstance(first, WorkerLost)
                                     else first.code)
-                tried.add(worker.key)
+                if isinstance(target, str):
+                    request.tried_replicas.add(target)
+                else:
+                    tried.add(worker.key)
                 await self.end(handle, "retrying elsewhere")
                 self.stats.retried()
                 continue
@@ -328,35 +340,64 @@ class Dispatcher:
     async def _attempt(
         self,
         request: JobRequest,
-        worker: Worker,
-        connection: Connection,
+        target: tuple[Worker, Connection, bool] | str,
         body: dict[str, Any],
         continuation: str | None = None,
         sent: Callable[[str | None], None] | None = None,
-        *,
-        reserved: bool = False,
-    ) -> tuple[JobHandle, JobEvent]:
-        """Lease the job to ``worker``, send it, and wait for its first event (a lost socket
-        is a ``WorkerLost``); ``GatewayTimeout`` when none comes in time."""
+    ) -> tuple[JobHandle, JobEvent, Worker]:
+        """Give the job to ``target`` and wait for its first event: a local worker (leased
+        here, its slot ``reserved`` for the job if it waited for it) or another replica (the
+        job goes over the bus; no lease here, the serving replica holds one). A lost socket,
+        or a replica that could not be reached, is a ``WorkerLost``; ``GatewayTimeout`` when
+        no first event comes in time. Also returns the worker's directory entry (for another
+        replica's worker: what that replica said of it, ``elsewhere.view_of``)."""
         loop = asyncio.get_running_loop()
         settings = self.settings
         deadline = request.deadline
         request.attempts += 1
+        job_id = f"{request.job_id}.{request.attempts}"
         # What the worker may send for this attempt is tied to its ``max_tokens`` (``body``: a
         # continuation's is what is left of the answer).
-        handle = JobHandle(f"{request.job_id}.{request.attempts}", request.model, worker.key,
-                           loop.time(), worker_id=worker.public_id,
-                           cancel=connection.send_cancel,
-                           budget=answer_budget(body, settings.default_max_tokens))
-        self.registry.lease(worker, handle, reserved=reserved)
+        budget = answer_budget(body, settings.default_max_tokens)
+        runs: list[RemoteRun] = []
+        if isinstance(target, str):
+            elsewhere = self.elsewhere
+            assert elsewhere is not None
+
+            async def cancel(_job_id: str, reason: str) -> None:
+                for run in runs:
+                    await run.cancel(reason)
+
+            handle = JobHandle(job_id, request.model, f"{REPLICA_PREFIX}{target}", loop.time(),
+                               worker_id=f"replica {target}", cancel=cancel, budget=budget)
+            self._remote[handle.id] = handle
+
+            async def send() -> None:
+                runs.append(await elsewhere.submit(
+                    target, handle, model=request.model, openai_url=request.openai_url,
+                    openai_req=body, stream=request.stream,
+                    timeout_s=max(0.1, deadline - loop.time()), continuation=continuation,
+                    needs=request.needs, legacy_ok=request.legacy_ok,
+                    billed=not request.legacy_ok, sha256=request.twin_sha256,
+                    exclude=request.tried))
+        else:
+            worker, connection, reserved = target
+            handle = JobHandle(job_id, request.model, worker.key, loop.time(),
+                               worker_id=worker.public_id, cancel=connection.send_cancel,
+                               budget=budget)
+            self.registry.lease(worker, handle, reserved=reserved)
+
+            async def send() -> None:
+                await connection.send_job(handle.id, request.openai_url, body, continuation)
+                if sent is not None:
+                    sent(worker.earnings_key)
+
         first_deadline = deadline
         if request.stream:
             first_deadline = min(deadline, loop.time() + settings.first_token_timeout_s)
         first: JobEvent
         try:
-            await connection.send_job(handle.id, request.openai_url, body, continuation)
-            if sent is not None:
-                sent(worker.earnings_key)
+            await send()
             first = await handle.next(first_deadline)
         except TimeoutError:
             self.record_failure(handle, "timeout")
@@ -369,11 +410,16 @@ class Dispatcher:
         except asyncio.CancelledError:
             await self.end(handle, "client went away")
             raise
-        except Exception as exc:  # the socket broke while sending the job
-            log.info("sending job %s to %r failed: %s", handle.id, worker, exc)
+        except Exception as exc:  # the socket broke while sending, or the replica is gone
+            log.info("sending job %s to %s failed: %s", handle.id, handle.worker_id, exc)
             first = WorkerLost(f"sending the job failed: {exc}")
         handle.first_at = loop.time()
-        return handle, first
+        if isinstance(target, str):  # now the serving replica has said whose worker it is
+            worker = view_of(runs[0].worker if runs else None, target, request.model)
+            handle.worker_key, handle.worker_id = worker.key, worker.public_id
+            if sent is not None and runs and not can_fail_over(first):
+                sent(worker.earnings_key)
+        return handle, first, worker
 
     async def start_on(self, worker: Worker, job_id: str, model: str, openai_url: str,
                        openai_req: dict[str, Any]) -> JobRun:
@@ -385,79 +431,13 @@ class Dispatcher:
             raise NoCapacity(f"{worker.public_id} has no free slot")
         deadline = asyncio.get_running_loop().time() + self.settings.total_timeout_s
         request = JobRequest(job_id, model, openai_url, openai_req, False, deadline)
-        handle, first = await self._attempt(request, worker, connection, openai_req)
+        handle, first, _ = await self._attempt(request, (worker, connection, False), openai_req)
         return JobRun(self, worker, handle, first, request)
 
-    def _servable(self, model: str) -> list[Profile]:
-        """The profiles of the workers that could serve ``model``, less those that hold another
-        file than the one the name is pinned to. (A worker that names no sha256 stays: older
-        workers did not; the audits re-score its answers against the pinned file.)"""
-        profiles = self.registry.profiles(model)
-        sha256 = self.pinned(model) if profiles else None
-        if sha256 is None:
-            return profiles
-        return [profile for profile in profiles if profile[2] in (None, sha256)]
-
     def require_servable(self, model: str, needs: Mapping[str, str] | None = None) -> None:
-        """404 ``model_not_found`` unless some connected worker could serve ``model``; 400
-        naming the field when none of them has the capabilities ``needs`` asks for. O(the
-        distinct kinds of worker), never O(workers)."""
-        profiles = self._servable(model)
-        if not profiles:
-            raise ModelNotFound(
-                f"The model '{model}' is not served by any connected worker.", param="model"
-            )
-        if needs:
-            _check_capable(model, profiles, needs)
-
-    def _filter(self, model: str, tried: set[str], accept: Callable[[Worker], bool] | None,
-                legacy_ok: bool, needs: Mapping[str, str] | None,
-                ) -> Callable[[Worker], bool] | None:
-        """Which free workers will do for this job (None: any)."""
-        sha256 = self.pinned(model)
-        wanted = frozenset(needs) if needs else None
-        if not tried and accept is None and legacy_ok and wanted is None and sha256 is None:
-            return None
-
-        def ok(worker: Worker) -> bool:
-            if worker.key in tried or (not legacy_ok and worker.legacy):
-                return False
-            if wanted is not None and not wanted <= worker.capabilities:
-                return False
-            if sha256 is not None and (held := worker.models.get(model)) is not None \
-                    and held.sha256 not in (None, sha256):
-                return False
-            return accept is None or accept(worker)
-
-        return ok
-
-    def _score(self, worker: Worker, model: str) -> float:
-        """Routing's score of a worker for a model: its seconds per token on the model's size
-        class (a newcomer's: the class's median), times its audit ``trust``."""
-        size_class = self.size_class_of(model)
-        speeds = self.stats.speeds_for(size_class)
-        speed = speeds.get(worker.key)
-        if speed is None:
-            speed = self._typical(size_class, speeds)
-        return speed * worker.trust
-
-    def _typical(self, size_class: str, speeds: Mapping[str, float]) -> float:
-        """The median speed of a size class, recomputed at most once a second (or when the
-        number of records changes): a newcomer is scored at it."""
-        now = time.monotonic()
-        cached = self._medians.get(size_class)
-        if cached is not None and cached[0] == len(speeds) and now - cached[1] < 1.0:
-            return cached[2]
-        median = statistics.median(speeds.values()) if speeds else 1.0
-        self._medians[size_class] = (len(speeds), now, median)
-        return median
-
-    def _untried_left(self, model: str, tried: set[str]) -> bool:
-        """Whether a worker that could serve ``model`` has not failed this job yet: looks at
-        no more than ``len(tried) + 1`` of them."""
-        registry = self.registry
-        pool = itertools.chain(registry.holders(model), registry.fetchers())
-        return any(worker.key not in tried for worker in itertools.islice(pool, len(tried) + 1))
+        """404 ``model_not_found`` unless some connected worker here could serve ``model``;
+        400 naming the field when none of them has the capabilities ``needs`` asks for."""
+        self.eligibility.require_servable(model, needs)
 
     async def _acquire(
         self,
@@ -469,23 +449,31 @@ class Dispatcher:
         legacy_ok: bool = True,
         admission: Admission | None = None,
         needs: Mapping[str, str] | None = None,
-    ) -> tuple[Worker, Connection, bool]:
+        request: JobRequest | None = None,
+    ) -> tuple[Worker, Connection, bool] | str:
         """The best (acceptable) worker with a free slot, the connection that holds it, and
-        whether its slot was reserved for this job (it waited for it in the admission queue).
-        Without ``legacy_ok``, legacy workers are no candidates (a 404 if only they serve the
-        model). With an ``admission``, the wait takes one of its caller's queue places, given
-        back however the wait ends."""
+        whether its slot was reserved for this job (it waited for it in the admission queue);
+        or, with replicas, the id of another replica to send the job to, when no worker here
+        is free and one there is (or only there are workers of the model). Without
+        ``legacy_ok``, legacy workers are no candidates (a 404 if only they serve the model).
+        With an ``admission``, the wait takes one of its caller's queue places, given back
+        however the wait ends."""
         registry = self.registry
         settings = self.settings
-        ok = self._filter(model, tried, accept, legacy_ok, needs)
+        ok = self.eligibility.filter(model, tried, accept, legacy_ok, needs)
         queue_deadline: float | None = None
         try:
             while True:
-                self._check_servable(model, tried, last_error, accept, legacy_ok, needs)
                 worker = registry.choose(model, ok)
                 reserved = False
                 if worker is None:
-                    if tried and not self._untried_left(model, tried):
+                    if request is not None and self.elsewhere is not None:
+                        replica = await self._replica_for(model, request)
+                        if replica is not None:
+                            return replica
+                    eligibility = self.eligibility
+                    eligibility.check_servable(model, tried, last_error, accept, legacy_ok, needs)
+                    if tried and not eligibility.untried_left(model, tried):
                         raise WorkerFailed(f"every worker serving '{model}' failed this job; "
                                            f"last error: {last_error}")
                     now = time.monotonic()
@@ -513,36 +501,22 @@ class Dispatcher:
             if admission is not None:
                 admission.unqueue()
 
-    def _check_servable(self, model: str, tried: set[str], last_error: str,
-                        accept: Callable[[Worker], bool] | None, legacy_ok: bool,
-                        needs: Mapping[str, str] | None) -> None:
-        """Fail a job that no connected worker could take at all (before it waits for one)."""
-        if accept is not None:  # a twin for a failover: rare, so the holders are scanned
-            twins = [worker for worker in self.registry.holders(model)
-                     if worker.key not in tried and accept(worker)]
-            if not twins:
-                raise WorkerFailed(
-                    "the worker was lost mid-answer and no other connected worker holds the "
-                    f"same model file to continue it; last error: {last_error}",
-                    code="worker_lost",
-                )
-            return
-        profiles = self._servable(model)
-        if not legacy_ok:  # a billed job under legacy_workers="unbilled" only
-            profiles = [profile for profile in profiles if not profile[0]]
-            if not profiles and not tried:
-                raise ModelNotFound(
-                    f"The model '{model}' is not served by any connected worker that takes "
-                    "billed requests.", param="model",
-                )
-        if not profiles:
-            if tried:
-                raise WorkerFailed(
-                    f"no other worker can serve this model; last error: {last_error}"
-                )
-            self.require_servable(model)
-        if needs and not tried:
-            _check_capable(model, profiles, needs)
+    async def _replica_for(self, model: str, request: JobRequest) -> str | None:
+        """Another replica to send the job to: one with a free worker of the model, or, when
+        no worker here could ever take the job, the best one there (it queues it)."""
+        if request.local_only or self.elsewhere is None:
+            return None
+        replicas = await self.elsewhere.replicas(model, request.tried_replicas)
+        for replica, free in replicas:
+            if free > 0:
+                return replica
+        if replicas and not self.eligibility.servable(model):
+            return replicas[0][0]
+        return None
+
+    async def served_elsewhere(self, model: str) -> bool:
+        """Whether another replica has workers of ``model`` (False without replicas)."""
+        return self.elsewhere is not None and bool(await self.elsewhere.replicas(model))
 
     def _may_queue(self, model: str, admission: Admission | None) -> None:
         """Refuse a job the queue cannot take: the queue is full, the caller has its share of
@@ -571,7 +545,16 @@ class Dispatcher:
 
     async def end(self, handle: JobHandle, reason: str) -> None:
         """Release a job's lease. An unfinished job is cancelled on its worker first, and its
-        slot stays taken until the worker ends it or ``CANCEL_GRACE_S`` passes."""
+        slot stays taken until the worker ends it or ``CANCEL_GRACE_S`` passes. (A job on
+        another replica has no lease here: an unfinished one is cancelled there.)"""
+        if self._remote.pop(handle.id, None) is not None:
+            if not handle.finished:
+                handle.finished = True
+                try:
+                    await handle.cancel(reason)
+                except Exception as exc:  # the bus is down; the serving replica's deadline ends it
+                    log.debug("cancel of remote job %s not sent: %s", handle.id, exc)
+            return
         if handle.finished or not self.registry.is_leased(handle.id):
             self._release(handle)  # a worker that left took its leases with it
             return
@@ -603,19 +586,3 @@ class Dispatcher:
         """A job did not finish on its worker (lost, failed, or ``timeout``)."""
         elapsed = asyncio.get_running_loop().time() - handle.started_at
         self.stats.job_failed(handle, outcome, elapsed)
-
-
-def _check_capable(model: str, profiles: list[Profile], needs: Mapping[str, str]) -> None:
-    """400 naming the first field no worker of ``model`` can honour (the request asks for
-    something only newer workers do; none is connected)."""
-    for capability, param in needs.items():
-        if not any(capability in profile[1] for profile in profiles):
-            raise InvalidRequest(
-                f"'{param}' is not supported by any connected worker serving '{model}' (it "
-                f"needs workers with the '{capability}' capability; try again later or without "
-                f"'{param}').", param=param, code="unsupported_by_workers")
-    if not any(needs.keys() <= profile[1] for profile in profiles):
-        fields = ", ".join(f"'{param}'" for param in dict.fromkeys(needs.values()))
-        raise InvalidRequest(
-            f"No connected worker serving '{model}' supports {fields} together.",
-            param=next(iter(needs.values())), code="unsupported_by_workers")

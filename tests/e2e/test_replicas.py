@@ -1,0 +1,150 @@
+"""Queen replicas (issue 18): real queen processes on one PostgreSQL and one real redis-server.
+
+A worker connected to replica A serves a request made on replica B: the job crosses the bus,
+the answer comes back whole and in order, and it is billed once, in the shared ledger. When A is
+SIGKILLed in the middle of a stream that B relays from A's worker, B continues it on a twin
+held by replica C (mid-stream failover across replicas), and the client gets the whole answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import orjson
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from tests.support.processes import free_port, health
+from tests.support.replicas import replica_cli, replica_process, shared_db  # noqa: F401
+from tests.support.workers import ECHO_MODEL, ScriptedWorker, echo_words
+
+pytestmark = pytest.mark.timeout(180)
+
+
+async def until(predicate, timeout_s: float, what: str) -> None:
+    """Wait for another process's state (read in a thread), with a deadline."""
+    deadline = time.monotonic() + timeout_s
+    # Other processes' state: nothing to await but their answers.
+    while not await asyncio.to_thread(predicate):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def swarm_workers(port: int) -> int:
+    return (health(port).get("swarm") or {}).get("workers", -1)
+
+
+async def stream_text(port: int, secret: str, body: dict) -> tuple[int, str, str]:
+    """(status, streamed text, the completion id) of a streamed chat completion."""
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http, \
+            http.stream("POST", "/v1/chat/completions", json=body,
+                        headers={"Authorization": f"Bearer {secret}"}) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return response.status_code, response.text, ""
+        events = [line[6:] async for line in response.aiter_lines()
+                  if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [orjson.loads(event) for event in events[:-1]]
+    content = "".join(chunk["choices"][0]["delta"].get("content") or ""
+                      for chunk in chunks if chunk.get("choices"))
+    return 200, content, chunks[0]["id"]
+
+
+async def settled_jobs(db_url: str) -> list[str]:
+    engine = create_async_engine(db_url)
+    try:
+        async with engine.connect() as conn:
+            rows = await conn.execute(text("SELECT id FROM ledger_txns WHERE id LIKE 'settle:%'"))
+            return [row[0] for row in rows]
+    finally:
+        await engine.dispose()
+
+
+async def test_a_stream_asked_of_one_replica_is_served_through_another_and_billed_once(
+        tmp_path, redis_server, shared_db):  # noqa: F811
+    created = replica_cli(tmp_path, shared_db, "keys", "create", "--name", "replicas",
+                          "--credit-sats", "100000")
+    assert created.returncode == 0, created.stderr
+    secret = next(line for line in created.stdout.splitlines() if line.startswith("sk-apiary-"))
+    port_a, port_b = free_port(), free_port()
+    queens = [replica_process(tmp_path, port, name, shared_db, redis_server.url,
+                              heartbeat_interval_s="1")
+              for port, name in ((port_a, "a"), (port_b, "b"))]
+    for queen in queens:
+        queen.start()
+    worker = None
+    try:
+        await until(lambda: bool(health(port_a)) and bool(health(port_b)), 60, "both queens")
+        worker = await ScriptedWorker(f"ws://127.0.0.1:{port_a}/worker", max_jobs=2).start()
+        await until(lambda: swarm_workers(port_b) == 1, 20, "replica b to see a's worker")
+        assert health(port_b)["workers"] == 0  # b holds no worker itself
+
+        body = {"model": ECHO_MODEL, "stream": True,
+                "messages": [{"role": "user", "content": "one two three four five six"}]}
+        status, content, completion_id = await stream_text(port_b, secret, body)
+        assert status == 200, content
+        assert content == "".join(echo_words(body))
+        assert len(worker.jobs) == 1  # a's worker did the work
+
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port_b}", timeout=30) as http:
+            plain = await http.post("/v1/chat/completions", headers={
+                "Authorization": f"Bearer {secret}"}, json={**body, "stream": False})
+        assert plain.status_code == 200, plain.text
+        assert plain.json()["choices"][0]["message"]["content"] == "".join(echo_words(body))
+
+        settled = await settled_jobs(shared_db)
+        assert len(settled) == 2  # each answer billed once, by the replica that held its client
+        assert any(completion_id in job for job in settled)
+        check = replica_cli(tmp_path, shared_db, "ledger", "check")
+        assert check.returncode == 0, check.stdout + check.stderr
+    finally:
+        if worker is not None:
+            await worker.stop()
+        for queen in queens:
+            queen.stop()
+
+
+async def test_a_stream_relayed_from_a_killed_replica_continues_on_a_twin_elsewhere(
+        tmp_path, redis_server, shared_db):  # noqa: F811
+    ports = {name: free_port() for name in "abc"}
+    queens = {name: replica_process(tmp_path, port, name, shared_db, redis_server.url,
+                                    auth="open", heartbeat_interval_s="1")
+              for name, port in ports.items()}
+    for queen in queens.values():
+        queen.start()
+    workers: list[ScriptedWorker] = []
+    try:
+        await until(lambda: all(health(port) for port in ports.values()), 60, "three queens")
+        # A's worker streams three tokens, then waits (``die_mid`` waits for ``release``).
+        dying = await ScriptedWorker(f"ws://127.0.0.1:{ports['a']}/worker", continues=True,
+                                     behaviour="die_mid", die_after=3).start()
+        workers.append(dying)
+        await until(lambda: swarm_workers(ports["b"]) == 1, 20, "b to see a's worker")
+        body = {"model": ECHO_MODEL, "stream": True, "messages": [
+            {"role": "user", "content": "alpha beta gamma delta epsilon zeta eta theta"}]}
+        asking = asyncio.create_task(stream_text(ports["b"], "open", body))
+        async with asyncio.timeout(20):
+            await dying.job_arrived.wait()
+        # Only now does C get a twin (same file, can continue): B's request was A's.
+        twin = await ScriptedWorker(f"ws://127.0.0.1:{ports['c']}/worker",
+                                    continues=True).start()
+        workers.append(twin)
+        await until(lambda: swarm_workers(ports["b"]) == 2, 20, "b to see c's twin")
+        queens["a"].stop(kill=True)  # SIGKILL: no goodbye on the bus, the socket just dies
+        killed_at = time.monotonic()
+        status, content, _ = await asyncio.wait_for(asking, 30)
+        assert status == 200, content
+        assert content == "".join(echo_words(body))  # whole, the twin's part included
+        assert time.monotonic() - killed_at < 10
+        assert len(twin.jobs) == 1
+        assert twin.jobs[0].continuation  # it continued the text, it did not start again
+    finally:
+        for worker in workers:
+            await worker.stop()
+        for queen in queens.values():
+            queen.stop()
