@@ -22,6 +22,12 @@ request and per relayed token can be read apart from the stub worker's and the c
 
 The answer's size is asked for with ``max_tokens`` (the stub worker and the baseline both answer
 with that many `` tok`` tokens), so one worker process serves every row. See bench/RESULTS.md.
+
+The stub workers stream as the real worker does (``desktop_worker.link.coalesce``): their tokens
+are made at once, faster than frames go out, so after the opening chunk they go out joined,
+``--join-tokens`` to a frame (1: one frame per token, as before issue 18). Each streamed row
+also gives the queen's CPU per token (``srv µs/tok``: its CPU per request over the tokens), and
+the run says how many tokens each of the stub's frames carried.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ API_KEY = "bench-key"  # the queen checks it on every request, as it would in pr
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 TARGETS = {"per_token_us": 50.0, "added_p50_ms": 2.0, "routed_rps": 2000.0}
+DEFAULT_JOIN = 32  # desktop_worker.link.coalesce.DEFAULT_MAX_TOKENS (checked in main)
 
 
 # --- the load generator ---------------------------------------------------------------------
@@ -123,8 +130,10 @@ def chat_request(port: int, *, stream: bool, tokens: int) -> bytes:
 def answer_check(
     stream: bool, tokens: int
 ) -> tuple[Callable[[bytes], bool], Callable[[bytes], None]]:
-    """A cheap check for every answer, and a full one for the first answer of each phase."""
-    token_count = b'" tok"'
+    """A cheap check for every answer, and a full one for the first answer of each phase.
+    (A streamed answer's tokens may come several to an event: the queen relays the frames its
+    workers joined, ``desktop_worker.link.coalesce``.)"""
+    token_count = b" tok"
 
     def cheap(body: bytes) -> bool:
         if stream:
@@ -380,29 +389,38 @@ async def serve_baseline(port: int) -> None:
 # --- the stub workers -------------------------------------------------------------------------
 
 
-def answer_frames(job_id: str, stream: bool, tokens: int) -> list[str]:
-    """The frames ScriptedWorker sends for an echo job of ``tokens`` `` tok`` tokens, built with
-    orjson instead of pydantic models (same JSON, byte for byte; checked at start-up)."""
+def answer_frames(job_id: str, stream: bool, tokens: int, join: int) -> list[str]:
+    """The frames ScriptedWorker sends for an echo job of ``tokens`` `` tok`` tokens, joining up
+    to ``join`` tokens a frame, built with orjson instead of pydantic models (same JSON, byte
+    for byte; checked at start-up)."""
+    from desktop_worker.link.coalesce import Coalescer
+
     usage = {"prompt_tokens": 7, "completion_tokens": tokens, "total_tokens": 7 + tokens}
     if not stream:
         data = {"choices": [{"index": 0, "finish_reason": "stop",
                              "message": {"role": "assistant", "content": " tok" * tokens}}]}
         return [orjson.dumps({"type": "result", "id": job_id, "data": data,
                               "usage": usage}).decode()]
-    frames = []
+    outbox = Coalescer(join)
     for seq in range(tokens):
         delta = {"content": " tok", "role": "assistant"} if seq == 0 else {"content": " tok"}
-        frames.append(orjson.dumps({"type": "chunk", "id": job_id, "seq": seq, "data": {
-            "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}}).decode())
-    frames.append(orjson.dumps({"type": "chunk", "id": job_id, "seq": tokens, "data": {
-        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}}).decode())
+        outbox.add({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+    outbox.add({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    frames = [orjson.dumps({"type": "chunk", "id": job_id, "seq": seq, "data": data,
+                            "tokens": count}).decode()
+              for seq, (data, count) in enumerate(outbox.drain())]
     frames.append(orjson.dumps({"type": "result", "id": job_id, "data": {},
                                 "usage": usage}).decode())
     return frames
 
 
+def text_frames(tokens: int, join: int) -> int:
+    """How many frames carry the text of a streamed answer of ``tokens`` tokens."""
+    return len(answer_frames("x", True, tokens, join)) - 2  # less the finish and the result
+
+
 async def serve_workers(
-    ws_url: str, count: int, max_jobs: int, ready_file: str, frames: str
+    ws_url: str, count: int, max_jobs: int, ready_file: str, frames: str, join: int
 ) -> None:
     sys.path.insert(0, str(ROOT))
     from websockets.exceptions import ConnectionClosed
@@ -428,15 +446,17 @@ async def serve_workers(
             assert self._ws is not None
             send = self._ws.send
             with contextlib.suppress(ConnectionClosed):
-                for frame in answer_frames(job.id, bool(job.openai_req.get("stream")), tokens):
+                for frame in answer_frames(job.id, bool(job.openai_req.get("stream")), tokens,
+                                           self.chunk_tokens()):
                     await send(frame)
 
-    await check_answer_frames(BenchWorker)
+    await check_answer_frames(BenchWorker, join)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    workers = [await BenchWorker(ws_url, max_jobs=max_jobs).start() for _ in range(count)]
+    workers = [await BenchWorker(ws_url, max_jobs=max_jobs, join_tokens=join).start()
+               for _ in range(count)]
     # The queen lists a worker in /health before it has sent the worker its welcome, and a job
     # sent in that gap breaks ScriptedWorker.start; so the bench also waits for this file.
     await asyncio.to_thread(Path(ready_file).write_text, "ready")
@@ -446,14 +466,17 @@ async def serve_workers(
             await worker.stop()
 
 
-async def check_answer_frames(worker_class: Any) -> None:
+async def check_answer_frames(worker_class: Any, join: int) -> None:
     """Assert that ``answer_frames`` matches what ScriptedWorker itself sends."""
-    from shared_schema import Job
+    from shared_schema import Job, Welcome
+    from shared_schema.protocol import MAX_CHUNK_TOKENS
 
     for stream in (False, True):
         job = Job(id="bench-check.1", openai_url="/v1/chat/completions",
                   openai_req={"model": MODEL, "messages": [], "max_tokens": 3, "stream": stream})
-        worker = worker_class("ws://unused")
+        worker = worker_class("ws://unused", join_tokens=join)
+        worker.welcome = Welcome(session_id="s", worker_id="w", heartbeat_interval_s=1,
+                                 chunk_tokens=MAX_CHUNK_TOKENS)
         sent: list[str] = []
 
         async def capture(message: Any, sent: list[str] = sent) -> None:
@@ -464,7 +487,8 @@ async def check_answer_frames(worker_class: Any) -> None:
         worker._send = capture
         worker.tokens_per_answer = 3
         await super(worker_class, worker)._run(job)
-        assert sent == answer_frames(job.id, stream, 3), (sent, answer_frames(job.id, stream, 3))
+        expected = answer_frames(job.id, stream, 3, worker.chunk_tokens())
+        assert sent == expected, (sent, expected)
 
 
 # --- processes --------------------------------------------------------------------------------
@@ -594,7 +618,8 @@ def start_queen(
     ready = procs.workdir / "workers.ready"
     procs.start("worker", [sys.executable, __file__, "--role", "workers", "--port", str(port),
                            "--workers", str(args.workers), "--max-jobs", str(args.max_jobs),
-                           "--ready-file", str(ready), "--worker-frames", args.worker_frames],
+                           "--ready-file", str(ready), "--worker-frames", args.worker_frames,
+                           "--join-tokens", str(args.join_tokens)],
                 env={"PYTHONPATH": str(ROOT)})
     wait_healthy(procs, port, lambda health: ready.exists()
                  and health.get("workers") == args.workers
@@ -649,7 +674,7 @@ def run_phases(args: argparse.Namespace, procs: Processes, ports: dict[str, int]
 HEADER = (
     f"{'target':<9}{'load':<12}{'conc':>5}{'req/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
     f"{'errors':>7}{'srv cpu%':>9}{'wrk cpu%':>9}{'cli cpu%':>9}{'oth cpu%':>9}"
-    f"{'srv µs/req':>11}"
+    f"{'srv µs/req':>11}{'srv µs/tok':>11}"
 )
 
 
@@ -662,6 +687,8 @@ def row(p: Phase) -> str:
         f"{p.p99_ms:>9.3f}{p.errors:>7}{p.cpu_pct(server):>9.0f}{worker}"
         f"{p.cpu_pct('client'):>9.0f}{p.cpu_pct('other'):>9.0f}"
         f"{p.cpu_us_per_request(server):>11.0f}"
+        + (f"{p.cpu_us_per_request(server) / p.tokens:>11.1f}" if p.load == "stream"
+           else f"{'-':>11}")
     )
 
 
@@ -760,7 +787,13 @@ def run_benchmark(args: argparse.Namespace) -> int:
               f"{PLAIN_TOKENS} tokens", flush=True)
         print("# srv = the server under test (baseline stub or queen); wrk = the stub workers' "
               "process; cli = this load generator; oth = everything else on the machine; "
-              "cpu% of one core", flush=True)
+              "cpu% of one core; srv µs/tok = srv µs/req over the tokens of a streamed answer",
+              flush=True)
+        for tokens in sorted(set(args.tokens)):
+            frames = text_frames(tokens, args.join_tokens)
+            print(f"# stub workers join up to {args.join_tokens} tokens a frame: a k={tokens} "
+                  f"stream's text comes in {frames} frames ({tokens / frames:.1f} tokens a frame;"
+                  " the first, with the role, alone)", flush=True)
         phases = run_phases(args, procs, ports)
         summary = summarise(args, phases)
         if args.json:
@@ -968,6 +1001,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=4, help="stub workers (default 4)")
     parser.add_argument("--max-jobs", type=int, default=64,
                         help="job slots per stub worker (default 64)")
+    parser.add_argument("--join-tokens", type=int, default=DEFAULT_JOIN,
+                        help="the most tokens a stub worker joins into one chunk frame, as the "
+                        f"real worker does (default {DEFAULT_JOIN}; 1: one frame per token)")
     parser.add_argument("--worker-frames", choices=["orjson", "pydantic"], default="orjson",
                         help="how the stub workers build their answer frames: orjson (default, "
                         "cheap) or pydantic (ScriptedWorker's own code path); same frames")
@@ -996,6 +1032,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--ready-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from desktop_worker.link.coalesce import DEFAULT_MAX_TOKENS
+
+    assert DEFAULT_JOIN == DEFAULT_MAX_TOKENS, "the stub must join as the real worker does"
 
     if args.role == "baseline":
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
@@ -1004,7 +1045,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "workers":
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(serve_workers(f"ws://127.0.0.1:{args.port}/worker", args.workers,
-                                     args.max_jobs, args.ready_file, args.worker_frames))
+                                     args.max_jobs, args.ready_file, args.worker_frames,
+                                     args.join_tokens))
         return 0
     if args.profile:
         return run_profile(args)

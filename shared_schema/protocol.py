@@ -48,6 +48,8 @@ SUBPROTOCOL = "apiary.v1"
 # A worker with this capability can continue an answer another worker began (``Job.continuation``).
 # The others are in ``shared_schema.capabilities``.
 CAPABILITY_CONTINUE = caps.CONTINUE
+# The most engine chunks one ``Chunk`` frame may join (``Chunk.tokens``, ``Welcome.chunk_tokens``).
+MAX_CHUNK_TOKENS = 4096
 
 # Close codes the queen uses on the worker websocket (RFC 6455 private range for our own).
 CLOSE_GOING_AWAY = 1001
@@ -140,6 +142,9 @@ class Welcome(WireModel):
     payout_threshold_msat: int | None = Field(default=None, ge=0, le=2**63 - 1)
     # What developers ask this queen for (issue 17); None from an older queen.
     demand: Demand | None = None
+    # The most engine chunks this queen takes joined in one ``Chunk`` (its ``tokens``); None
+    # from an older queen, which counts every chunk as one: a worker then joins none.
+    chunk_tokens: int | None = Field(default=None, ge=1, le=MAX_CHUNK_TOKENS)
 
 
 class Refused(WireModel):
@@ -162,12 +167,18 @@ class Job(WireModel):
 
 
 class Chunk(WireModel):
-    """One streamed piece of a job: ``data`` is an OpenAI ``chat.completion.chunk`` object."""
+    """One streamed piece of a job: ``data`` is an OpenAI ``chat.completion.chunk`` object.
+
+    ``tokens``: how many of the engine's chunks this frame joins (a worker joins the chunks it
+    made while its last frame was being sent, when the queen's welcome names ``chunk_tokens``).
+    A claim, like every count a worker sends: the queen believes it only up to what the text it
+    delivered can hold. An older worker leaves it out (one per frame)."""
 
     type: Literal["chunk"] = "chunk"
     id: str
     seq: int = Field(ge=0)
     data: dict[str, Any]
+    tokens: int = Field(default=1, ge=1, le=MAX_CHUNK_TOKENS, strict=True)
 
 
 class Result(WireModel):

@@ -9,6 +9,12 @@ States: ``AWAITING_CHALLENGE`` -> (challenge: send hello) -> ``AWAITING_WELCOME`
 The hello is signed for ``origin``, the origin of the URL this worker dialled, which the
 adapter gives the machine; nothing the queen sends can change it (a hostile queen relaying
 another queen's challenge gets a signature that queen refuses).
+
+A streamed job's chunks go out one frame at a time: ``chunk`` returns a ``Send`` only when no
+frame of that job is being sent, and the chunks made meanwhile wait in the job's ``Coalescer``
+until the adapter reports the frame sent (``chunk_sent``), then go as one joined frame (when
+the queen's welcome says it reads ``Chunk.tokens``). A result or error sends whatever still
+waits first, so nothing is lost or reordered.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from desktop_worker.link.coalesce import DEFAULT_MAX_CHARS, DEFAULT_MAX_TOKENS, Coalescer
 from shared_schema import (
     Cancel,
     Challenge,
@@ -127,14 +134,31 @@ Action = (Send | StartJob | CancelJob | FetchModel | DemandReceived | Welcomed |
 class Link:
     """One connection's protocol state. Make a new one for every connection."""
 
-    def __init__(self, hello_for: HelloFor, max_jobs: int, origin: str) -> None:
+    def __init__(self, hello_for: HelloFor, max_jobs: int, origin: str, *,
+                 join_tokens: int = DEFAULT_MAX_TOKENS,
+                 join_chars: int = DEFAULT_MAX_CHARS) -> None:
+        """``join_tokens``: the most chunks this worker joins into one frame (1: none), before
+        the queen's own cap; ``join_chars``: the most content characters in a joined frame."""
         self._hello_for = hello_for
         self.origin = origin  # queen_origin() of the URL dialled
         self.max_jobs = max_jobs
         self.state = State.AWAITING_CHALLENGE
         self.active: set[str] = set()
         self._seq: dict[str, int] = {}
+        self._outbox: dict[str, Coalescer] = {}  # streamed jobs' chunks waiting to go
+        self._sending: set[str] = set()  # jobs with a chunk frame being sent now
+        self.join_tokens = join_tokens
+        self.join_chars = join_chars
         self.welcome: Welcome | None = None
+
+    @property
+    def chunk_tokens(self) -> int:
+        """The most chunks one frame joins on this connection: 1 (none) until a queen that
+        reads ``Chunk.tokens`` welcomes this worker."""
+        welcome = self.welcome
+        if welcome is None or welcome.chunk_tokens is None:
+            return 1
+        return max(1, min(self.join_tokens, welcome.chunk_tokens))
 
     # --- frames from the queen ----------------------------------------------------------------
 
@@ -200,11 +224,42 @@ class Link:
     # --- events from the jobs -----------------------------------------------------------------
 
     def chunk(self, job_id: str, data: dict[str, Any]) -> list[Action]:
+        """A chunk the job made: a ``Send`` of it now, or nothing while a frame of this job is
+        being sent (the chunk waits, maybe joined with others, for ``chunk_sent``). The adapter
+        that gets a ``Send`` here must call ``chunk_sent`` once it is sent."""
         if job_id not in self.active or self.state is not State.READY:
             return []
+        outbox = self._outbox.get(job_id)
+        if outbox is None:
+            outbox = self._outbox[job_id] = Coalescer(self.chunk_tokens, self.join_chars)
+        outbox.add(data)
+        if job_id in self._sending:
+            return []
+        self._sending.add(job_id)
+        return self._next_chunk(job_id, outbox)
+
+    def chunk_sent(self, job_id: str) -> list[Action]:
+        """The job's last chunk frame is sent: a ``Send`` of what waited meanwhile (one frame,
+        joined when it can be; call this again once it is sent), or nothing (the job's next
+        chunk goes out at once)."""
+        outbox = self._outbox.get(job_id)
+        if (job_id not in self._sending or outbox is None or not outbox
+                or self.state is not State.READY):
+            self._sending.discard(job_id)
+            return []
+        return self._next_chunk(job_id, outbox)
+
+    def _next_chunk(self, job_id: str, outbox: Coalescer) -> list[Action]:
+        frame = outbox.next_frame()
+        if frame is None:
+            self._sending.discard(job_id)
+            return []
+        return [Send(self._chunk_frame(job_id, *frame))]
+
+    def _chunk_frame(self, job_id: str, data: dict[str, Any], tokens: int) -> str:
         seq = self._seq[job_id]
         self._seq[job_id] = seq + 1
-        return [Send(encode(Chunk(id=job_id, seq=seq, data=data)))]
+        return encode(Chunk(id=job_id, seq=seq, data=data, tokens=tokens))
 
     def result(self, job_id: str, data: dict[str, Any], usage: Usage) -> list[Action]:
         return self._end(job_id, Result(id=job_id, data=data, usage=usage))
@@ -214,13 +269,20 @@ class Link:
                                           retryable=retryable))
 
     def _end(self, job_id: str, message: Result | JobError) -> list[Action]:
+        """The job's last frame, after every chunk still waiting (in order)."""
         if job_id not in self.active:
             return []
         self.active.discard(job_id)
+        self._sending.discard(job_id)
+        outbox = self._outbox.pop(job_id, None)
+        actions: list[Action] = []
+        if self.state is State.READY and outbox is not None:
+            actions = [Send(self._chunk_frame(job_id, *frame)) for frame in outbox.drain()]
         self._seq.pop(job_id, None)
         if self.state is not State.READY:
             return []
-        return [Send(encode(message))]
+        actions.append(Send(encode(message)))
+        return actions
 
     def fetch_failed(self, failure: FetchFailed) -> list[Action]:
         if self.state is not State.READY:
@@ -240,4 +302,6 @@ class Link:
         actions: list[Action] = [CancelJob(job_id, "connection lost") for job_id in self.active]
         self.active.clear()
         self._seq.clear()
+        self._outbox.clear()
+        self._sending.clear()
         return actions

@@ -91,7 +91,7 @@ async def stream_answer(
             failed: JobError | WorkerLost | None = None
             for item in (event, *run.take_ready()):
                 if isinstance(item, Chunk):
-                    data = answer.take(item.data)
+                    data = answer.take(item.data, item.tokens)
                     if data is not None:
                         events = chunk_events(data)
                         if events:

@@ -68,7 +68,12 @@ from shared_schema import (
 )
 from shared_schema.answers import answer_problem
 from shared_schema.parsing import legacy_usage, parse_hello, parse_registration
-from shared_schema.protocol import CLOSE_HEARTBEAT, CLOSE_POLICY, CLOSE_TOO_BIG
+from shared_schema.protocol import (
+    CLOSE_HEARTBEAT,
+    CLOSE_POLICY,
+    CLOSE_TOO_BIG,
+    MAX_CHUNK_TOKENS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -375,7 +380,7 @@ class QueenLink:
                           heartbeat_interval_s=self.settings.heartbeat_interval_s,
                           pays_workers=self.pays_workers,
                           payout_threshold_msat=self.payout_threshold_msat,
-                          demand=self.demand)
+                          demand=self.demand, chunk_tokens=MAX_CHUNK_TOKENS)
         return [Admit(worker, encode(welcome))]
 
     def _v1_worker(self, body: dict[str, Any]) -> Worker:

@@ -59,7 +59,8 @@ class Delivered:
         self._text: list[str] = []
         self._part_start = 0  # where the current worker's text begins in ``_text``
         self.carried = ""  # the text handed to the worker serving now, as its continuation
-        self.tokens = 0  # content chunks of the current worker's part
+        self.tokens = 0  # tokens the current worker's chunks claim (``Chunk.tokens``; bounded
+        # by the bytes they delivered wherever they are used)
         self.parts: list[Part] = []  # closed parts of workers that were lost
         self.continuing = False
         self.saw_chunk = False
@@ -82,10 +83,14 @@ class Delivered:
 
     @property
     def delivered_tokens(self) -> int:
-        return sum(part.completion_tokens for part in self.parts) + self.tokens
+        """Tokens delivered so far: the closed parts, and the current worker's claim bounded by
+        the bytes it delivered (a twin's ``max_tokens`` is the request's less these)."""
+        current = min(self.tokens, self._part_bytes())
+        return sum(part.completion_tokens for part in self.parts) + current
 
-    def take(self, data: dict[str, Any]) -> dict[str, Any] | None:
-        """Note one chunk; returns it to forward (without a repeated role), or None to drop."""
+    def take(self, data: dict[str, Any], tokens: int = 1) -> dict[str, Any] | None:
+        """Note one chunk that claims ``tokens`` (``Chunk.tokens``: a worker's joined frame);
+        returns it to forward (without a repeated role), or None to drop."""
         self.saw_chunk = True
         keep = not self.continuing
         for choice in data.get("choices") or ():
@@ -95,7 +100,7 @@ class Delivered:
             content = delta.get("content")
             if content:
                 self._text.append(content)
-                self.tokens += _tokens_in(data)
+                self.tokens += _tokens_in(data, tokens)
                 keep = True
                 logprobs = choice.get("logprobs")
                 if logprobs and isinstance(logprobs.get("content"), list):
@@ -187,12 +192,14 @@ def message_text(data: dict[str, Any]) -> str | None:
                    for choice in choices if isinstance(choice, dict))
 
 
-def _tokens_in(data: dict[str, Any]) -> int:
-    """Tokens in one chunk's content: one, or what a plain answer's checkpoint counts."""
+def _tokens_in(data: dict[str, Any], tokens: int) -> int:
+    """Tokens in one chunk's content: what the frame claims (one, or the chunks a worker
+    joined), or what a plain answer's checkpoint counts."""
     usage = data.get("usage")
-    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+    if usage is not None and isinstance(usage, dict) and isinstance(
+            usage.get("completion_tokens"), int):
         return max(1, usage["completion_tokens"])
-    return 1
+    return tokens
 
 
 async def hand_over(run: JobRun, answer: Delivered, dispatcher: Dispatcher) -> JobRun:
@@ -263,7 +270,7 @@ async def collect(run: JobRun, dispatcher: Dispatcher, meter: Meter,
                     streamed=False)
                 return Collected(event, answer, parts, usage)
             if isinstance(event, Chunk):
-                answer.take(event.data)
+                answer.take(event.data, event.tokens)
             else:
                 error = failure(event)
                 run.record_failure(error.code or "worker_error")

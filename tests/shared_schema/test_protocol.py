@@ -402,3 +402,26 @@ def test_public_id_is_stable_and_short():
 
 def test_empty_payout_address_means_none():
     assert _hello(ln_url="").ln_url is None
+
+
+def test_a_chunk_says_how_many_tokens_it_joins_and_an_older_one_means_one():
+    from shared_schema.protocol import MAX_CHUNK_TOKENS
+
+    joined = decode(encode(Chunk(id="j", seq=3, data={}, tokens=7)))
+    assert (joined.seq, joined.tokens) == (3, 7)
+    older = decode('{"type": "chunk", "id": "j", "seq": 0, "data": {}}')
+    assert older.tokens == 1
+    for bad in (0, -1, MAX_CHUNK_TOKENS + 1, "2", True, 2.0):
+        with pytest.raises(ProtocolError) as caught:
+            decode(orjson.dumps({"type": "chunk", "id": "j", "seq": 0, "data": {},
+                                 "tokens": bad}))
+        assert caught.value.code == "invalid_message"
+        assert "tokens" in caught.value.message
+
+
+def test_a_welcome_from_an_older_queen_names_no_chunk_tokens():
+    bare = decode('{"type": "welcome", "session_id": "s", "worker_id": "w", '
+                  '"heartbeat_interval_s": 15}')
+    assert bare.chunk_tokens is None
+    assert decode(encode(Welcome(session_id="s", worker_id="w", heartbeat_interval_s=1,
+                                 chunk_tokens=64))).chunk_tokens == 64

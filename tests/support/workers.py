@@ -19,6 +19,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from desktop_worker.jobs import checkpoint_chunk
+from desktop_worker.link.coalesce import DEFAULT_MAX_TOKENS, Coalescer
 from shared_schema import (
     CAPABILITY_CONTINUE,
     PROTOCOL_VERSION,
@@ -124,6 +125,12 @@ class ScriptedWorker:
     ``continues=True`` makes it a twin for failover: it holds the model file ``sha256``
     (default ``ECHO_SHA256``), has the ``continue`` capability, and answers a job with a
     ``continuation`` with only the rest of the echo (an error if the text is not a prefix of it).
+
+    A stream goes through the real worker's ``Coalescer``: its tokens are made at once, faster
+    than any frame goes out, so after the first (role) chunk they go out joined, up to
+    ``join_tokens`` a frame (``Chunk.tokens``), when the queen's welcome allows it
+    (``join_tokens=1``: one frame per token, as an older worker sends). A pause of a
+    ``gated`` or ``die_mid`` worker first sends everything made so far.
     """
 
     def __init__(
@@ -144,8 +151,13 @@ class ScriptedWorker:
         claims: Usage | None = None,
         origin: str | None = None,
         capabilities: list[str] | None = None,
+        join_tokens: int = DEFAULT_MAX_TOKENS,
     ) -> None:
         self.ws_url = ws_url
+        self.join_tokens = join_tokens
+        # Streamed text: its chunk frames and the tokens they carried (tokens per frame).
+        self.frames_sent = 0
+        self.tokens_sent = 0
         self.extra_capabilities = capabilities or []  # e.g. "grammar", as a newer worker's
         # What its hello is signed for: the origin of the URL it dials, unless a test says.
         self.origin = origin or queen_origin(ws_url)
@@ -289,22 +301,42 @@ class ScriptedWorker:
                                  "message": {"role": "assistant", "content": "".join(words)}}]}
             await self._send(Result(id=job.id, data=data, usage=usage))
             return
+        outbox = Coalescer(self.chunk_tokens())
+        sent = 0
+
+        async def flush() -> None:
+            nonlocal sent
+            while (frame := outbox.next_frame()) is not None:
+                data, tokens = frame
+                await self._send(Chunk(id=job.id, seq=sent, data=data, tokens=tokens))
+                sent += 1
+                if data["choices"][0]["delta"].get("content"):
+                    self.frames_sent += 1
+                    self.tokens_sent += tokens
+
         for seq, word in enumerate(words):
             delta: dict[str, Any] = {"content": word}
             if seq == 0:
                 delta["role"] = "assistant"
-            await self._send(Chunk(id=job.id, seq=seq, data={
-                "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}))
+            outbox.add({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
             if seq == 0 and behaviour == "gated":
+                await flush()
                 await self.release.wait()
             if seq + 1 == self.die_after and behaviour == "die_mid":
+                await flush()
                 await self.release.wait()
                 assert self._ws is not None
                 self._ws.transport.abort()  # gone, as a sleeping laptop is: no close frame
                 return
-        await self._send(Chunk(id=job.id, seq=len(words), data={
-            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+        outbox.add({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        await flush()
         await self._send(Result(id=job.id, usage=usage))
+
+    def chunk_tokens(self) -> int:
+        """The most tokens one chunk frame joins: ``join_tokens``, within what the queen's
+        welcome allows (none from a queen that does not say)."""
+        allowed = self.welcome.chunk_tokens if self.welcome is not None else None
+        return max(1, min(self.join_tokens, allowed or 1))
 
     def _embed(self, job: Job) -> Result:
         inputs = job.openai_req["input"]

@@ -139,9 +139,13 @@ def test_jobs_start_up_to_max_jobs_then_get_a_retryable_busy():
 def test_chunks_are_numbered_and_end_with_the_result():
     link = _ready()
     link.receive(_job("a"))
-    frames = [decode(a.frame) for a in link.chunk("a", {"n": 1}) + link.chunk("a", {"n": 2})]
-    assert [(f.type, f.seq, f.data) for f in frames] == [("chunk", 0, {"n": 1}),
-                                                        ("chunk", 1, {"n": 2})]
+    [first] = link.chunk("a", {"n": 1})
+    assert link.chunk("a", {"n": 2}) == []  # waits while the first frame is being sent
+    [second] = link.chunk_sent("a")
+    assert link.chunk_sent("a") == []  # nothing waits: the next chunk goes out at once
+    frames = [decode(first.frame), decode(second.frame)]
+    assert [(f.type, f.seq, f.data, f.tokens) for f in frames] == [("chunk", 0, {"n": 1}, 1),
+                                                                  ("chunk", 1, {"n": 2}, 1)]
     [result] = link.result("a", {}, Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3))
     assert decode(result.frame).usage.total_tokens == 3
     assert link.active == set()

@@ -46,7 +46,7 @@ from shared_schema import (
     decode,
     encode,
 )
-from shared_schema.protocol import CLOSE_POLICY
+from shared_schema.protocol import CLOSE_POLICY, MAX_CHUNK_TOKENS
 from tests.support.workers import LegacyWorker, new_key, signed_hello
 
 MODEL = "org/repo:Q4_K_M"
@@ -143,7 +143,8 @@ def test_a_signed_hello_is_admitted_with_a_welcome():
     assert (worker.worker_version, worker.legacy, worker.connected_at) == ("scripted-1", False, 42)
     welcome = decode(admit.welcome)
     assert welcome == Welcome(session_id=worker.session_id, worker_id=worker.public_id,
-                              heartbeat_interval_s=1.0, pays_workers=False)
+                              heartbeat_interval_s=1.0, pays_workers=False,
+                              chunk_tokens=MAX_CHUNK_TOKENS)  # it reads joined chunks
     assert welcome.payout_threshold_msat is None  # a queen that does not pay names no threshold
     assert link.state is State.READY
     assert link.worker is worker
@@ -399,6 +400,33 @@ def test_each_bad_frame_is_answered_with_a_typed_error(frame, code, job_id):
     assert (error["type"], error["code"], error["id"]) == ("error", code, job_id)
     assert error["message"]
     assert link.bad_frames == 1
+
+
+@pytest.mark.parametrize("tokens", ["0", "-1", str(MAX_CHUNK_TOKENS + 1), '"3"', "true",
+                                    "2.5", "2.0", "null", "[]"])
+def test_a_malformed_token_count_gets_the_typed_error_and_feeds_nothing(tokens):
+    link, leases = admitted()
+    handle = lease(leases, "j1")
+    frame = ('{"type": "chunk", "id": "j1", "seq": 0, "tokens": ' + tokens
+             + ', "data": {"choices": [{"index": 0, "delta": {"content": "abc"}}]}}')
+    [error] = sent(link.receive(frame, 1.0))
+    assert (error["type"], error["code"], error["id"]) == ("error", "invalid_message", "j1")
+    assert "tokens" in error["message"]
+    assert handle.take_ready() == []
+    assert link.bad_frames == 1
+
+
+def test_a_joined_chunk_reaches_its_job_with_its_count():
+    link, leases = admitted()
+    handle = lease(leases, "j1")
+    chunk = Chunk(id="j1", seq=0, tokens=3,
+                  data={"choices": [{"index": 0, "delta": {"content": "a b c"}}]})
+    assert link.receive(encode(chunk), 1.0) == NOTHING
+    [fed] = handle.take_ready()
+    assert fed.tokens == 3
+    older = '{"type": "chunk", "id": "j1", "seq": 1, "data": {}}'  # no field: one token
+    assert link.receive(older, 1.0) == NOTHING
+    assert handle.take_ready()[0].tokens == 1
 
 
 def test_too_many_bad_frames_close_the_link_and_unknown_jobs_are_not_counted():
