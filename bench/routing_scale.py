@@ -119,8 +119,10 @@ def part_swarm(args: argparse.Namespace) -> list[str]:
             assert queen.popen is not None
             for count in (32, args.workers):
                 control.write_text(str(count))
-                wait_for(lambda count=count: _connected(report) >= count, 600,
-                         f"{count} workers")
+                wait_for(lambda count=count: _connected(report) >= count or not workers.alive(),
+                         600, f"{count} workers")
+                if not workers.alive():
+                    raise RuntimeError("the worker process died: " + workers.log()[-2000:])
                 asyncio.run(drive(port, args.concurrency, 2.0))  # warm up
                 before = cpu_s(queen.popen.pid)
                 ok, other = asyncio.run(drive(port, args.concurrency, args.duration))
@@ -246,6 +248,12 @@ def part_release(args: argparse.Namespace) -> list[str]:
     return ["one released slot handed to the queue (release + hand-over), in process", *lines]
 
 
+def raise_open_files() -> None:
+    """Thousands of sockets: the soft limit on open files up to the hard one."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", default="swarm,decide,release")
@@ -258,7 +266,7 @@ def main() -> None:
     parser.add_argument("--report", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_workers:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (65536, 65536))
+        raise_open_files()
         asyncio.run(serve_workers(args.serve_workers, args.control, args.report))
         return
     parts = {"swarm": part_swarm, "decide": part_decide, "release": part_release}

@@ -143,11 +143,13 @@ class Scores:
         return speed * worker.trust
 
     def typical(self, size_class: str, speeds: Mapping[str, float]) -> float:
-        """The median speed of a size class, recomputed at most once a second (or when the
-        number of records changes): a newcomer is scored at it."""
+        """The median speed of a size class, recomputed at most once a second (sorting
+        thousands of records on every job, while a large swarm's newcomers get their first
+        records, would make each job O(N)), or at once when the class had no record: a
+        newcomer is scored at it."""
         now = time.monotonic()
         cached = self._medians.get(size_class)
-        if cached is not None and cached[0] == len(speeds) and now - cached[1] < 1.0:
+        if cached is not None and (cached[0] > 0 or not speeds) and now - cached[1] < 1.0:
             return cached[2]
         median = statistics.median(speeds.values()) if speeds else 1.0
         self._medians[size_class] = (len(speeds), now, median)
