@@ -116,7 +116,6 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
             stats_store.start()
         await state.billing.start()
         if replicas is not None:
-            await replicas.bus.start()
             await replicas.start()
         audits.start()
         placement.start()

@@ -37,6 +37,7 @@ from shared_schema.cluster import Assigned, ClusterJob, Lost
 log = logging.getLogger(__name__)
 
 CLOSE_ELSEWHERE = 4009  # a worker's session closed because its key connected to another replica
+CLAIM_BATCH = 64  # worker claims sent to the directory at once
 
 
 class _Run:
@@ -78,6 +79,7 @@ class Replicas:
         self.beats = 0  # heartbeats done (tests wait on it)
 
     async def start(self) -> None:
+        await self.bus.start()
         await self.client.start()
         await self.server.start()
         await self._beat_once()
@@ -117,12 +119,12 @@ class Replicas:
 
     async def submit(self, replica: str, handle: JobHandle, *, model: str, openai_url: str,
                      openai_req: Mapping[str, Any], stream: bool, timeout_s: float,
-                     continuation: str | None, needs: Mapping[str, str], legacy_ok: bool,
+                     continuation: str | None, needs: Mapping[str, str],
                      billed: bool, sha256: str | None, exclude: Collection[str]) -> _Run:
         job = await self.client.submit(
             replica, job_id=handle.id, model=model, openai_url=openai_url,
             openai_req=dict(openai_req), timeout_s=timeout_s, stream=stream,
-            continuation=continuation, needs=needs, legacy_ok=legacy_ok, billed=billed,
+            continuation=continuation, needs=needs, billed=billed,
             sha256=sha256, exclude=list(exclude), sink=handle.feed)
         return _Run(job)
 
@@ -173,8 +175,10 @@ class Replicas:
                                               workers=len(registry),
                                               jobs_in_flight=registry.leased))
         keys = {worker.key for worker in registry}
-        for key in keys - self._claimed:
-            await directory.claim_worker(key, self.replica_id)
+        joined = list(keys - self._claimed)
+        for start in range(0, len(joined), CLAIM_BATCH):  # a burst of joins: not one by one
+            await asyncio.gather(*(directory.claim_worker(key, self.replica_id)
+                                   for key in joined[start:start + CLAIM_BATCH]))
         lost = set(await directory.refresh_workers(self.replica_id, keys))
         for key in lost:  # the worker connected to another replica since: that one holds it
             worker, connection = registry.get(key), registry.connection(key)

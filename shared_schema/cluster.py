@@ -78,7 +78,6 @@ class ClusterJob(WireModel):
     stream: bool = True
     continuation: str | None = None
     needs: dict[str, str] = Field(default_factory=dict)
-    legacy_ok: bool = True
     billed: bool = False
     timeout_s: float = Field(gt=0)
     # A continuation goes only to a twin: a worker holding this file (and able to continue).

@@ -152,6 +152,10 @@ class Subscription:
 
 
 class Bus(Protocol):
+    async def start(self) -> Bus:
+        """Connect (if there is anything to connect to); ``BusUnavailable`` if it cannot."""
+        ...
+
     async def publish(self, channel: str, data: bytes) -> int:
         """Send ``data`` to every current subscriber of ``channel``; the number of receivers
         (processes for Redis, subscriptions in process). ``BusUnavailable`` when it cannot
@@ -171,6 +175,9 @@ class InProcessBus:
     def __init__(self) -> None:
         self._subs: dict[str, set[Subscription]] = {}
         self._closed = False
+
+    async def start(self) -> InProcessBus:
+        return self  # nothing to connect to
 
     async def publish(self, channel: str, data: bytes) -> int:
         if self._closed:

@@ -25,14 +25,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from queen_server.cluster.bus import Bus, BusGap, Subscription
 from queen_server.cluster.errors import BusUnavailable, ReplicaUnavailable
 from queen_server.cluster.stream import Gap, ReplyStream, Sequencer
-from queen_server.swarm.jobs import JobEvent, WorkerLost
+from queen_server.swarm.jobs import JobEvent, Mailbox, WorkerLost
 from shared_schema import Chunk, JobError, ProtocolError, Result
 from shared_schema.cluster import (
     TERMINAL_FRAMES,
@@ -64,27 +63,33 @@ def reply_channel(replica_id: str, namespace: str = DEFAULT_NAMESPACE) -> str:
     return f"{namespace}:replies:{replica_id}"
 
 
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
+def _decoded(item: bytes, channel: str) -> ClusterJob | ClusterEvent | ClusterCancel | None:
+    """A bus message, or None for one that is not (dropped with a warning: another process
+    on the bus, or a bug, must not stop the reader)."""
+    try:
+        return decode_cluster(item)
+    except ProtocolError as exc:
+        log.warning("bad message on %s dropped: %s", channel, exc.message)
+        return None
 
 
 # --- the origin's side (B) -------------------------------------------------------------------
 
 
-class RemoteJob:
+class RemoteJob(Mailbox):
     """One job served by another replica, as seen from the replica that holds its client.
 
-    Read it like a ``JobHandle`` (``next(deadline)``, ``take_ready``) or iterate it; or give
-    ``submit`` a ``sink`` and every event goes there instead. Exactly one terminal event is
-    delivered (``Result``, ``JobError`` or ``WorkerLost``), and nothing after it.
+    Read it like a ``JobHandle`` (the same ``Mailbox``: ``next(deadline)``, ``take_ready``) or
+    iterate it; or give ``submit`` a ``sink`` and every event goes there instead. Exactly one
+    terminal event is delivered (``Result``, ``JobError`` or ``WorkerLost``), and nothing
+    after it.
     """
 
-    __slots__ = ("_client", "_items", "_sink", "_waiter", "assigned", "ended", "job_id",
-                 "replica_id", "stream")
+    __slots__ = ("_client", "_sink", "assigned", "ended", "job_id", "replica_id", "stream")
 
     def __init__(self, client: RemoteJobClient, job_id: str, replica_id: str,
                  stream: ReplyStream[Frame], sink: Callable[[JobEvent], None] | None) -> None:
+        super().__init__()
         self._client = client
         self.job_id = job_id
         self.replica_id = replica_id  # the serving replica
@@ -92,8 +97,6 @@ class RemoteJob:
         self.ended = False
         self.assigned: Assigned | None = None  # the serving replica's worker, once it says
         self._sink = sink
-        self._items: deque[JobEvent] = deque()
-        self._waiter: asyncio.Future[None] | None = None
 
     def __repr__(self) -> str:
         return f"<RemoteJob {self.job_id} on replica {self.replica_id}>"
@@ -105,33 +108,8 @@ class RemoteJob:
             self.ended = True
         if self._sink is not None:
             self._sink(event)
-            return
-        self._items.append(event)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def next(self, deadline: float) -> JobEvent:
-        """The next event, or ``TimeoutError`` once the loop clock passes ``deadline``."""
-        if self._items:
-            return self._items.popleft()
-        loop = asyncio.get_running_loop()
-        waiter = loop.create_future()
-        self._waiter = waiter
-        timer = loop.call_at(deadline, _wake, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self._waiter = None
-        if self._items:
-            return self._items.popleft()
-        raise TimeoutError
-
-    def take_ready(self) -> list[JobEvent]:
-        items = list(self._items)
-        self._items.clear()
-        return items
+        else:
+            self.put(event)
 
     def __aiter__(self) -> RemoteJob:
         return self
@@ -198,7 +176,6 @@ class RemoteJobClient:
         stream: bool = True,
         continuation: str | None = None,
         needs: Mapping[str, str] | None = None,
-        legacy_ok: bool = True,
         billed: bool = False,
         sha256: str | None = None,
         exclude: list[str] | None = None,
@@ -212,7 +189,7 @@ class RemoteJobClient:
         message = ClusterJob(job_id=job_id, origin=self.replica_id, reply_to=self.reply_to,
                              model=model, openai_url=openai_url, openai_req=openai_req,
                              stream=stream, continuation=continuation, needs=dict(needs or {}),
-                             legacy_ok=legacy_ok, billed=billed, timeout_s=timeout_s,
+                             billed=billed, timeout_s=timeout_s,
                              sha256=sha256, exclude=list(exclude or ())[:64])
         now = asyncio.get_running_loop().time()
         job = RemoteJob(self, job_id, replica_id, ReplyStream(now, self.accept_s), sink)
@@ -260,11 +237,7 @@ class RemoteJobClient:
                     self._lose(job, f"the events from replica {job.replica_id} may have a gap "
                                     f"({item.reason})")
                 continue
-            try:
-                message = decode_cluster(item)
-            except ProtocolError as exc:
-                log.warning("bad message on %s dropped: %s", self.reply_to, exc.message)
-                continue
+            message = _decoded(item, self.reply_to)
             if not isinstance(message, ClusterEvent):
                 continue
             job = self.jobs.get(message.job_id)
@@ -393,11 +366,7 @@ class JobServer:
                 # their streams' gaps) and give up; a lost cancel ends with the job's deadline.
                 log.warning("job channel %s: %s", self.channel, item.reason)
                 continue
-            try:
-                message = decode_cluster(item)
-            except ProtocolError as exc:
-                log.warning("bad message on %s dropped: %s", self.channel, exc.message)
-                continue
+            message = _decoded(item, self.channel)
             if isinstance(message, ClusterJob):
                 self._begin(message)
             elif isinstance(message, ClusterCancel):

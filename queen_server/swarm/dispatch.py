@@ -126,6 +126,7 @@ class JobRequest:
     # False for a billed job when the ``legacy_workers`` setting is "unbilled": no legacy
     # worker, whose answers the queen cannot verify, may take it (nor a retry or failover of it).
     legacy_ok: bool = True
+    billed: bool = False  # the caller pays (what another replica is told, to decide the same)
     # The capabilities a worker needs for this request, each with the field that needs it
     # (``shared_schema.capabilities.needs``): only such workers take it, retries and twins too.
     needs: Mapping[str, str] = field(default_factory=dict)
@@ -194,7 +195,6 @@ class Dispatcher:
         """``pinned(model)``: the sha256 a model name is pinned to (issue 17), or None;
         workers holding another file under that name are not used for it."""
         self.registry = registry
-        self.pinned = pinned
         self.settings = settings
         self.stats = stats
         self.size_class_of = size_class_of
@@ -265,6 +265,7 @@ class Dispatcher:
         deadline = asyncio.get_running_loop().time() + settings.total_timeout_s
         request = JobRequest(job_id, model, openai_url, openai_req, stream, deadline,
                              legacy_ok=not billed or settings.legacy_workers != "unbilled",
+                             billed=billed,
                              needs=needs or {}, local_only=local_only, tried=set(exclude))
         # Another replica's continuation of an answer (``local_only``: it was sent here by
         # the replica holding the client) goes only to a twin of the file it names.
@@ -377,8 +378,7 @@ class Dispatcher:
                     target, handle, model=request.model, openai_url=request.openai_url,
                     openai_req=body, stream=request.stream,
                     timeout_s=max(0.1, deadline - loop.time()), continuation=continuation,
-                    needs=request.needs, legacy_ok=request.legacy_ok,
-                    billed=not request.legacy_ok, sha256=request.twin_sha256,
+                    needs=request.needs, billed=request.billed, sha256=request.twin_sha256,
                     exclude=request.tried))
         else:
             worker, connection, reserved = target

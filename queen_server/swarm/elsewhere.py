@@ -60,8 +60,8 @@ class Elsewhere(Protocol):
 
     async def submit(self, replica: str, handle: JobHandle, *, model: str, openai_url: str,
                      openai_req: Mapping[str, Any], stream: bool, timeout_s: float,
-                     continuation: str | None, needs: Mapping[str, str], legacy_ok: bool,
-                     billed: bool, sha256: str | None, exclude: Collection[str]) -> RemoteRun:
+                     continuation: str | None, needs: Mapping[str, str], billed: bool,
+                     sha256: str | None, exclude: Collection[str]) -> RemoteRun:
         """Send the job; its events are fed to ``handle``. Raises when nothing was sent (the
         replica is gone, the bus is down): the job may go elsewhere."""
         ...

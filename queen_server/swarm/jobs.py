@@ -120,7 +120,48 @@ async def _no_cancel(job_id: str, reason: str) -> None:
     """For a handle made without a connection (tests): there is no worker to tell."""
 
 
-class JobHandle:
+class Mailbox:
+    """A job's events in arrival order, awaited with a deadline: a deque plus one waiter future
+    and one timer. ``JobHandle`` is one; so is a job served by another replica
+    (``cluster.remote.RemoteJob``)."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[JobEvent] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, event: JobEvent) -> None:
+        self._items.append(event)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next(self, deadline: float) -> JobEvent:
+        """The next event, or ``TimeoutError`` once the loop clock passes ``deadline``."""
+        if self._items:
+            return self._items.popleft()
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        self._waiter = waiter
+        timer = loop.call_at(deadline, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+        if self._items:
+            return self._items.popleft()
+        raise TimeoutError
+
+    def take_ready(self) -> list[JobEvent]:
+        """Every event already waiting, without blocking (to batch writes to the client)."""
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+
+class JobHandle(Mailbox):
     """A job leased to one worker, from the job frame until its end (the whole stream).
 
     ``worker_key`` and ``worker_id`` (the public id) name the worker for the registry, the stats
@@ -134,8 +175,6 @@ class JobHandle:
 
     __slots__ = (
         "_cancel",
-        "_items",
-        "_waiter",
         "budget",
         "cancelling",
         "chunk_cap",
@@ -174,45 +213,18 @@ class JobHandle:
         self.room = self.budget  # what is left of the budget (the link takes from it)
         self.chunk_cap = min(self.budget, MAX_CHUNK_CHARS)
         self._cancel = cancel
-        self._items: deque[JobEvent] = deque()
-        self._waiter: asyncio.Future[None] | None = None
+        super().__init__()
 
     def __repr__(self) -> str:
         return f"<JobHandle {self.id} on {self.worker_id}{' finished' if self.finished else ''}>"
 
     def feed(self, event: JobEvent) -> None:
-        self._items.append(event)
         if not isinstance(event, Chunk):
             self.finished = True
             if self.on_end is not None:
                 self.on_end(self)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self.put(event)
 
     async def cancel(self, reason: str) -> None:
         """Tell the worker to stop this job (a legacy worker's connection sends nothing)."""
         await self._cancel(self.id, reason)
-
-    async def next(self, deadline: float) -> JobEvent:
-        """The next event, or ``TimeoutError`` once the loop clock passes ``deadline``."""
-        if self._items:
-            return self._items.popleft()
-        loop = asyncio.get_running_loop()
-        waiter = loop.create_future()
-        self._waiter = waiter
-        timer = loop.call_at(deadline, _wake, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self._waiter = None
-        if self._items:
-            return self._items.popleft()
-        raise TimeoutError
-
-    def take_ready(self) -> list[JobEvent]:
-        """Every event already waiting, without blocking (to batch writes to the client)."""
-        items = list(self._items)
-        self._items.clear()
-        return items

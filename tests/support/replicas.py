@@ -3,20 +3,15 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import create_async_engine
 
+from tests.support.postgres import POSTGRES_URL, fresh_database
 from tests.support.processes import Proc, base_env
-
-POSTGRES_URL = os.environ.get("APIARY_TEST_POSTGRES_URL")
 
 
 @pytest.fixture
@@ -25,19 +20,10 @@ async def shared_db() -> AsyncIterator[str]:
     compose file's one-shot ``migrate`` does; skipped without APIARY_TEST_POSTGRES_URL."""
     if not POSTGRES_URL:
         pytest.skip("APIARY_TEST_POSTGRES_URL is not set (.ci/run sets it)")
-    name = f"apiary_replicas_{uuid.uuid4().hex[:10]}"
-    admin = create_async_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
-    async with admin.connect() as conn:
-        await conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = f"{POSTGRES_URL.rsplit('/', 1)[0]}/{name}"
-    migrated = replica_cli(Path("."), url, "db", "upgrade")
-    assert migrated.returncode == 0, migrated.stderr
-    try:
+    async with fresh_database("apiary_replicas") as url:
+        migrated = replica_cli(Path("."), url, "db", "upgrade")
+        assert migrated.returncode == 0, migrated.stderr
         yield url
-    finally:
-        async with admin.connect() as conn:
-            await conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        await admin.dispose()
 
 
 def replica_cli(tmp: Path, db_url: str, *args: str) -> subprocess.CompletedProcess[str]:

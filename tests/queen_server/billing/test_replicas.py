@@ -207,6 +207,9 @@ async def test_concurrency_4_across_three_replicas_is_never_exceeded(replicas):
     who = await replicas.key(10_000 * COST, concurrency_limit=4)
     inflight = peak = admitted = limited = 0
     codes: set[tuple[str | None, str]] = set()
+    # The first admitted requests hold their places until four are in flight at once, so the
+    # limit is reached however slowly a loaded machine runs the holds (and passed if broken).
+    full = asyncio.Event()
 
     async def client(i: int) -> None:
         nonlocal inflight, peak, admitted, limited
@@ -223,6 +226,10 @@ async def test_concurrency_4_across_three_replicas_is_never_exceeded(replicas):
             inflight += 1
             admitted += 1
             peak = max(peak, inflight)
+            if inflight >= 4:
+                full.set()
+            async with asyncio.timeout(10):
+                await full.wait()
             await asyncio.sleep(0.01)  # the request's work
             inflight -= 1
             await billing.finish(hold, prompt_tokens=1, completion_tokens=1)

@@ -4,22 +4,18 @@ names the form to write and never the password. And ``--forwarded-allow-ips`` re
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 from alembic.script import ScriptDirectory
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from queen_server.storage.engine import MIGRATIONS
+from tests.support.postgres import POSTGRES_URL, fresh_database
 from tests.support.processes import base_env, free_port, health, queen_process, running, wait_for
 
-POSTGRES_URL = os.environ.get("APIARY_TEST_POSTGRES_URL")
 SECRET = "hunter2-secret"
 HEAD = ScriptDirectory(str(MIGRATIONS)).get_current_head()
 
@@ -49,17 +45,8 @@ async def plain_postgres_url() -> str:
     """A fresh PostgreSQL database, as the plain ``postgresql://`` URL an operator writes."""
     if not POSTGRES_URL:
         pytest.skip("APIARY_TEST_POSTGRES_URL is not set (.ci/run sets it)")
-    name = f"apiary_test_{uuid.uuid4().hex[:10]}"
-    admin = create_async_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
-    async with admin.connect() as conn:
-        await conn.execute(text(f'CREATE DATABASE "{name}"'))
-    base = POSTGRES_URL.rsplit("/", 1)[0].split("://", 1)[1]
-    try:
-        yield f"postgresql://{base}/{name}"
-    finally:
-        async with admin.connect() as conn:
-            await conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        await admin.dispose()
+    async with fresh_database() as url:
+        yield "postgresql://" + url.split("://", 1)[1]
 
 
 def test_postgresql_and_postgres_forms_migrate(tmp_path: Path, plain_postgres_url: str) -> None:

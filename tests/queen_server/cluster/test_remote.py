@@ -257,6 +257,21 @@ async def test_out_of_order_events_are_put_back_in_order_and_a_gap_is_loud(pair:
     assert "gap" in lost.reason
 
 
+async def test_garbage_on_a_job_channel_is_dropped_and_the_server_keeps_serving(
+        pair: Pair) -> None:
+    toy = Toy(chunks=3)
+    await pair.serve(toy)
+    channel = job_channel("A")
+    # Not JSON, not a cluster message, a job with a missing field, a cancel of nothing.
+    for junk in (b"\xff\x00 not json", b'{"type": "nonsense"}',
+                 b'{"type": "job", "job_id": "x"}',
+                 b'{"type": "cancel", "job_id": "no-such-job"}'):
+        await pair.client_bus.publish(channel, junk)
+    events = await drain(await submit(pair, "after-junk.1"))
+    assert [type(event) for event in events] == [Chunk, Chunk, Chunk, Result]
+    assert [job.job_id for job in toy.started] == ["after-junk.1"]  # no junk became a job
+
+
 async def submit_to_fake(pair: Pair, job_id: str) -> RemoteJob:
     """A job on a replica "A" that is only a raw subscription: the test plays the server."""
     listener = await pair.server_bus.subscribe(job_channel("A"))
