@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from starlette.middleware import Middleware
 
-from queen_server import __version__, web
+from queen_server import __version__, reports, web
 from queen_server.audits.service import AuditService
 from queen_server.audits.store import AuditStore
 from queen_server.billing.service import Billing
@@ -55,7 +55,19 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
                     if settings.redis_url else None)
     billing = Billing(settings, db, shared_redis)
     stats = SwarmStats()
-    metrics = Metrics(workers=lambda: len(registry), queued=lambda: registry.waiting)
+
+    def swarm_counts() -> dict[str, int]:
+        """The whole swarm's counts for the metrics (every replica's, as the last heartbeat
+        read them; none while the directory is unreachable)."""
+        if state.replicas is None:
+            return {"replicas": 1, "workers": len(registry), "jobs_in_flight": registry.leased}
+        try:
+            return state.replicas.swarm()
+        except Exception:  # the shared Redis is down: no whole-swarm figures now
+            return {}
+
+    metrics = Metrics(workers=lambda: len(registry), queued=lambda: registry.waiting,
+                      swarm=swarm_counts)
 
     hub = HubFiles(settings.hub_endpoint,
                    settings.hub_token.get_secret_value() if settings.hub_token else None,
@@ -99,10 +111,14 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
         replicas = Replicas(settings.replica_id, registry, dispatcher,
                             RedisBus(settings.redis_url),
                             RedisDirectory(settings.redis_url, client=shared_redis),
+                            stats=stats,
+                            answer=lambda what, arg: reports.part(state, what, arg),
                             address=",".join(settings.public_url)
                             or f"{settings.host}:{settings.port}")
     state.replicas = replicas
-    stats_store = StatsStore(db.engine, stats) if db is not None else None
+    # With replicas, each reads back what the others wrote of their workers.
+    stats_store = (StatsStore(db.engine, stats, reload=replicas is not None)
+                   if db is not None else None)
     origins = QueenOrigins(settings)  # what workers' signatures must name
 
     @asynccontextmanager

@@ -9,7 +9,14 @@ workers hold it and how many are free. When a request here finds no free worker,
 asks ``replicas`` (the directory's view, cached for ``cache_s``) and sends the job to another
 replica (``submit``), whose ``JobServer`` runs it through its own dispatcher (``_serve``,
 local only: a job is forwarded once at most) and sends every event back in order. Billing,
-metering and failover stay on the replica that holds the client.
+metering and failover stay on the replica that holds the client; once the job is over, that
+replica sends its count of the job (``outcome``) back to the serving one, which keeps the
+worker's record and speed (``_recorded``): each worker's numbers have one writer, the replica
+that holds it, and routing there learns from every job its workers serve.
+
+Reports describe the whole swarm: ``gather`` asks every other replica for its part of one
+(``cluster.queries``; cached for ``cache_s``, one question in flight per report), and
+``swarm`` gives the counts of the last heartbeat's directory read.
 
 With no Redis configured there is no ``Replicas``: one queen works exactly as before.
 """
@@ -21,10 +28,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from queen_server.cluster.bus import Bus
-from queen_server.cluster.directory import Capacity, Directory, ReplicaInfo
+from queen_server.cluster.directory import Capacity, Directory, ReplicaInfo, swarm_counts
+from queen_server.cluster.queries import Answerer, Queries
 from queen_server.cluster.remote import Emitter, JobServer, RemoteJob, RemoteJobClient
 from queen_server.errors import ApiError, InvalidRequest
 from queen_server.swarm.dispatch import Dispatcher
@@ -32,12 +40,20 @@ from queen_server.swarm.elsewhere import RemoteWorker
 from queen_server.swarm.jobs import JobHandle, WorkerLost
 from queen_server.swarm.registry import Registry
 from shared_schema import Chunk, JobError
-from shared_schema.cluster import Assigned, ClusterJob, Lost
+from shared_schema.cluster import Assigned, ClusterJob, ClusterOutcome, Lost, Query
+
+if TYPE_CHECKING:
+    from queen_server.stats.swarm import SwarmStats
 
 log = logging.getLogger(__name__)
 
 CLOSE_ELSEWHERE = 4009  # a worker's session closed because its key connected to another replica
 CLAIM_BATCH = 64  # worker claims sent to the directory at once
+MAX_SERVED = 10_000  # jobs served for other replicas whose outcome may still come
+
+
+async def _no_answer(_what: Query, _arg: str | None) -> Any:
+    return None
 
 
 class _Run:
@@ -61,7 +77,8 @@ class _Run:
 
 class Replicas:
     def __init__(self, replica_id: str, registry: Registry, dispatcher: Dispatcher, bus: Bus,
-                 directory: Directory, *, address: str = "", heartbeat_s: float = 1.0,
+                 directory: Directory, *, stats: SwarmStats | None = None,
+                 answer: Answerer = _no_answer, address: str = "", heartbeat_s: float = 1.0,
                  cache_s: float = 1.0) -> None:
         self.replica_id = replica_id
         self.registry = registry
@@ -71,17 +88,26 @@ class Replicas:
         self.address = address
         self.heartbeat_s = heartbeat_s
         self.cache_s = cache_s
+        self.stats = stats
         self.client = RemoteJobClient(bus, replica_id, directory=directory)
-        self.server = JobServer(bus, replica_id, self._serve)
+        self.server = JobServer(bus, replica_id, self._serve, on_outcome=self._recorded)
+        self.queries = Queries(bus, replica_id, answer)
         self._views: dict[str, tuple[float, list[tuple[str, int]]]] = {}
         self._claimed: set[str] = set()
         self._task: asyncio.Task[None] | None = None
+        # Jobs served here for other replicas: job id -> (worker key, public id, model).
+        self._served: dict[str, tuple[str, str, str]] = {}
+        self._reports: dict[tuple[str, str | None], tuple[float, asyncio.Future[Any]]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._alive: dict[str, ReplicaInfo] = {}
+        self._alive_error: Exception | None = None
         self.beats = 0  # heartbeats done (tests wait on it)
 
     async def start(self) -> None:
         await self.bus.start()
         await self.client.start()
         await self.server.start()
+        await self.queries.start()
         await self._beat_once()
         self._task = asyncio.create_task(self._beat(), name="replica-heartbeat")
         self.dispatcher.elsewhere = self
@@ -95,6 +121,7 @@ class Replicas:
                 await self._task
         await self.server.close()
         await self.client.close()
+        await self.queries.close()
         with contextlib.suppress(Exception):
             await self.directory.remove_replica(self.replica_id)
         await self.directory.close()
@@ -128,6 +155,16 @@ class Replicas:
             sha256=sha256, exclude=list(exclude), sink=handle.feed)
         return _Run(job)
 
+    def outcome(self, replica: str, job_id: str, *, outcome: str, prompt_tokens: int,
+                completion_tokens: int, total_s: float, ttft_s: float | None) -> None:
+        message = ClusterOutcome(job_id=job_id, outcome=outcome[:64] or "error",
+                                 prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                 total_s=max(0.0, total_s),
+                                 ttft_s=max(0.0, ttft_s) if ttft_s is not None else None)
+        task = asyncio.get_running_loop().create_task(self.client.send_outcome(replica, message))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     # --- other replicas' jobs, served here ---------------------------------------------------
 
     async def _serve(self, job: ClusterJob, emit: Emitter) -> None:
@@ -143,6 +180,7 @@ class Replicas:
             return
         try:
             worker = run.worker
+            self._remember(job.job_id, worker.key, worker.public_id, job.model)
             held = worker.models.get(job.model)
             await emit(Assigned(worker_key=worker.earnings_key, worker_id=worker.public_id,
                                 sha256=held.sha256 if held is not None else None))
@@ -157,6 +195,45 @@ class Replicas:
                 event = await run.next()
         finally:
             await run.finish("the replica holding the client ended the job")
+
+    def _remember(self, job_id: str, key: str, public_id: str, model: str) -> None:
+        served = self._served
+        if len(served) >= MAX_SERVED:  # outcomes that never came (their origin died)
+            del served[next(iter(served))]
+        served[job_id] = (key, public_id, model)
+
+    def _recorded(self, message: ClusterOutcome) -> None:
+        """The origin's count of a job served here: the worker's record is kept here."""
+        served = self._served.pop(message.job_id, None)
+        if served is None or self.stats is None:
+            return
+        key, public_id, model = served
+        if message.outcome == "ok":
+            self.stats.job_done(message.job_id, key, public_id, model,
+                                self.dispatcher.size_class_of(model), message.prompt_tokens,
+                                message.completion_tokens, message.total_s, message.ttft_s)
+        else:
+            self.stats.job_failed(message.job_id, key, public_id, model, message.outcome,
+                                  message.total_s)
+
+    # --- reports of the whole swarm ---------------------------------------------------------
+
+    async def gather(self, what: Query, arg: str | None = None) -> dict[str, Any]:
+        """Every other replica's part of a report, by replica id; the same answer for
+        ``cache_s``, and one question in flight per report, whatever the callers."""
+        now = time.monotonic()
+        key = (what, arg)
+        cached = self._reports.get(key)
+        if cached is None or (now - cached[0] > self.cache_s and cached[1].done()):
+            if len(self._reports) > 1024:
+                self._reports = {k: v for k, v in self._reports.items() if not v[1].done()}
+            future: asyncio.Future[Any] = asyncio.ensure_future(self.queries.ask(what, arg))
+            self._reports[key] = cached = (now, future)
+        try:
+            return dict(await asyncio.shield(cached[1]))
+        except Exception as exc:  # the bus is down: this replica's own part only
+            log.warning("the other replicas could not be asked for %s: %s", what, exc)
+            return {}
 
     # --- the directory ----------------------------------------------------------------------
 
@@ -187,6 +264,11 @@ class Replicas:
                     await connection.close(CLOSE_ELSEWHERE, "connected to another replica")
         self._claimed = keys - lost
         await directory.publish_capacity(self.replica_id, self.capacity())
+        try:
+            self._alive, self._alive_error = await directory.alive(), None
+        except Exception as exc:
+            self._alive_error = exc
+            raise
         self.beats += 1
 
     def capacity(self) -> dict[str, Capacity]:
@@ -196,9 +278,12 @@ class Replicas:
                                 free_slots=registry.free.free_for(model))
                 for model in registry.model_names()}
 
-    async def swarm(self) -> dict[str, int]:
-        """The whole swarm's counts, every replica's (for /health and /stats)."""
-        alive = await self.directory.alive()
-        return {"replicas": len(alive),
-                "workers": sum(info.workers for info in alive.values()),
-                "jobs_in_flight": sum(info.jobs_in_flight for info in alive.values())}
+    def swarm(self) -> dict[str, int]:
+        """The whole swarm's counts, every replica's, as the last heartbeat read them (for
+        /health and the metrics: a probe costs no Redis call). Raises the heartbeat's error
+        while the directory is unreachable."""
+        if self._alive_error is not None:
+            raise self._alive_error
+        counts = swarm_counts(self._alive)
+        return {"replicas": counts.replicas, "workers": counts.workers,
+                "jobs_in_flight": counts.jobs_in_flight}

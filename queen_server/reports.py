@@ -10,6 +10,11 @@ storage, and below ``http/`` and ``web/``, which must not import each other.
 
 A worker's key is never reported (it would let anyone read its earnings): only its short public
 id.
+
+With queen replicas (issue 18), the swarm's answers describe the whole swarm: each replica
+answers for the workers connected to it (``part``, run when another replica asks over the
+bus), and the replica that was asked merges the parts (``stats.merge``; ``_peers`` asks, at
+most once a second per report). A worker's own figures come from the replica that holds it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from queen_server.billing import ledger
 from queen_server.billing.admin import list_keys
 from queen_server.errors import NotFound
 from queen_server.identity import public_id
+from queen_server.stats import merge
+from queen_server.stats.swarm import BUCKET_S, HISTORY_S
 from queen_server.storage import queries
 from queen_server.storage.queries import LedgerCredit
 from shared_schema import PayoutView, WorkerEarnings
@@ -31,6 +38,7 @@ if TYPE_CHECKING:
     from queen_server.billing.store import LedgerStore
     from queen_server.runtime import QueenState
     from queen_server.stats.swarm import JobRecord, WorkerStats
+    from shared_schema.cluster import Query
 
 ADMIN_PAYOUTS = 200  # payouts the admin page lists
 WORKER_PAYOUTS = 10  # payouts a worker's earnings list
@@ -45,28 +53,64 @@ def _iso(when: float | None) -> str | None:
 
 # --- the swarm ------------------------------------------------------------------------------
 
-def swarm_totals(state: QueenState) -> dict[str, Any]:
-    """Workers, GPUs, VRAM, the models on offer with their prices, and the swarm's speed."""
+async def _peers(state: QueenState, what: Query, arg: str | None = None) -> list[Any]:
+    """The other replicas' parts of a report (none without replicas)."""
+    if state.replicas is None:
+        return []
+    return list((await state.replicas.gather(what, arg)).values())
+
+
+def totals_part(state: QueenState, *, series: bool = False) -> dict[str, Any]:
+    """This replica's part of the swarm's totals (``merge.totals``)."""
     registry, swarm = state.registry, state.stats
     sessions = list(registry)
-    p50, p95 = swarm.ttft_percentiles()
-    models = []
+    models = {}
     for name in registry.model_names():
-        price = state.price_of(name)
-        models.append({"id": name, "workers": len(registry.holders(name)), "price": {
-            "size_class": price.size_class, "prompt_msat_per_1k": price.prompt_msat_per_1k,
-            "completion_msat_per_1k": price.completion_msat_per_1k}})
-    return {
+        holders = registry.holders(name)
+        models[name] = {"workers": len(holders),
+                        "loaded_on": sum(name in session.loaded for session in holders)}
+    part: dict[str, Any] = {
         "workers_online": len(sessions),
         "workers_with_gpu": sum(1 for session in sessions if session.gpus),
         "gpus": sum(len(session.gpus) for session in sessions),
         "vram_total_mb": sum(session.vram_mb for session in sessions),
         "models": models,
-        "tokens_per_s": round(swarm.tokens_per_s(), 3),
-        "jobs_per_min": round(swarm.jobs_per_min(), 3),
+        "tokens_per_s": swarm.tokens_per_s(),
+        "jobs_per_min": swarm.jobs_per_min(),
+        "ttft": swarm.ttft_sketch(),
+    }
+    if series:
+        part["series"] = swarm.series()
+    return part
+
+
+def swarm_totals(state: QueenState, peers: list[Any] | None = None) -> dict[str, Any]:
+    """Workers, GPUs, VRAM, the models on offer with their prices, and the swarm's speed:
+    this replica's, and ``peers``' parts added (the other replicas')."""
+    local = totals_part(state)
+    summed = merge.totals([local, *(peers or ())])
+    if peers:
+        p50, p95 = merge.percentiles([local["ttft"], *(
+            part.get("ttft") for part in peers if isinstance(part, dict))])
+    else:
+        p50, p95 = state.stats.ttft_percentiles()
+    models = []
+    for name, counts in summed["models"].items():
+        price = state.price_of(name)
+        models.append({"id": name, "workers": counts["workers"], "price": {
+            "size_class": price.size_class, "prompt_msat_per_1k": price.prompt_msat_per_1k,
+            "completion_msat_per_1k": price.completion_msat_per_1k}})
+    answer = {key: summed[key] for key in merge.SUMMED}
+    answer.update({
+        "models": models,
+        "tokens_per_s": round(summed["tokens_per_s"], 3),
+        "jobs_per_min": round(summed["jobs_per_min"], 3),
         "ttft_p50_s": p50,
         "ttft_p95_s": p95,
-    }
+    })
+    if state.replicas is not None:
+        answer["replicas"] = 1 + len(peers or ())  # those that answered
+    return answer
 
 
 async def earnings_by_worker(state: QueenState) -> dict[str, int]:
@@ -124,7 +168,7 @@ def per_minute(jobs: list[JobRecord]) -> list[dict[str, int]]:
 
 async def stats(state: QueenState) -> dict[str, Any]:
     """``/stats`` and the landing page."""
-    return swarm_totals(state)
+    return swarm_totals(state, await _peers(state, "totals"))
 
 
 def worker_terms(state: QueenState) -> dict[str, Any]:
@@ -140,7 +184,11 @@ def worker_terms(state: QueenState) -> dict[str, Any]:
 
 
 async def worker_stats(state: QueenState, key: str) -> dict[str, Any]:
-    """``/worker/stats``: one worker, by its key, for its owner."""
+    """``/worker/stats``: one worker, by its key, for its owner (from the replica that holds
+    it, when another one does)."""
+    for row in await _peers(state, "worker_key", key):
+        if isinstance(row, dict) and row.get("online"):
+            return row
     found = state.stats.workers.get(key)
     if found is None:
         raise NotFound(f"No worker {public_id(key)} has connected to this queen.",
@@ -150,19 +198,41 @@ async def worker_stats(state: QueenState, key: str) -> dict[str, Any]:
 
 async def overview(state: QueenState) -> dict[str, Any]:
     """``/admin/api/overview``: the totals and the last hour's series."""
-    return {"stats": swarm_totals(state), "series": state.stats.series()}
+    peers = await _peers(state, "totals", "series")
+    series = merge.series([state.stats.series(), *(
+        part.get("series") for part in peers if isinstance(part, dict))], HISTORY_S // BUCKET_S)
+    return {"stats": swarm_totals(state, peers), "series": series}
+
+
+def online_rows(state: QueenState, earnings: dict[str, int]) -> list[dict[str, Any]]:
+    """The workers connected to this replica (its part of ``workers``)."""
+    records = state.stats.workers
+    return [worker_row(state, records[session.key], earnings) for session in state.registry
+            if session.key in records]
 
 
 async def workers(state: QueenState) -> list[dict[str, Any]]:
-    """``/admin/api/workers``: every worker this queen has seen, online ones first."""
+    """``/admin/api/workers``: every worker this queen has seen, online ones first (with
+    replicas: online wherever it is connected)."""
     earnings = await earnings_by_worker(state)
     rows = [worker_row(state, found, earnings) for found in state.stats.workers.values()]
-    rows.sort(key=lambda row: (not row["online"], row["public_id"]))
-    return rows
+    peers = await _peers(state, "workers")
+    if not peers:
+        rows.sort(key=lambda row: (not row["online"], row["public_id"]))
+        return rows
+    return merge.worker_rows(rows, *(part for part in peers if isinstance(part, list)))
 
 
 async def worker(state: QueenState, worker_id: str) -> dict[str, Any]:
-    """``/admin/api/workers/{public id}``: one worker, its jobs per minute and recent jobs."""
+    """``/admin/api/workers/{public id}``: one worker, its jobs per minute and recent jobs
+    (from the replica that holds it, when another one does)."""
+    for answer in await _peers(state, "worker", worker_id):
+        if isinstance(answer, dict) and (answer.get("worker") or {}).get("online"):
+            return answer
+    return await _worker_here(state, worker_id)
+
+
+async def _worker_here(state: QueenState, worker_id: str) -> dict[str, Any]:
     found = next((s for s in state.stats.workers.values() if s.public_id == worker_id), None)
     if found is None:
         raise NotFound(f"No worker {worker_id}.", code="worker_not_found")
@@ -173,17 +243,21 @@ async def worker(state: QueenState, worker_id: str) -> dict[str, Any]:
 
 
 async def jobs(state: QueenState) -> list[dict[str, Any]]:
-    """``/admin/api/jobs``: the recent jobs, newest first."""
-    return [job_row(job) for job in state.stats.recent]
+    """``/admin/api/jobs``: the recent jobs, newest first (every replica's)."""
+    here = [job_row(job) for job in state.stats.recent]
+    peers = await _peers(state, "jobs")
+    if not peers:
+        return here
+    return merge.recent_jobs([here, *peers], state.stats.recent.maxlen or len(here))
 
 
 async def models(state: QueenState) -> list[dict[str, Any]]:
     """``/admin/api/models``: the models on offer, where they are loaded, and their sizes."""
-    registry = state.registry
+    peers = await _peers(state, "totals")
+    loaded = merge.totals([totals_part(state), *peers])["models"]
     rows = []
-    for model in swarm_totals(state)["models"]:
-        holders = registry.holders(model["id"])
-        rows.append({**model, "loaded_on": sum(model["id"] in s.loaded for s in holders),
+    for model in swarm_totals(state, peers)["models"]:
+        rows.append({**model, "loaded_on": loaded[model["id"]]["loaded_on"],
                      "parameter_count": state.catalog.parameter_count(model["id"]),
                      "verified": state.catalog.status(model["id"]),
                      "sha256": facts.sha256 if (facts := state.catalog.facts(model["id"]))
@@ -195,6 +269,9 @@ async def placements(state: QueenState) -> list[dict[str, Any]]:
     """``/admin/api/placements``: models being fetched onto workers (issue 17), with their
     progress, the estimate, and the workers that failed them."""
     rows = state.placement.placements()
+    for part in await _peers(state, "placements"):
+        if isinstance(part, list):
+            rows.extend(row for row in part if isinstance(row, dict))
     for row in rows:
         failed = row.get("failed") or {}
         row["failures"] = [f"{public_id(key)}: {why}" for key, why in failed.items()]
@@ -209,6 +286,30 @@ async def payouts(state: QueenState) -> list[dict[str, Any]]:
     return [{"id": p.id, "worker": public_id(p.worker_key), "amount_msat": p.amount_msat,
              "state": p.state, "updated_at": p.updated_at.isoformat(), "detail": p.detail}
             for p in await queries.recent_payouts(state.db.engine, ADMIN_PAYOUTS)]
+
+
+async def part(state: QueenState, what: Query, arg: str | None) -> Any:
+    """This replica's part of a report another replica was asked for (``cluster.queries``):
+    what it knows of the swarm, never what it learned from the others (no part asks again)."""
+    if what == "totals":
+        return totals_part(state, series=arg == "series")
+    if what == "workers":
+        return online_rows(state, await earnings_by_worker(state))
+    if what == "worker":
+        found = next((s for s in state.stats.workers.values() if s.public_id == arg), None)
+        if found is None or state.registry.get(found.key) is None:
+            return None
+        return await _worker_here(state, found.public_id)
+    if what == "worker_key":
+        record = state.stats.workers.get(arg or "")
+        if record is None or state.registry.get(record.key) is None:
+            return None
+        return worker_row(state, record, await earnings_by_worker(state))
+    if what == "jobs":
+        return [job_row(job) for job in state.stats.recent]
+    if what == "placements":
+        return state.placement.placements()
+    raise ValueError(f"no such report: {what}")
 
 
 def key_stores(state: QueenState) -> tuple[KeyStore, LedgerStore]:

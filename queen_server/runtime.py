@@ -56,9 +56,11 @@ class DispatchStats:
         self.speeds_for = stats.speeds_for  # read on every request: no extra call
 
     def job_done(self, handle: JobHandle, size_class: str, prompt_tokens: int,
-                 completion_tokens: int, total_s: float, ttft_s: float | None) -> None:
-        self.stats.job_done(handle.id, handle.worker_key, handle.worker_id, handle.model,
-                            size_class, prompt_tokens, completion_tokens, total_s, ttft_s)
+                 completion_tokens: int, total_s: float, ttft_s: float | None, *,
+                 here: bool = True) -> None:
+        if here:  # else the replica that served it keeps its worker's record
+            self.stats.job_done(handle.id, handle.worker_key, handle.worker_id, handle.model,
+                                size_class, prompt_tokens, completion_tokens, total_s, ttft_s)
         metrics = self.metrics
         if metrics is not None:
             metrics.tokens.labels("in").inc(prompt_tokens)
@@ -66,9 +68,11 @@ class DispatchStats:
             if ttft_s is not None:
                 metrics.ttft.observe(ttft_s)
 
-    def job_failed(self, handle: JobHandle, outcome: str, elapsed_s: float) -> None:
-        self.stats.job_failed(handle.id, handle.worker_key, handle.worker_id, handle.model,
-                              outcome, elapsed_s)
+    def job_failed(self, handle: JobHandle, outcome: str, elapsed_s: float, *,
+                   here: bool = True) -> None:
+        if here:
+            self.stats.job_failed(handle.id, handle.worker_key, handle.worker_id, handle.model,
+                                  outcome, elapsed_s)
 
     def retried(self) -> None:
         if self.metrics is not None:

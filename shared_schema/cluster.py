@@ -107,16 +107,62 @@ class ClusterCancel(WireModel):
     reason: str = "cancelled"
 
 
-ClusterMessage = Annotated[ClusterJob | ClusterEvent | ClusterCancel, Field(discriminator="type")]
+class ClusterOutcome(WireModel):
+    """How a job served by another replica ended, as the origin counted it (the usage it
+    bounded by the bytes delivered, the times on its clock), sent to the serving replica once
+    the job is over: the replica that holds a worker keeps its speed record and its counts
+    (routing there reads them), and no other replica writes them."""
+
+    type: Literal["outcome"] = "outcome"
+    job_id: str = Field(min_length=1, max_length=200)
+    outcome: str = Field(default="ok", min_length=1, max_length=64)  # or timeout, worker_lost...
+    prompt_tokens: int = Field(default=0, ge=0)
+    completion_tokens: int = Field(default=0, ge=0)
+    total_s: float = Field(default=0.0, ge=0)
+    ttft_s: float | None = Field(default=None, ge=0)
+
+
+QUERIES = ("totals", "workers", "worker", "worker_key", "jobs", "placements")
+Query = Literal["totals", "workers", "worker", "worker_key", "jobs", "placements"]
+
+
+class ClusterQuery(WireModel):
+    """A report one replica asks of every other (``/stats``, the admin pages), broadcast; each
+    answers with its own part, and the asker merges them (``queen_server.stats.merge``)."""
+
+    type: Literal["query"] = "query"
+    id: str = Field(min_length=1, max_length=200)
+    origin: str = Field(min_length=1, max_length=200)
+    reply_to: str = Field(min_length=1, max_length=400)
+    what: Query
+    arg: str | None = Field(default=None, max_length=400)
+
+
+class ClusterAnswer(WireModel):
+    """One replica's part of a report (JSON-ready data, as ``queen_server.reports`` makes
+    it), or why it has none."""
+
+    type: Literal["answer"] = "answer"
+    id: str
+    replica: str
+    data: Any = None
+    error: str | None = None
+
+
+ClusterMessage = Annotated[
+    ClusterJob | ClusterEvent | ClusterCancel | ClusterOutcome | ClusterQuery | ClusterAnswer,
+    Field(discriminator="type")]
 CLUSTER_ADAPTER: TypeAdapter[ClusterMessage] = TypeAdapter(ClusterMessage)
+AnyClusterMessage = (ClusterJob | ClusterEvent | ClusterCancel | ClusterOutcome | ClusterQuery
+                     | ClusterAnswer)
 
 
-def encode_cluster(message: ClusterJob | ClusterEvent | ClusterCancel) -> bytes:
+def encode_cluster(message: AnyClusterMessage) -> bytes:
     """One bus message (UTF-8 JSON)."""
     return message.model_dump_json().encode()
 
 
-def decode_cluster(data: bytes | str) -> ClusterJob | ClusterEvent | ClusterCancel:
+def decode_cluster(data: bytes | str) -> AnyClusterMessage:
     """Parse one bus message, ignoring fields a newer replica added. ``ProtocolError``
     (``invalid_message``) when it is not one."""
     try:

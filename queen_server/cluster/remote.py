@@ -17,7 +17,9 @@ reply channel. A ``ClusterCancel`` cancels the handler's task (its ``finally`` e
 lease and cancels the worker's job, as a client going away does on one queen). A handler that
 returns without a result or error, or raises, ends the job with a ``Lost``; if the origin no
 longer listens (no receiver), ``emit`` raises ``ReplicaUnavailable`` and the handler is
-cancelled.
+cancelled. Once the job is over, the origin sends a ``ClusterOutcome`` (its own count of the
+usage and times) on the same channel, for ``on_outcome``: the serving replica keeps its worker's
+record.
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ from shared_schema import Chunk, JobError, ProtocolError, Result
 from shared_schema.cluster import (
     TERMINAL_FRAMES,
     Accepted,
+    AnyClusterMessage,
     Assigned,
     ClusterCancel,
     ClusterEvent,
     ClusterJob,
+    ClusterOutcome,
     Frame,
     KeepAlive,
     Lost,
@@ -63,7 +67,7 @@ def reply_channel(replica_id: str, namespace: str = DEFAULT_NAMESPACE) -> str:
     return f"{namespace}:replies:{replica_id}"
 
 
-def _decoded(item: bytes, channel: str) -> ClusterJob | ClusterEvent | ClusterCancel | None:
+def _decoded(item: bytes, channel: str) -> AnyClusterMessage | None:
     """A bus message, or None for one that is not (dropped with a warning: another process
     on the bus, or a bug, must not stop the reader)."""
     try:
@@ -211,6 +215,15 @@ class RemoteJobClient:
             return
         await self._send_cancel(job, reason)
 
+    async def send_outcome(self, replica_id: str, outcome: ClusterOutcome) -> None:
+        """Tell the replica that served a job how it ended (its worker's record is kept
+        there); best effort: a replica that is gone has no record to keep."""
+        try:
+            await self.bus.publish(job_channel(replica_id, self.namespace),
+                                   encode_cluster(outcome))
+        except BusUnavailable as exc:
+            log.info("outcome of remote job %s not sent: %s", outcome.job_id, exc)
+
     async def _send_cancel(self, job: RemoteJob, reason: str) -> None:
         try:
             await self.bus.publish(job_channel(job.replica_id, self.namespace),
@@ -334,6 +347,7 @@ class Emitter:
 
 
 Handler = Callable[[ClusterJob, Emitter], Awaitable[None]]
+OutcomeHandler = Callable[[ClusterOutcome], None]
 
 
 class JobServer:
@@ -341,11 +355,13 @@ class JobServer:
     the job to a local worker and ``emit`` every event it gets)."""
 
     def __init__(self, bus: Bus, replica_id: str, handler: Handler, *,
+                 on_outcome: OutcomeHandler | None = None,
                  namespace: str = DEFAULT_NAMESPACE,
                  keepalive_s: float = DEFAULT_KEEPALIVE_S) -> None:
         self.bus = bus
         self.replica_id = replica_id
         self.handler = handler
+        self.on_outcome = on_outcome
         self.keepalive_s = keepalive_s
         self.channel = job_channel(replica_id, namespace)
         self.running: dict[str, tuple[asyncio.Task[None], Emitter]] = {}
@@ -374,6 +390,11 @@ class JobServer:
                 if running is not None:
                     running[1].cancel_reason = message.reason
                     running[0].cancel()
+            elif isinstance(message, ClusterOutcome) and self.on_outcome is not None:
+                try:
+                    self.on_outcome(message)
+                except Exception:  # a record not kept must not stop the reader
+                    log.exception("outcome of job %s not recorded", message.job_id)
 
     def _begin(self, job: ClusterJob) -> None:
         if job.job_id in self.running or self._closing:

@@ -294,7 +294,7 @@ async def health(request: Request) -> dict[str, Any]:
     if state.replicas is not None:  # this replica's figures above; the whole swarm's here
         answer["replica"] = state.replicas.replica_id
         try:
-            answer["swarm"] = await state.replicas.swarm()
+            answer["swarm"] = state.replicas.swarm()
         except Exception as exc:  # the shared Redis is down: this replica still answers
             answer["swarm"] = {"error": f"the replicas' directory is unreachable: {exc}"}
     return answer

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -12,7 +13,8 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 
 
 class Metrics:
-    def __init__(self, workers: Callable[[], float], queued: Callable[[], float]) -> None:
+    def __init__(self, workers: Callable[[], float], queued: Callable[[], float],
+                 swarm: Callable[[], Mapping[str, int]] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("apiary_http_requests", "HTTP requests",
                                 ["route", "method", "status"], registry=self.registry)
@@ -51,6 +53,15 @@ class Metrics:
               registry=self.registry).set_function(workers)
         Gauge("apiary_queue_depth", "Jobs waiting for a free worker",
               registry=self.registry).set_function(queued)
+        if swarm is not None:  # every replica's (issue 18); the rest are this process's
+            for name, field, about in (
+                    ("apiary_swarm_replicas", "replicas", "Queen replicas alive"),
+                    ("apiary_swarm_workers_connected", "workers",
+                     "Workers connected to any replica"),
+                    ("apiary_swarm_jobs_in_flight", "jobs_in_flight",
+                     "Jobs running on any replica's workers")):
+                Gauge(name, about, registry=self.registry).set_function(
+                    lambda field=field: float(swarm().get(field, math.nan)))
 
     def observe_http(self, route: str, method: str, status: int, seconds: float) -> None:
         """Count one request and its latency (the labelled children are looked up once)."""

@@ -13,8 +13,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from queen_server.stats.ema import Speed
+from queen_server.stats.merge import sketch
 
 BUCKET_S = 10
 HISTORY_S = 3600
@@ -35,6 +37,14 @@ class WorkerStats:
     last_seen: float | None = None
     speeds: dict[str, Speed] = field(default_factory=dict)
     dirty: bool = False
+    # jobs, failures, timeouts and uptime as the database has them (when last loaded or
+    # written): what is written is the difference, so replicas never overwrite each other.
+    saved: tuple[int, int, int, float] = (0, 0, 0, 0.0)
+
+    def unsaved(self) -> tuple[int, int, int, float]:
+        jobs, failures, timeouts, uptime_s = self.saved
+        return (self.jobs - jobs, self.failures - failures, self.timeouts - timeouts,
+                self.uptime_base_s - uptime_s)
 
     def uptime_s(self, now: float) -> float:
         current = now - self.connected_at if self.connected_at is not None else 0.0
@@ -197,10 +207,18 @@ class SwarmStats:
         self._trim(now)
         return len(self._window) * 60 / WINDOW_S
 
+    def _ttft_samples(self) -> list[float]:
+        now = self.clock()
+        return sorted(ttft for when, ttft in self._ttft if now - when <= TTFT_WINDOW_S)
+
+    def ttft_sketch(self) -> dict[str, Any]:
+        """The last five minutes' times to first token, in a few numbers another replica can
+        merge with its own (``stats.merge.percentiles``)."""
+        return sketch(self._ttft_samples())
+
     def ttft_percentiles(self) -> tuple[float | None, float | None]:
         """p50 and p95 time to first token over the last five minutes."""
-        now = self.clock()
-        samples = sorted(ttft for when, ttft in self._ttft if now - when <= TTFT_WINDOW_S)
+        samples = self._ttft_samples()
         if not samples:
             return None, None
         if len(samples) == 1:

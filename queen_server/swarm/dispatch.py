@@ -94,11 +94,14 @@ class JobStats(Protocol):
         ...
 
     def job_done(self, handle: JobHandle, size_class: str, prompt_tokens: int,
-                 completion_tokens: int, total_s: float, ttft_s: float | None) -> None:
-        """A job ended with its result; ``ttft_s`` only for a streamed one."""
+                 completion_tokens: int, total_s: float, ttft_s: float | None, *,
+                 here: bool = True) -> None:
+        """A job ended with its result; ``ttft_s`` only for a streamed one. ``here`` is False
+        for a job another replica served (its worker's record is kept there)."""
         ...
 
-    def job_failed(self, handle: JobHandle, outcome: str, elapsed_s: float) -> None:
+    def job_failed(self, handle: JobHandle, outcome: str, elapsed_s: float, *,
+                   here: bool = True) -> None:
         """A job did not finish on its worker (``timeout``, ``worker_lost``, an error code)."""
         ...
 
@@ -370,7 +373,8 @@ class Dispatcher:
                     await run.cancel(reason)
 
             handle = JobHandle(job_id, request.model, f"{REPLICA_PREFIX}{target}", loop.time(),
-                               worker_id=f"replica {target}", cancel=cancel, budget=budget)
+                               worker_id=f"replica {target}", cancel=cancel, budget=budget,
+                               replica=target)
             self._remote[handle.id] = handle
 
             async def send() -> None:
@@ -576,13 +580,32 @@ class Dispatcher:
     def record_result(self, handle: JobHandle, usage: Usage, *, streamed: bool) -> None:
         """A job finished: its speed, usage and time to first token go to the stats. ``usage``
         is the queen's bounded count (``relay.Delivered``), never the worker's claim, and the
-        times are the queen's clock: a lie about tokens cannot buy a better speed record."""
+        times are the queen's clock: a lie about tokens cannot buy a better speed record.
+        A job served by another replica is recorded there (its worker's record is that
+        replica's to keep): only this replica's metrics count it here."""
         now = asyncio.get_running_loop().time()
         ttft = handle.first_at - handle.started_at if streamed and handle.first_at else None
+        total_s = now - handle.started_at
+        here = self._tell_owner(handle, "ok", usage.prompt_tokens, usage.completion_tokens,
+                                total_s, ttft)
         self.stats.job_done(handle, self.size_class_of(handle.model), usage.prompt_tokens,
-                            usage.completion_tokens, now - handle.started_at, ttft)
+                            usage.completion_tokens, total_s, ttft, here=here)
 
     def record_failure(self, handle: JobHandle, outcome: str) -> None:
         """A job did not finish on its worker (lost, failed, or ``timeout``)."""
         elapsed = asyncio.get_running_loop().time() - handle.started_at
-        self.stats.job_failed(handle, outcome, elapsed)
+        here = self._tell_owner(handle, outcome, 0, 0, elapsed, None)
+        self.stats.job_failed(handle, outcome, elapsed, here=here)
+
+    def _tell_owner(self, handle: JobHandle, outcome: str, prompt_tokens: int,
+                    completion_tokens: int, total_s: float, ttft_s: float | None) -> bool:
+        """Send a remote job's outcome to the replica that served it; False when it was one
+        (the stats here then leave its worker's record alone)."""
+        if handle.replica is None:
+            return True
+        if self.elsewhere is not None:
+            self.elsewhere.outcome(handle.replica, handle.id, outcome=outcome,
+                                   prompt_tokens=prompt_tokens,
+                                   completion_tokens=completion_tokens, total_s=total_s,
+                                   ttft_s=ttft_s)
+        return False

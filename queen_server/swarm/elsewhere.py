@@ -66,6 +66,13 @@ class Elsewhere(Protocol):
         replica is gone, the bus is down): the job may go elsewhere."""
         ...
 
+    def outcome(self, replica: str, job_id: str, *, outcome: str, prompt_tokens: int,
+                completion_tokens: int, total_s: float, ttft_s: float | None) -> None:
+        """Tell ``replica`` how the job it served ended (as this replica counted it): the
+        worker's record is kept by the replica that holds the worker. Best effort, in the
+        background."""
+        ...
+
 
 def view_of(worker: RemoteWorker | None, replica: str, model: str) -> Worker:
     """A directory entry for the worker another replica gave the job to (not registered here:

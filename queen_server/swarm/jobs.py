@@ -165,7 +165,8 @@ class JobHandle(Mailbox):
     """A job leased to one worker, from the job frame until its end (the whole stream).
 
     ``worker_key`` and ``worker_id`` (the public id) name the worker for the registry, the stats
-    and the logs; ``cancel`` sends the job's cancel through whatever connection holds it.
+    and the logs (``replica`` names the replica that holds it, for a job on another replica);
+    ``cancel`` sends the job's cancel through whatever connection holds it.
 
     ``budget`` is the characters of frames the worker may send for the job (``answer_budget``):
     the link takes each chunk's length from ``room`` and fails the job once a chunk would take
@@ -183,6 +184,7 @@ class JobHandle(Mailbox):
         "id",
         "model",
         "on_end",
+        "replica",
         "room",
         "started_at",
         "worker_id",
@@ -199,8 +201,10 @@ class JobHandle(Mailbox):
         worker_id: str = "",
         cancel: CancelSender = _no_cancel,
         budget: int | None = None,
+        replica: str | None = None,
     ) -> None:
         self.id = job_id
+        self.replica = replica  # the replica serving it, for a job on another replica
         self.model = model
         self.worker_key = worker_key
         self.worker_id = worker_id or worker_key

@@ -43,10 +43,12 @@ class Recorder:
         return {}
 
     def job_done(self, handle: JobHandle, size_class: str, prompt_tokens: int,
-                 completion_tokens: int, total_s: float, ttft_s: float | None) -> None:
+                 completion_tokens: int, total_s: float, ttft_s: float | None, *,
+                 here: bool = True) -> None:
         self.done.append((handle.id, handle.worker_id, prompt_tokens, completion_tokens))
 
-    def job_failed(self, handle: JobHandle, outcome: str, elapsed_s: float) -> None:
+    def job_failed(self, handle: JobHandle, outcome: str, elapsed_s: float, *,
+                   here: bool = True) -> None:
         self.failed.append((handle.id, handle.worker_key, outcome))
 
     def retried(self) -> None:
