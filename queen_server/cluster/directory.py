@@ -10,7 +10,9 @@ leaves nothing behind for long:
 - **Workers**: ``claim_worker`` when a worker's socket reaches a replica (the newest connection
   wins, as in one queen's registry; the previous owner is returned so that it can close its
   stale session), ``refresh_workers`` by the owner with its heartbeat (a batch; it returns the
-  keys another replica has taken over meanwhile), ``release_worker`` when the socket closes
+  keys another replica has taken over meanwhile, and claims again those whose entry is gone: a
+  Redis restarted empty, or an owner cut off past the TTL, must not close workers that are
+  still connected to it and claimed by nobody else), ``release_worker`` when the socket closes
   (only by the owner). An owner that dies stops refreshing and its entries expire.
 - **Capacity**: per model, a small summary per replica (``Capacity``: holders, free slots,
   the best speed), published by the replica on change and with its heartbeat.
@@ -103,7 +105,9 @@ class Directory(Protocol):
         ...
 
     async def refresh_workers(self, replica_id: str, worker_keys: Iterable[str]) -> list[str]:
-        """Extend the owner's entries; the keys it no longer owns (taken over or expired)."""
+        """Extend the owner's entries, and claim again those that are gone (expired, or lost
+        with Redis's data: the worker is still connected here); the keys another replica has
+        taken over."""
         ...
 
     async def release_worker(self, worker_key: str, replica_id: str) -> bool:
@@ -168,7 +172,7 @@ class MemoryDirectory:
         expires = self._clock() + self.ttl_s
         lost = []
         for key in worker_keys:
-            if self._live_owner(key) == replica_id:
+            if self._live_owner(key) in (replica_id, None):
                 self._workers[key] = (replica_id, expires)
             else:
                 lost.append(key)
@@ -203,13 +207,17 @@ class MemoryDirectory:
 
 # --- Redis ----------------------------------------------------------------------------------
 
-# KEYS: the worker keys; ARGV[1]: the replica, ARGV[2]: the TTL in ms. Returns the keys it does
-# not own (any more).
+# KEYS: the worker keys; ARGV[1]: the replica, ARGV[2]: the TTL in ms. Extends the replica's
+# entries, sets again those that are gone (an empty Redis after a restart); returns the keys
+# another replica owns.
 _REFRESH = """
 local lost = {}
 for i, key in ipairs(KEYS) do
-  if redis.call('GET', key) == ARGV[1] then
+  local owner = redis.call('GET', key)
+  if owner == ARGV[1] then
     redis.call('PEXPIRE', key, ARGV[2])
+  elseif owner == false then
+    redis.call('SET', key, ARGV[1], 'PX', ARGV[2])
   else
     lost[#lost + 1] = key
   end

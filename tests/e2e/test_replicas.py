@@ -12,57 +12,21 @@ import asyncio
 import time
 
 import httpx
-import orjson
 import pytest
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from tests.support.processes import free_port, health
-from tests.support.replicas import replica_cli, replica_process, shared_db  # noqa: F401
+from tests.support.replicas import (  # noqa: F401  (shared_db is a fixture)
+    replica_cli,
+    replica_process,
+    settled_jobs,
+    shared_db,
+    stream_text,
+    swarm_workers,
+    until,
+)
 from tests.support.workers import ECHO_MODEL, ScriptedWorker, echo_words
 
 pytestmark = pytest.mark.timeout(180)
-
-
-async def until(predicate, timeout_s: float, what: str) -> None:
-    """Wait for another process's state (read in a thread), with a deadline."""
-    deadline = time.monotonic() + timeout_s
-    # Other processes' state: nothing to await but their answers.
-    while not await asyncio.to_thread(predicate):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-def swarm_workers(port: int) -> int:
-    return (health(port).get("swarm") or {}).get("workers", -1)
-
-
-async def stream_text(port: int, secret: str, body: dict) -> tuple[int, str, str]:
-    """(status, streamed text, the completion id) of a streamed chat completion."""
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http, \
-            http.stream("POST", "/v1/chat/completions", json=body,
-                        headers={"Authorization": f"Bearer {secret}"}) as response:
-        if response.status_code != 200:
-            await response.aread()
-            return response.status_code, response.text, ""
-        events = [line[6:] async for line in response.aiter_lines()
-                  if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    chunks = [orjson.loads(event) for event in events[:-1]]
-    content = "".join(chunk["choices"][0]["delta"].get("content") or ""
-                      for chunk in chunks if chunk.get("choices"))
-    return 200, content, chunks[0]["id"]
-
-
-async def settled_jobs(db_url: str) -> list[str]:
-    engine = create_async_engine(db_url)
-    try:
-        async with engine.connect() as conn:
-            rows = await conn.execute(text("SELECT id FROM ledger_txns WHERE id LIKE 'settle:%'"))
-            return [row[0] for row in rows]
-    finally:
-        await engine.dispose()
 
 
 async def test_a_stream_asked_of_one_replica_is_served_through_another_and_billed_once(

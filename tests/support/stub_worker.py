@@ -88,7 +88,8 @@ async def serve(queen_url: str, key_path: Path, max_jobs: int, token_delay_s: fl
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    link = LinkClient(queen_url, hello_factory, runner, shutdown_grace_s=1.0)
+    # Several URLs (replicas of one queen), comma-separated: the link tries them in turn.
+    link = LinkClient(queen_url.split(","), hello_factory, runner, shutdown_grace_s=1.0)
     await link.run(stop)
 
 

@@ -4,10 +4,12 @@ keys expire by Redis's own clock), through the same cases."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import pytest
+import redis.exceptions
 
 from queen_server.cluster.directory import (
     Capacity,
@@ -102,7 +104,15 @@ async def test_a_dead_owners_workers_expire_and_refreshed_ones_stay(setup: Setup
     for _ in range(3):
         assert await d.refresh_workers("A", ["kept"]) == []
     await setup.pass_ttl()
-    assert await d.refresh_workers("A", ["kept"]) == ["kept"]  # past its TTL unrefreshed
+    assert await d.owner("kept") is None  # past its TTL unrefreshed (A was cut off, say)
+    # The worker is still connected to A and nobody else claimed it: A claims it again, it
+    # does not close it (a Redis restarted empty must not drop the whole swarm).
+    assert await d.refresh_workers("A", ["kept"]) == []
+    assert await setup.other.owner("kept") == "A"
+    await setup.pass_ttl()
+    await setup.other.claim_worker("kept", "B")  # it reconnected to B meanwhile: B's now
+    assert await d.refresh_workers("A", ["kept"]) == ["kept"]
+    assert await d.owner("kept") == "B"
 
 
 async def test_many_workers_refresh_in_one_call(setup: Setup) -> None:
@@ -150,3 +160,23 @@ async def test_memory_directory_close_is_harmless() -> None:
     d = MemoryDirectory()
     await d.close()
     assert await d.alive() == {}
+
+
+async def test_a_redis_restarted_empty_gets_every_owners_workers_back_on_its_refresh(
+        redis_server: RedisServer) -> None:
+    a = RedisDirectory(redis_server.url, ttl_s=30.0, namespace="t")
+    b = RedisDirectory(redis_server.url, ttl_s=30.0, namespace="t")
+    try:
+        await a.claim_worker("w1", "A")
+        await a.claim_worker("w2", "A")
+        await b.claim_worker("w3", "B")
+        redis_server.restart()  # every entry gone; the workers are still connected
+        for client in (a, b):  # the first command after the restart meets the dead socket
+            with contextlib.suppress(redis.exceptions.ConnectionError):
+                await client.owner("w1")
+        assert await a.refresh_workers("A", ["w1", "w2"]) == []  # none closed
+        assert await b.refresh_workers("B", ["w3"]) == []
+        assert [await b.owner(key) for key in ("w1", "w2", "w3")] == ["A", "A", "B"]
+    finally:
+        await a.close()
+        await b.close()
