@@ -6,7 +6,9 @@ carrying one per-job sequence number and one frame: the worker's own protocol fr
 ``Result``, ``JobError``, relayed as the worker sent it) or one of the replica-level frames
 below (``Accepted``: A has the job; ``Assigned``: which of A's workers runs it; ``KeepAlive``:
 still working, nothing to send; ``Lost``: A lost the worker or the job). B cancels with a
-``ClusterCancel`` on A's job channel.
+``ClusterCancel`` on A's job channel, and once the job is over sends A its ``ClusterOutcome``
+(A keeps its worker's record). Reports of the whole swarm travel as a broadcast
+``ClusterQuery`` and each other replica's ``ClusterAnswer``.
 
 The replicas are one operator's processes, but the decoder still validates every message
 (pydantic, in Rust): a bad message is a ``ProtocolError``, never a half-read one. Encoding is
