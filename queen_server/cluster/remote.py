@@ -320,9 +320,18 @@ class RemoteJobClient:
 
 class Emitter:
     """Sends one job's frames to its origin, numbered from 0 (``Accepted`` is 0). Frames
-    after the terminal one are refused (``RuntimeError``): a handler bug, never sent."""
+    after the terminal one are refused (``RuntimeError``): a handler bug, never sent.
 
-    __slots__ = ("_bus", "_seq", "cancel_reason", "ended", "job", "last_at")
+    The handler does not wait on the bus for each frame: frames queue in order, and one
+    sender per job publishes everything queued in one round trip (``Bus.publish_many``), so
+    a burst of tokens costs one trip and the first token never waits behind ``Accepted``'s.
+    Only the terminal frame (and a backlog past ``MAX_QUEUED``) waits for the sending; an
+    origin found gone (no receiver) or a bus that failed is raised at the next frame."""
+
+    __slots__ = ("_bus", "_error", "_out", "_sender", "_seq", "cancel_reason", "ended", "job",
+                 "last_at")
+
+    MAX_QUEUED = 256  # frames queued before the handler waits for the sender (backpressure)
 
     def __init__(self, bus: Bus, job: ClusterJob, now: float) -> None:
         self._bus = bus
@@ -331,19 +340,47 @@ class Emitter:
         self.ended = False
         self.last_at = now
         self.cancel_reason: str | None = None  # set when the origin cancelled the job
+        self._out: list[bytes] = []
+        self._sender: asyncio.Task[None] | None = None
+        self._error: Exception | None = None
 
     async def __call__(self, frame: Frame) -> None:
+        if self._error is not None:
+            raise self._error
         if self.ended:
             raise RuntimeError(f"job {self.job.job_id} already ended; {frame.type} not sent")
-        if isinstance(frame, TERMINAL_FRAMES):
+        terminal = isinstance(frame, TERMINAL_FRAMES)
+        if terminal:
             self.ended = True
         self.last_at = asyncio.get_running_loop().time()
-        data = encode_cluster(ClusterEvent(job_id=self.job.job_id, seq=self._seq.take(),
-                                           frame=frame))
-        if await self._bus.publish(self.job.reply_to, data) == 0:
-            self.ended = True
-            raise ReplicaUnavailable(f"replica {self.job.origin} no longer listens for job "
-                                     f"{self.job.job_id}")
+        self._out.append(encode_cluster(ClusterEvent(job_id=self.job.job_id,
+                                                     seq=self._seq.take(), frame=frame)))
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send(), name=f"emit-{self.job.job_id}")
+        if terminal or len(self._out) > self.MAX_QUEUED:
+            await asyncio.shield(self._sender)
+            if self._error is not None:
+                raise self._error
+
+    async def _send(self) -> None:
+        while self._out and self._error is None:
+            batch, self._out = self._out, []
+            try:
+                counts = await self._bus.publish_many(self.job.reply_to, batch)
+            except BusUnavailable as exc:
+                self._error = exc
+                self.ended = True
+                return
+            if 0 in counts:
+                self.ended = True
+                self._error = ReplicaUnavailable(f"replica {self.job.origin} no longer listens "
+                                                 f"for job {self.job.job_id}")
+
+    def discard(self) -> None:
+        """The job's task ended without its terminal frame sent: drop what is still queued."""
+        self._out.clear()
+        if self._sender is not None and not self._sender.done():
+            self._sender.cancel()
 
 
 Handler = Callable[[ClusterJob, Emitter], Awaitable[None]]
@@ -424,6 +461,8 @@ class JobServer:
                     await emitter(Lost(reason=f"the serving replica failed: {exc}"))
         finally:
             self.running.pop(job.job_id, None)
+            if not emitter.ended:
+                emitter.discard()
 
     async def _keep_alive(self) -> None:
         loop = asyncio.get_running_loop()

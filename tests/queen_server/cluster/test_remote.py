@@ -312,3 +312,61 @@ async def test_a_redis_restart_mid_stream_fails_loudly(redis_server: RedisServer
         await server.close()
         await server_bus.close()
         await client_bus.close()
+
+
+class CountingBus:
+    """A bus that counts the round trips the serving side makes (one per ``publish_many``)."""
+
+    def __init__(self, inner: Bus) -> None:
+        self.inner = inner
+        self.trips = 0
+        self.messages = 0
+
+    async def start(self) -> CountingBus:
+        return self
+
+    async def publish(self, channel: str, data: bytes) -> int:
+        self.trips += 1
+        self.messages += 1
+        return await self.inner.publish(channel, data)
+
+    async def publish_many(self, channel: str, items: list[bytes]) -> list[int]:
+        self.trips += 1
+        self.messages += len(items)
+        return await self.inner.publish_many(channel, items)
+
+    async def subscribe(self, channel: str, limit: int = 10_000):
+        return await self.inner.subscribe(channel, limit)
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_burst_of_frames_goes_out_in_a_few_round_trips_in_order(pair: Pair) -> None:
+    """The handler does not wait on the bus per frame: frames made while one batch is on its
+    way go out together (one pipeline), still numbered and in order."""
+    counting = CountingBus(pair.server_bus)
+    toy = Toy(chunks=300)
+    server = await JobServer(counting, "A", toy, keepalive_s=0.2).start()
+    try:
+        events = await asyncio.wait_for(drain(await submit(pair)), 10)
+    finally:
+        await server.close()
+    assert [e.data["choices"][0]["delta"]["content"] for e in events[:-1]] == \
+        [f"t{i}" for i in range(300)]
+    assert isinstance(events[-1], Result)
+    # Accepted, Assigned, 300 chunks and the result: 303 frames, in far fewer trips.
+    assert counting.messages == 303
+    assert counting.trips < 303 / 4
+
+
+async def test_an_origin_gone_mid_burst_stops_the_handler(pair: Pair) -> None:
+    """No receiver for a batch: the next frame raises, the handler's task ends (its worker's
+    job would be cancelled), nothing hangs."""
+    toy = Toy(chunks=100_000)
+    server = await pair.serve(toy)
+    await submit(pair)
+    await until(lambda: toy.started, 5, "the handler to start")
+    await pair.client.close()  # the origin stops listening on its reply channel
+    await asyncio.wait_for(toy.finished.wait(), 10)  # long before its 100,000 chunks
+    await until(lambda: not server.running, 5, "the server to drop the job")
