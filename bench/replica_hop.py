@@ -63,6 +63,7 @@ from queen_overhead import (  # noqa: E402
     DEFAULT_JOIN,
     MODEL,
     Processes,
+    int_list,
     machine,
     percentile,
     print_stack_summary,
@@ -511,10 +512,6 @@ def tables(args: argparse.Namespace, phases: list[Phase]) -> tuple[str, dict[str
                  f"{args.tokens}-token answer's text frames; the first, with the role, goes "
                  "alone)")
     return "\n".join(lines), summary
-
-
-def int_list(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:
