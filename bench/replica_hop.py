@@ -50,7 +50,6 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import httptools
 import orjson
 import uvloop
 
@@ -61,8 +60,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from queen_overhead import (  # noqa: E402
     API_KEY,
     DEFAULT_JOIN,
-    MODEL,
+    Connection,
     Processes,
+    chat_request,
     int_list,
     machine,
     percentile,
@@ -83,30 +83,17 @@ FIRST_CONTENT = b'"content":"'  # the queen writes compact JSON; the first event
 # --- the load generator -----------------------------------------------------------------------
 
 
-class SseConnection(asyncio.Protocol):
-    """One keep-alive HTTP/1.1 connection: ``request`` writes a request and resolves to
-    (status, body, seconds to the first content event, seconds to the end)."""
+class SseConnection(Connection):
+    """queen_overhead's keep-alive connection, timed: ``request`` resolves to (status, body,
+    seconds to the first content event, seconds to the end)."""
 
     def __init__(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
-        self.transport: asyncio.Transport | None = None
-        self.waiter: asyncio.Future[tuple[int, bytes, float, float]] | None = None
-        self.body: list[bytes] = []
+        super().__init__()
         self.sent = 0.0
         self.first = 0.0
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(exc)
-
     def on_body(self, body: bytes) -> None:
-        if not self.first and (FIRST_CONTENT in body or FIRST_CONTENT in b"".join(self.body)
-                               + body):
+        if not self.first and FIRST_CONTENT in b"".join((*self.body[-1:], body)):
             self.first = time.perf_counter()
         self.body.append(body)
 
@@ -116,31 +103,17 @@ class SseConnection(asyncio.Protocol):
         waiter, self.waiter = self.waiter, None
         first = (self.first or done) - self.sent
         if waiter is not None and not waiter.done():
-            waiter.set_result((self.parser.get_status_code(), body, first, done - self.sent))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._fail(exc or ConnectionError("the server closed the connection"))
-
-    def _fail(self, exc: BaseException) -> None:
-        waiter, self.waiter = self.waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
+            waiter.set_result((self.parser.get_status_code(), body, first,  # type: ignore[arg-type]
+                               done - self.sent))
 
     def request(self, data: bytes) -> asyncio.Future[tuple[int, bytes, float, float]]:
-        assert self.transport is not None
-        self.waiter = waiter = asyncio.get_running_loop().create_future()
         self.first = 0.0
         self.sent = time.perf_counter()
-        self.transport.write(data)
-        return waiter
+        return super().request(data)  # type: ignore[return-value]
 
 
 def stream_request(port: int, tokens: int) -> bytes:
-    body = orjson.dumps({"model": MODEL, "stream": True, "max_tokens": tokens,
-                         "messages": [{"role": "user", "content": "hello there, queens"}]})
-    return (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            f"Content-Type: application/json\r\nAuthorization: Bearer {API_KEY}\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    return chat_request(port, stream=True, tokens=tokens)
 
 
 def whole(body: bytes, tokens: int) -> bool:

@@ -87,6 +87,12 @@ def totals_part(state: QueenState, *, series: bool = False) -> dict[str, Any]:
 def swarm_totals(state: QueenState, peers: list[Any] | None = None) -> dict[str, Any]:
     """Workers, GPUs, VRAM, the models on offer with their prices, and the swarm's speed:
     this replica's, and ``peers``' parts added (the other replicas')."""
+    return _totals(state, peers)[0]
+
+
+def _totals(state: QueenState, peers: list[Any] | None
+            ) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
+    """``swarm_totals``, and per model its holders and the workers with it loaded."""
     local = totals_part(state)
     summed = merge.totals([local, *(peers or ())])
     if peers:
@@ -110,7 +116,7 @@ def swarm_totals(state: QueenState, peers: list[Any] | None = None) -> dict[str,
     })
     if state.replicas is not None:
         answer["replicas"] = 1 + len(peers or ())  # those that answered
-    return answer
+    return answer, summed["models"]
 
 
 async def earnings_by_worker(state: QueenState) -> dict[str, int]:
@@ -253,10 +259,9 @@ async def jobs(state: QueenState) -> list[dict[str, Any]]:
 
 async def models(state: QueenState) -> list[dict[str, Any]]:
     """``/admin/api/models``: the models on offer, where they are loaded, and their sizes."""
-    peers = await _peers(state, "totals")
-    loaded = merge.totals([totals_part(state), *peers])["models"]
+    totals, loaded = _totals(state, await _peers(state, "totals"))
     rows = []
-    for model in swarm_totals(state, peers)["models"]:
+    for model in totals["models"]:
         rows.append({**model, "loaded_on": loaded[model["id"]]["loaded_on"],
                      "parameter_count": state.catalog.parameter_count(model["id"]),
                      "verified": state.catalog.status(model["id"]),

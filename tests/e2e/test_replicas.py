@@ -14,12 +14,12 @@ import time
 import httpx
 import pytest
 
-from tests.support.processes import free_port, health
+from tests.support.processes import health
 from tests.support.replicas import (  # noqa: F401  (shared_db is a fixture)
     replica_cli,
-    replica_process,
     settled_jobs,
     shared_db,
+    start_replicas,
     stream_text,
     swarm_workers,
     until,
@@ -35,15 +35,10 @@ async def test_a_stream_asked_of_one_replica_is_served_through_another_and_bille
                           "--credit-sats", "100000")
     assert created.returncode == 0, created.stderr
     secret = next(line for line in created.stdout.splitlines() if line.startswith("sk-apiary-"))
-    port_a, port_b = free_port(), free_port()
-    queens = [replica_process(tmp_path, port, name, shared_db, redis_server.url,
-                              heartbeat_interval_s="1")
-              for port, name in ((port_a, "a"), (port_b, "b"))]
-    for queen in queens:
-        queen.start()
+    ports, queens = await start_replicas(tmp_path, shared_db, redis_server.url, names="ab")
+    port_a, port_b = ports["a"], ports["b"]
     worker = None
     try:
-        await until(lambda: bool(health(port_a)) and bool(health(port_b)), 60, "both queens")
         worker = await ScriptedWorker(f"ws://127.0.0.1:{port_a}/worker", max_jobs=2).start()
         await until(lambda: swarm_workers(port_b) == 1, 20, "replica b to see a's worker")
         assert health(port_b)["workers"] == 0  # b holds no worker itself
@@ -69,21 +64,15 @@ async def test_a_stream_asked_of_one_replica_is_served_through_another_and_bille
     finally:
         if worker is not None:
             await worker.stop()
-        for queen in queens:
+        for queen in queens.values():
             queen.stop()
 
 
 async def test_a_stream_relayed_from_a_killed_replica_continues_on_a_twin_elsewhere(
         tmp_path, redis_server, shared_db):  # noqa: F811
-    ports = {name: free_port() for name in "abc"}
-    queens = {name: replica_process(tmp_path, port, name, shared_db, redis_server.url,
-                                    auth="open", heartbeat_interval_s="1")
-              for name, port in ports.items()}
-    for queen in queens.values():
-        queen.start()
+    ports, queens = await start_replicas(tmp_path, shared_db, redis_server.url, auth="open")
     workers: list[ScriptedWorker] = []
     try:
-        await until(lambda: all(health(port) for port in ports.values()), 60, "three queens")
         # A's worker streams three tokens, then waits (``die_mid`` waits for ``release``).
         dying = await ScriptedWorker(f"ws://127.0.0.1:{ports['a']}/worker", continues=True,
                                      behaviour="die_mid", die_after=3).start()

@@ -23,16 +23,15 @@ import orjson
 import pytest
 
 from queen_server.billing import ledger
-from tests.support.processes import free_port, health
 from tests.support.replicas import (  # noqa: F401  (shared_db is a fixture)
     Balances,
     create_key,
     flat_prices,
     ledger_is_clean,
     local_workers,
-    replica_process,
     settled_jobs,
     shared_db,
+    start_replicas,
     stub_worker_process,
     swarm_workers,
     until,
@@ -117,12 +116,8 @@ async def test_a_killed_replicas_worker_is_back_elsewhere_within_10_s_and_the_bo
         tmp_path, redis_server, shared_db):  # noqa: F811
     key = create_key(tmp_path, shared_db, "killed", "--credit-sats", "1000")
     prices = flat_prices(tmp_path, ECHO_MODEL, 1)
-    ports = {name: free_port() for name in "abc"}
-    queens = {name: replica_process(tmp_path, port, name, shared_db, redis_server.url,
-                                    heartbeat_interval_s="1", prices_file=str(prices))
-              for name, port in ports.items()}
-    for queen in queens.values():
-        queen.start()
+    ports, queens = await start_replicas(tmp_path, shared_db, redis_server.url,
+                                         prices_file=str(prices))
     urls = [f"ws://127.0.0.1:{ports[name]}/worker" for name in "abc"]
     # The real link over the three replicas' URLs, A first; 150 ms a token, so the stream lasts.
     roamer = stub_worker_process(tmp_path, urls, "roamer", token_delay_ms=150, max_jobs=2)
@@ -130,7 +125,6 @@ async def test_a_killed_replicas_worker_is_back_elsewhere_within_10_s_and_the_bo
     balances = Balances(shared_db)
     reading: asyncio.Task[None] | None = None
     try:
-        await until(lambda: all(health(port) for port in ports.values()), 60, "three queens")
         roamer.start()
         await until(lambda: local_workers(ports["a"]) == 1, 30, "the worker to join replica a")
         await until(lambda: swarm_workers(ports["b"]) == 1, 20, "b to see a's worker")
@@ -184,16 +178,11 @@ async def test_a_redis_restart_mid_stream_never_truncates_silently_and_the_repli
         tmp_path, redis_server, shared_db):  # noqa: F811
     key = create_key(tmp_path, shared_db, "restart", "--credit-sats", "1000")
     prices = flat_prices(tmp_path, ECHO_MODEL, 1)
-    ports = {name: free_port() for name in "ab"}
-    queens = {name: replica_process(tmp_path, port, name, shared_db, redis_server.url,
-                                    heartbeat_interval_s="1", prices_file=str(prices))
-              for name, port in ports.items()}
-    for queen in queens.values():
-        queen.start()
+    ports, queens = await start_replicas(tmp_path, shared_db, redis_server.url, names="ab",
+                                         prices_file=str(prices))
     worker: ScriptedWorker | None = None
     reading: asyncio.Task[None] | None = None
     try:
-        await until(lambda: all(health(port) for port in ports.values()), 60, "both queens")
         # A's worker streams its first word, then waits for ``release``.
         worker = await ScriptedWorker(f"ws://127.0.0.1:{ports['a']}/worker", max_jobs=2,
                                       behaviour="gated").start()

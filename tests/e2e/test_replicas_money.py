@@ -15,20 +15,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from pathlib import Path
 
 import httpx
 import pytest
 
 from queen_server.billing import ledger
-from tests.support.processes import Proc, free_port, health
 from tests.support.replicas import (  # noqa: F401  (shared_db is a fixture)
     Balances,
     create_key,
     flat_prices,
     ledger_is_clean,
-    replica_process,
     shared_db,
+    start_replicas,
     swarm_workers,
     until,
 )
@@ -37,19 +35,6 @@ from tests.support.workers import ECHO_MODEL, ScriptedWorker
 pytestmark = pytest.mark.timeout(240)
 
 NAMES = "abc"
-
-
-async def start_replicas(tmp: Path, db_url: str, redis_url: str,
-                         **settings: str) -> tuple[dict[str, int], dict[str, Proc]]:
-    """Three replicas, each answering /health (the caller stops them)."""
-    ports = {name: free_port() for name in NAMES}
-    queens = {name: replica_process(tmp, port, name, db_url, redis_url,
-                                    heartbeat_interval_s="1", **settings)
-              for name, port in ports.items()}
-    for queen in queens.values():
-        queen.start()
-    await until(lambda: all(health(port) for port in ports.values()), 60, "three queens")
-    return ports, queens
 
 
 async def one_worker_each(ports: dict[str, int], **options: object) -> list[ScriptedWorker]:

@@ -14,6 +14,8 @@ from contextlib import AsyncExitStack
 import httpx
 import pytest
 
+from queen_server.cluster.remote import job_channel
+from shared_schema.cluster import ClusterOutcome, encode_cluster
 from tests.support.queen import QueenHarness, running_queen
 from tests.support.redis_server import RedisServer
 from tests.support.workers import ECHO_MODEL, ScriptedWorker
@@ -89,6 +91,23 @@ async def test_a_replica_reports_the_whole_swarm_and_the_owner_keeps_the_record(
         assert "apiary_swarm_workers_connected 1.0" in metrics
         assert "apiary_swarm_replicas 2.0" in metrics
         assert "apiary_workers_connected 0.0" in metrics  # this process's own
+
+        # Hostile or stale outcomes on A's job channel: a replay of the job's outcome, and one
+        # for a job A never served, change nothing (each served job is recorded once). A
+        # probe job A did serve goes last on the same channel: once it is recorded, the two
+        # before it were read.
+        job_id = a.state.stats.recent[0].id
+        a.state.replicas._remember("probe.1", worker.pubkey, worker.welcome.worker_id,
+                                   ECHO_MODEL)
+        for message in (ClusterOutcome(job_id=job_id, completion_tokens=10**6, total_s=0.001),
+                        ClusterOutcome(job_id="never-served.1", completion_tokens=5),
+                        ClusterOutcome(job_id="probe.1", completion_tokens=3, total_s=1.0)):
+            assert await b.state.replicas.bus.publish(job_channel("a"),
+                                                      encode_cluster(message)) == 1
+        await a.wait_until(lambda: a.state.stats.workers[worker.pubkey].jobs >= 2, 10,
+                           "a to record the probe")
+        assert a.state.stats.workers[worker.pubkey].jobs == 2
+        assert [job.id for job in a.state.stats.recent] == ["probe.1", job_id]
     finally:
         await worker.stop()
 

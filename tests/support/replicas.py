@@ -20,7 +20,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from tests.support.postgres import POSTGRES_URL, fresh_database
-from tests.support.processes import Proc, base_env, health
+from tests.support.processes import Proc, base_env, free_port, health
 
 
 @pytest.fixture
@@ -55,6 +55,26 @@ def replica_process(tmp: Path, port: int, replica_id: str, db_url: str, redis_ur
 
 
 # --- helpers shared by the replica tests (tests/e2e/test_replicas*.py) ---------------------------
+
+
+async def start_replicas(tmp: Path, db_url: str, redis_url: str, names: str = "abc",
+                         **settings: str) -> tuple[dict[str, int], dict[str, Proc]]:
+    """One replica per letter of ``names``, each answering /health (the caller stops them;
+    if one never answers, all are stopped here)."""
+    settings.setdefault("heartbeat_interval_s", "1")
+    ports = {name: free_port() for name in names}
+    queens = {name: replica_process(tmp, port, name, db_url, redis_url, **settings)
+              for name, port in ports.items()}
+    try:
+        for queen in queens.values():
+            queen.start()
+        await until(lambda: all(health(port) for port in ports.values()), 60,
+                    f"{len(names)} queens")
+    except BaseException:
+        for queen in queens.values():
+            queen.stop()
+        raise
+    return ports, queens
 
 
 async def until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
