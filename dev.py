@@ -9,7 +9,8 @@
 Setting up means: create ``.venv`` with this interpreter (Python 3.11+), then
 ``pip install -e .[dev]`` (everything: the queen, the worker and its app, and the test tools)
 whenever ``pyproject.toml`` changed since the last install (the first time compiles
-llama-cpp-python, about 8 minutes on 2 cores). Extra arguments after ``test`` go to pytest.
+llama-cpp-python, about 9 minutes on 2 cores, with llama.cpp's RPC backend on: model groups,
+issue 19). Extra arguments after ``test`` go to pytest.
 ``run --port N`` picks the queen's port (default 8000).
 """
 
@@ -28,6 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 STAMP = VENV / ".apiary-installed"
+# llama.cpp's RPC backend, for model groups (a model split over several workers). Appended to
+# any CMAKE_ARGS already set (a CUDA build, say).
+LLAMA_CMAKE_ARGS = "-DGGML_RPC=on"
+SETUP_VERSION = "llama-rpc-1"  # bump to make every checkout's setup run again
 
 
 def venv_python() -> Path:
@@ -48,12 +53,46 @@ def setup() -> Path:
     if not py.exists():
         print(f"==> creating {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True, upgrade_deps=True).create(VENV)
-    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes())
+    digest.update(SETUP_VERSION.encode())
+    wanted = digest.hexdigest()
     if not STAMP.exists() or STAMP.read_text().strip() != wanted:
         print("==> installing apiary and its dependencies (first time: a few minutes)", flush=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "-e", f"{ROOT}[dev]"], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "-e", f"{ROOT}[dev]"],
+                       check=True, env=llama_build_env())
+        if not llama_has_rpc(py):
+            rebuild_llama(py)
         STAMP.write_text(wanted)
     return py
+
+
+def llama_build_env() -> dict[str, str]:
+    """The environment pip compiles llama-cpp-python in: RPC on, beside the caller's flags."""
+    flags = f"{os.environ.get('CMAKE_ARGS', '')} {LLAMA_CMAKE_ARGS}".strip()
+    return {**os.environ, "CMAKE_ARGS": flags}
+
+
+def llama_has_rpc(py: Path) -> bool:
+    """Whether the installed llama-cpp-python ships llama.cpp's RPC backend library."""
+    probe = ("import pathlib, llama_cpp; lib = pathlib.Path(llama_cpp.__file__).parent / 'lib'; "
+             "print(any('ggml-rpc' in p.name for p in lib.iterdir()))")
+    out = subprocess.run([str(py), "-c", probe], capture_output=True, text=True)
+    return out.returncode == 0 and out.stdout.strip() == "True"
+
+
+def rebuild_llama(py: Path) -> None:
+    """Compile llama-cpp-python again, RPC on: an earlier setup (or pip's wheel cache, which
+    does not know about CMAKE_ARGS) installed a build without it."""
+    version = subprocess.run(
+        [str(py), "-c", "from importlib.metadata import version; "
+         "print(version('llama-cpp-python'))"],
+        check=True, capture_output=True, text=True).stdout.strip()
+    print(f"==> compiling llama-cpp-python {version} with llama.cpp's RPC backend "
+          "(about 9 minutes on 2 cores)", flush=True)
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps",
+         "--no-cache-dir", "--no-binary", "llama-cpp-python", f"llama-cpp-python=={version}"],
+        check=True, env=llama_build_env())
 
 
 def main(argv: list[str]) -> int:

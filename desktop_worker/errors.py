@@ -137,3 +137,36 @@ class AutostartError(WorkerError):
 class QueenAddressError(WorkerError):
     """What the owner typed cannot be read as a queen's address; ``str()`` says the expected
     form (``desktop_worker/queen_url.py``)."""
+
+
+# --- groups: the path between a group's head and its members (issue 19) ---------------------------
+
+
+class GroupLinkError(WorkerError):
+    """The authenticated path between a group's head and one of its members failed."""
+
+
+class GroupCredentialsError(GroupLinkError):
+    """A group's token or names cannot be used (a token under 32 bytes, a name with ``|``)."""
+
+
+class GroupLinkRefused(GroupLinkError):
+    """The member's gate refused the head; ``reason`` is the gate's code (``bad_mac``, …)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the member's gate refused this head ({reason})")
+        self.reason = reason
+
+
+class TlsPinMismatch(GroupLinkError):
+    """The member's TLS certificate is not the one the queen named: someone else answered."""
+
+
+class GroupError(EngineError):
+    """A model group (issue 19) could not be formed or served: no RPC backend, a member's
+    server that would not start, a head that could not load its share."""
+
+
+class GroupLost(GroupError):
+    """A group's head process ended mid-work: a member went away (llama.cpp aborts the RPC
+    client's process on any RPC failure) or the head itself crashed. Jobs fail over."""

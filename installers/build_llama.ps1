@@ -7,6 +7,7 @@
 #   cpu     CMAKE_ARGS none
 #   cuda    -DGGML_CUDA=on      the CUDA toolkit (CUDA_PATH set, nvcc on PATH)
 #   vulkan  -DGGML_VULKAN=on    the Vulkan SDK (VULKAN_SDK set, glslc on PATH)
+# Every variant also gets -DGGML_RPC=on (llama.cpp's RPC backend, for model groups, issue 19).
 # $env:LLAMA_EXTRA_CMAKE_ARGS is appended (e.g. "-DCMAKE_CUDA_ARCHITECTURES=61;75;86;89").
 param(
     [Parameter(Mandatory = $true)][ValidateSet("cpu", "cuda", "vulkan")][string]$Variant,
@@ -26,7 +27,7 @@ switch ($Variant) {
     "vulkan" { $cmake = "-DGGML_VULKAN=on"
                if (-not $env:VULKAN_SDK) { throw "vulkan needs the Vulkan SDK (VULKAN_SDK is not set)" } }
 }
-$cmake = ("$cmake " + $env:LLAMA_EXTRA_CMAKE_ARGS).Trim()
+$cmake = ("$cmake -DGGML_RPC=on " + $env:LLAMA_EXTRA_CMAKE_ARGS).Trim()
 if (-not $Version) {
     $Version = & $Python -c "from importlib.metadata import version`ntry: print(version('llama-cpp-python'))`nexcept Exception: print('')"
 }
@@ -39,5 +40,5 @@ $env:FORCE_CMAKE = "1"
 if ($LASTEXITCODE) { throw "pip install failed ($LASTEXITCODE)" }
 & $Python -m pip install $spec  # its dependencies, if this environment lacks them
 if ($LASTEXITCODE) { throw "pip install failed ($LASTEXITCODE)" }
-& $Python -c "import llama_cpp; from llama_cpp import llama_cpp as lib; print('llama-cpp-python', llama_cpp.__version__, 'GPU offload:', bool(lib.llama_supports_gpu_offload()))"
+& $Python -c "import llama_cpp; from llama_cpp import llama_cpp as lib; print('llama-cpp-python', llama_cpp.__version__, 'GPU offload:', bool(lib.llama_supports_gpu_offload()), 'RPC:', bool(lib.llama_supports_rpc()))"
 if ($LASTEXITCODE) { throw "llama_cpp does not import" }

@@ -10,6 +10,8 @@
 #   cuda    -DGGML_CUDA=on              the CUDA toolkit (nvcc on PATH, CUDA_HOME/CUDA_PATH)
 #   vulkan  -DGGML_VULKAN=on            the Vulkan SDK (glslc on PATH, VULKAN_SDK)
 #   metal   -DGGML_METAL=on             macOS with Xcode's command line tools
+# Every variant also gets -DGGML_RPC=on: llama.cpp's RPC backend, which model groups use (one
+# model split over several workers, issue 19); the worker offers groups only when it is there.
 # Extra CMake flags can be appended with LLAMA_EXTRA_CMAKE_ARGS (e.g. a CUDA architecture list:
 # "-DCMAKE_CUDA_ARCHITECTURES=61;75;86;89").
 set -euo pipefail
@@ -33,7 +35,7 @@ esac
 if [[ "$(uname -s)" == "Darwin" && "$VARIANT" == "cpu" ]]; then
     ARGS="-DGGML_METAL=off"  # the plain build turns Metal on by itself on macOS
 fi
-ARGS="$ARGS ${LLAMA_EXTRA_CMAKE_ARGS:-}"
+ARGS="$ARGS -DGGML_RPC=on ${LLAMA_EXTRA_CMAKE_ARGS:-}"
 
 VERSION="${2:-$("$PYTHON" - <<'PY'
 from importlib.metadata import PackageNotFoundError, version
@@ -54,5 +56,5 @@ CMAKE_ARGS="${ARGS# }" FORCE_CMAKE=1 "$PYTHON" -m pip install --force-reinstall 
 import llama_cpp
 from llama_cpp import llama_cpp as lib
 print(f"llama-cpp-python {llama_cpp.__version__}: GPU offload supported = "
-      f"{bool(lib.llama_supports_gpu_offload())}")
+      f"{bool(lib.llama_supports_gpu_offload())}, RPC = {bool(lib.llama_supports_rpc())}")
 PY

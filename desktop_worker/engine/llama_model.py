@@ -75,6 +75,7 @@ class LlamaContext:
         *,
         n_threads: int | None = None,
         embedding: bool = False,
+        tensor_split: tuple[float, ...] | None = None,
     ) -> None:
         self.name = name
         self.plan = plan
@@ -87,6 +88,8 @@ class LlamaContext:
             "n_threads_batch": n_threads,
             "verbose": False,
         }
+        if tensor_split:  # a group's head: the queen's layers per device (groups.layout)
+            kwargs["tensor_split"] = list(tensor_split)
         if embedding:
             kwargs.update(embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN)
         try:

