@@ -12,12 +12,15 @@ import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 
 from desktop_worker import __version__
 from desktop_worker.engine.pool import ModelPool
 from desktop_worker.fetching import Fetcher
+from desktop_worker.groups.lan import lan_hint
+from desktop_worker.groups.rpc import LlamaRpc, RpcProbe, RpcSupport
 from desktop_worker.hardware import HardwareReport, detect_hardware
 from desktop_worker.identity import WorkerIdentity
 from desktop_worker.jobs import JobRunner
@@ -45,15 +48,18 @@ CAPABILITIES = ["chat", "stream", "embeddings", CAPABILITY_CONTINUE, capabilitie
                 capabilities.COMPLETIONS, capabilities.EMBED_TOKENS, capabilities.SCORE]
 
 
-def worker_capabilities(settings: WorkerSettings) -> list[str]:
+def worker_capabilities(settings: WorkerSettings, rpc: RpcProbe | None = None) -> list[str]:
     """What the hello says this worker can do: ``CAPABILITIES``, plus ``auditor`` when its
-    operator offers it as an audit-only re-scorer (``WorkerSettings.auditor``), and ``fetch``
-    when its owner lets the queen place models on it (``accept_fetch``, issue 17)."""
+    operator offers it as an audit-only re-scorer (``WorkerSettings.auditor``), ``fetch``
+    when its owner lets the queen place models on it (``accept_fetch``, issue 17), and ``rpc``
+    when its llama.cpp has the RPC backend and its owner lets it join groups (issue 19)."""
     out = list(CAPABILITIES)
     if settings.auditor:
         out.append(capabilities.CAPABILITY_AUDITOR)
     if settings.accept_fetch:
         out.append(capabilities.FETCH)
+    if settings.join_groups and rpc is not None and rpc.available:
+        out.append(capabilities.RPC)
     return out
 
 
@@ -73,8 +79,12 @@ class WorkerService:
         store: ModelStore | None = None,
         detector: Detector | None = None,
         owner_probe: OwnerProbe | None = None,
+        rpc: RpcSupport | None = None,
     ) -> None:
         self.settings = settings
+        # llama.cpp's RPC backend (model groups, issue 19), probed once, at the first hello.
+        self.rpc: RpcSupport = rpc or LlamaRpc()
+        self.rpc_probe: RpcProbe | None = None
         # What the owner's pause settings read (issue 17); None: the real machine's probe.
         self.owner_probe: OwnerProbe = owner_probe or default_probe(settings)
         self.detector: Detector = detector or detect_hardware
@@ -225,6 +235,12 @@ class WorkerService:
         models = self.store.descriptors(self.pool.loaded())
         settings = self.settings
         room_mb = await asyncio.to_thread(self.model_room_mb)
+        if self.rpc_probe is None:
+            self.rpc_probe = await asyncio.to_thread(self.rpc.probe)
+        rpc = self.rpc_probe
+        joins = capabilities.RPC in worker_capabilities(settings, rpc)
+        hint = (await asyncio.to_thread(lan_hint, urlsplit(settings.queen_url).hostname or "")
+                if joins else None)
 
         def hello_for(nonce: str, origin: str) -> Hello:  # origin: of the URL dialled
             return Hello(
@@ -234,11 +250,13 @@ class WorkerService:
                 signature=self.identity.sign_hello(nonce, settings.ln_url, origin=origin),
                 ln_url=settings.ln_url,
                 models=models,
-                capabilities=worker_capabilities(settings),
+                capabilities=worker_capabilities(settings, rpc),
                 max_jobs=settings.max_jobs,
                 memory_budget_mb=self.pool.budget_mb,
                 model_room_mb=room_mb,
                 swarm_models=settings.swarm_models,
+                llama_build=rpc.build if joins else None,
+                lan_hint=hint,
                 **fields,
             )
 

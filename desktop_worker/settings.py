@@ -168,6 +168,14 @@ class WorkerSettings(BaseSettings):
     swarm_models: bool = Field(default=False, description=(
         "let the swarm choose this worker's models: pull what is in demand and fits, and evict "
         "the least recently used to stay within the disk quota (opt-in)"))
+    # Model groups (issue 19): a model too big for one worker, its layers split over several.
+    join_groups: bool = Field(default=True, description=(
+        "let the queen make this worker a member of a model group: it then runs, in a child "
+        "process, llama.cpp's RPC server for a head the queen trusts (the hello says 'rpc' only "
+        "when llama.cpp has its RPC backend)"))
+    lan_groups: bool = Field(default=False, description=(
+        "let a group's head on this LAN reach this worker directly (its gate listens on the LAN "
+        "address, over TLS); off: nothing listens beyond 127.0.0.1"))
     # Owner controls (issue 17): when the worker pauses itself. A pause takes no new jobs, lets
     # jobs in flight finish within pause_grace_s (then hands them back to the queen), and says
     # why in its status and the tray.

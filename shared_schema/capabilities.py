@@ -37,6 +37,9 @@ CAPABILITY_AUDITOR = AUDITOR
 # owner's disk quota. (Not the legacy ``fetch_models``, a worker that downloads whatever a job
 # names before answering it.)
 FETCH = "fetch"  # the name shared_schema exports, beside CAPABILITY_CONTINUE
+# Joins model groups (issue 19): its llama.cpp has the RPC backend (the hello's
+# ``llama_build`` says which build) and its owner lets it serve a share of a model's layers.
+RPC = "rpc"
 
 # What a field of a job's request needs, with the field a refusal names.
 _FIELD_NEEDS = (

@@ -128,6 +128,15 @@ class Hello(WireModel):
     swarm_models: bool = Field(
         default=False, description="The owner lets the swarm choose this worker's models "
         "(it pulls what is in demand and evicts the least recently used).")
+    # Added for model groups (issue 19); None from older workers and builds without RPC.
+    llama_build: str | None = Field(
+        default=None, max_length=128, pattern=r"^[\x21-\x7e]+$",
+        description="The llama.cpp build (ggml version and commit, RPC protocol): only workers "
+        "of one build are grouped.")
+    lan_hint: str | None = Field(
+        default=None, pattern=r"^[0-9a-f]{32}$",
+        description="A hash of the worker's local network; the queen joins it to the address "
+        "it sees, so only workers behind one address can share a LAN.")
 
 
 class Welcome(WireModel):

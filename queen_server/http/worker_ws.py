@@ -98,6 +98,7 @@ async def worker_endpoint(websocket: WebSocket) -> None:
     if admit is None:
         return
     worker = admit.worker
+    worker.peer_host = websocket.client.host if websocket.client else None
 
     if state.db is not None and not worker.legacy:
         await state.db.record_worker(worker.key, worker.public_id, worker.ln_url,

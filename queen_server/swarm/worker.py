@@ -14,6 +14,7 @@ socket in another process could tomorrow.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
@@ -66,7 +67,9 @@ class Worker:
         "gpus",
         "jobs",
         "key",
+        "lan_hint",
         "legacy",
+        "llama_build",
         "ln_url",
         "loaded",
         "max_jobs",
@@ -74,6 +77,7 @@ class Worker:
         "model_room_mb",
         "models",
         "paused",
+        "peer_host",
         "public_id",
         "reserved",
         "session_id",
@@ -132,6 +136,11 @@ class Worker:
         self.model_room_mb: int | None = None
         self.vram_free_mb: int | None = None
         self.swarm_models = False
+        # Model groups (issue 19), from its hello: its llama.cpp build, its LAN hint, and the
+        # address this queen sees it at (``lan`` joins the two; a claim alone never makes one).
+        self.llama_build: str | None = None
+        self.lan_hint: str | None = None
+        self.peer_host: str | None = None
         self.paused: str | None = None  # why its owner paused it; in no routing index then
         self.downloads: dict[str, DownloadProgress] = {}
         self.models: dict[str, ModelDescriptor] = {}
@@ -151,6 +160,16 @@ class Worker:
     def takes_fetch(self) -> bool:
         """Whether the queen may place a model on it (a ``fetch`` command, issue 17)."""
         return FETCH in self.capabilities and not self.legacy
+
+    @property
+    def lan(self) -> str | None:
+        """Its LAN as model groups compare them (issue 19): the hint it sent joined to the
+        address this queen sees, so a worker can only share a LAN with workers behind the same
+        public address, whatever it claims. None without both."""
+        if not self.lan_hint or not self.peer_host or self.legacy:
+            return None
+        joined = f"apiary-lan|{self.peer_host}|{self.lan_hint}".encode()
+        return hashlib.sha256(joined).hexdigest()[:16]
 
     @property
     def earnings_key(self) -> str | None:
