@@ -11,7 +11,9 @@ Setting up means: create ``.venv`` with this interpreter (Python 3.11+), then
 whenever ``pyproject.toml`` changed since the last install (the first time compiles
 llama-cpp-python, about 9 minutes on 2 cores, with llama.cpp's RPC backend on: model groups,
 issue 19). Extra arguments after ``test`` go to pytest.
-``run --port N`` picks the queen's port (default 8000).
+``run --port N`` picks the queen's port (default 8000); ``run --group N`` serves the model
+through a group of N llama.cpp RPC servers on this machine (each holding a share of its layers,
+in its own process), to watch a model group work.
 """
 
 from __future__ import annotations
@@ -128,6 +130,7 @@ BUNDLED = "SmolLM2-135M-Instruct.Q4_1"
 def run_swarm(py: Path, args: list[str]) -> int:
     """A queen and one worker serving the bundled model, until Ctrl-C."""
     port = int(args[args.index("--port") + 1]) if "--port" in args else 8000
+    group = ["--local-group", args[args.index("--group") + 1]] if "--group" in args else []
     data = ROOT / ".apiary-dev"
     data.mkdir(exist_ok=True)
     model = subprocess.run(
@@ -143,7 +146,7 @@ def run_swarm(py: Path, args: list[str]) -> int:
     worker = subprocess.Popen(
         [str(py), "-m", "desktop_worker.cli", "--headless", "--queen",
          f"ws://127.0.0.1:{port}/worker", "--model", model, "--models-dir",
-         str(data / "models")], cwd=ROOT, env=env)
+         str(data / "models"), *group], cwd=ROOT, env=env)
     try:
         if wait_until_serving(port, queen, worker):
             print(EXAMPLES.format(port=port, model=BUNDLED), flush=True)

@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpu-layers", type=gpu_layers, help="'auto' (default) or a number")
     parser.add_argument("--ctx", dest="n_ctx", type=int, help="context size (default 4096)")
     parser.add_argument("--threads", type=int, help="CPU threads for llama.cpp")
+    parser.add_argument("--local-group", type=int, metavar="N",
+                        help="serve the model through a group of N RPC servers on this machine "
+                        "(a demonstration of model groups; chat and completions only)")
 
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("detect", parents=[common], help="print the detected hardware as JSON")
@@ -84,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def settings_from(args: argparse.Namespace) -> WorkerSettings:
     names = ("queen_url", "ln_url", "models", "models_dir", "max_jobs", "gpu_layers", "n_ctx",
-             "threads")
+             "threads", "local_group")
     overrides = {name: getattr(args, name, None) for name in names}
     if overrides["queen_url"] is not None:  # --queen, repeatable: one comma-separated list
         overrides["queen_url"] = ",".join(overrides["queen_url"])

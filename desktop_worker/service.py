@@ -20,6 +20,7 @@ from desktop_worker import __version__
 from desktop_worker.engine.pool import ModelPool
 from desktop_worker.fetching import Fetcher
 from desktop_worker.groups.lan import lan_hint
+from desktop_worker.groups.local import LocalGroup
 from desktop_worker.groups.rpc import LlamaRpc, RpcProbe, RpcSupport
 from desktop_worker.hardware import HardwareReport, detect_hardware
 from desktop_worker.identity import WorkerIdentity
@@ -94,6 +95,9 @@ class WorkerService:
         self.identity = WorkerIdentity.load_or_create(settings.key_path,
                                                       key_store=settings.key_store)
         self.hardware: HardwareReport | None = None
+        # --local-group N: every model served through N RPC servers on this machine (issue 19)
+        self.local_group = (LocalGroup(settings.local_group, n_threads=settings.threads or 1)
+                            if settings.local_group else None)
         self.pool = ModelPool(
             self.store.get,
             max_jobs=settings.max_jobs,
@@ -102,6 +106,7 @@ class WorkerService:
             n_threads=settings.threads,  # None: llama.cpp picks half the cores
             free_vram_mb=self.free_vram_mb,
             budget_mb=settings.memory_budget_mb or default_budget_mb(),
+            **({"contexts": self.local_group} if self.local_group else {}),
         )
         self.runner = JobRunner(self.pool, has_model=self.has_model)
         self.fetcher = Fetcher(self.store, self.pool, evict=lambda: self.settings.swarm_models,
@@ -200,6 +205,8 @@ class WorkerService:
         with the free VRAM the GPU really has, not with none."""
         if self.hardware is None:
             await self.detect()
+        if self.local_group is not None:
+            await self.local_group.start()  # before the first load: the heads need them
         models = []
         for item in names_or_paths:
             model = await asyncio.to_thread(self._local, item, progress)
@@ -294,3 +301,5 @@ class WorkerService:
             await self.swarm.close()
             await self.runner.drain(0)
             await self.pool.close()
+            if self.local_group is not None:
+                await self.local_group.stop()

@@ -173,6 +173,9 @@ class WorkerSettings(BaseSettings):
         "let the queen make this worker a member of a model group: it then runs, in a child "
         "process, llama.cpp's RPC server for a head the queen trusts (the hello says 'rpc' only "
         "when llama.cpp has its RPC backend)"))
+    local_group: int = Field(default=0, ge=0, le=8, description=(
+        "serve models through a group of this many llama.cpp RPC servers on this machine (each "
+        "in its own process, on 127.0.0.1): a demonstration of groups; 0: off"))
     lan_groups: bool = Field(default=False, description=(
         "let a group's head on this LAN reach this worker directly (its gate listens on the LAN "
         "address, over TLS); off: nothing listens beyond 127.0.0.1"))

@@ -27,6 +27,17 @@ from shared_schema.fitting import (
 log = logging.getLogger(__name__)
 
 
+# Makes a context of a model: ``(model, plan, n_threads, embedding)``, blocking (it runs in the
+# pool's threads). The default loads a ``LlamaContext``; a model group's (issue 19) starts a
+# head process instead, which has the same ``stream``/``usage``/``busy``/``close``.
+ContextFactory = Callable[["ServableModel", LoadPlan, "int | None", bool], Any]
+
+
+def llama_context(model: ServableModel, plan: LoadPlan, n_threads: int | None,
+                  embedding: bool) -> LlamaContext:
+    return LlamaContext(model.name, model.path, plan, n_threads=n_threads, embedding=embedding)
+
+
 class ServableModel(Protocol):
     """What the pool needs from the store's ``LocalModel``."""
 
@@ -93,8 +104,10 @@ class ModelPool:
         n_threads: int | None = None,
         free_vram_mb: Callable[[], int | None] = lambda: None,
         budget_mb: int = 8192,
+        contexts: ContextFactory = llama_context,
     ) -> None:
         self.resolve = resolve
+        self.contexts = contexts
         self.max_jobs = max_jobs
         self.gpu_layers = gpu_layers
         self.n_ctx = n_ctx
@@ -146,9 +159,7 @@ class ModelPool:
         await self._make_room(self._context_mb(entry), exclude=entry.model.name)
         started = time.perf_counter()
         context = await self._run(
-            lambda: LlamaContext(entry.model.name, entry.model.path, entry.plan,
-                                 n_threads=self.n_threads, embedding=embedding)
-        )
+            lambda: self.contexts(entry.model, entry.plan, self.n_threads, embedding))
         log.info("loaded a %s context for %s in %.2f s", "embedding" if embedding else "chat",
                  entry.model.name, time.perf_counter() - started)
         return context
@@ -197,6 +208,10 @@ class ModelPool:
             raise
 
     async def _release(self, entry: _Loaded, context: LlamaContext) -> None:
+        if not getattr(context, "alive", True):  # a group's head that ended: make a new one
+            if context in entry.contexts:
+                entry.contexts.remove(context)
+            await self._run(context.close)
         context.busy.release()
         entry.active -= 1
         entry.last_used = time.monotonic()

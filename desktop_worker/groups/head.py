@@ -84,7 +84,7 @@ class _LoadLog:
         match = _BUFFER.search(line)
         if match:
             self.buffers[match.group(1)] = int(float(match.group(2)) * 1024 * 1024)
-        if level in (2, 3):  # GGML_LOG_LEVEL_WARN, _ERROR
+        if level in (3, 4):  # GGML_LOG_LEVEL_WARN, _ERROR (ggml.h of the vendored build)
             log.warning("llama.cpp: %s", line.strip())
 
 
@@ -178,6 +178,12 @@ class GroupHead:
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
+
+    @property
+    def alive(self) -> bool:
+        """False once the process ended: the pool then drops this context for a new one."""
+        return (self._conn is not None and self._process is not None
+                and self._process.is_alive())
 
     def start(self) -> HeadReport:
         """Start the process and wait until the model is loaded (or it failed)."""
