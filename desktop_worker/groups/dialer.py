@@ -19,8 +19,7 @@ from desktop_worker.errors import GroupLinkError
 from desktop_worker.groups import handshake, tls
 from desktop_worker.groups.gate import (
     LOOPBACK,
-    LinkStats,
-    StatsBook,
+    PipeListener,
     authenticate_member,
     close_quietly,
     pipe,
@@ -30,7 +29,7 @@ from desktop_worker.groups.gate import (
 log = logging.getLogger(__name__)
 
 
-class HeadDialer:
+class HeadDialer(PipeListener):
     """A local endpoint for llama.cpp that leads, authenticated, to one member's gate."""
 
     def __init__(
@@ -44,6 +43,7 @@ class HeadDialer:
         tls_fingerprint: str | None = None,
         connect_timeout_s: float = 5.0,
     ) -> None:
+        super().__init__()
         self.group = handshake.check_name("group", group)
         self.head = handshake.check_name("head", head)
         self._token = handshake.check_token(token)
@@ -54,10 +54,6 @@ class HeadDialer:
         )
         self.connect_timeout_s = connect_timeout_s
         self.last_error: str | None = None
-        self._stats = StatsBook()
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._closing = False
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, LOOPBACK, 0)
@@ -67,32 +63,14 @@ class HeadDialer:
     @property
     def endpoint(self) -> str:
         """``127.0.0.1:<port>``, the RPC endpoint to give llama.cpp for this member."""
-        if self._server is None or not self._server.sockets:
-            raise RuntimeError("the dialer is not started")
-        host, port = self._server.sockets[0].getsockname()[:2]
+        host, port = self._bound("dialer")
         return f"{host}:{port}"
-
-    def stats(self) -> LinkStats:
-        return self._stats.snapshot()
 
     async def check(self) -> None:
         """Dials the gate and authenticates once, then hangs up; ``GroupLinkError`` (or its
         ``GroupLinkRefused`` and ``TlsPinMismatch``) says why the path does not work."""
         _reader, writer, _leftover = await self._dial()
         await close_quietly(writer)
-
-    async def stop(self) -> None:
-        """Closes the local listener and every connection through it (both ends)."""
-        self._closing = True
-        if self._server is not None:
-            self._server.close()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
 
     async def _dial(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
         """A connection to the gate, past TLS pinning and the handshake."""
@@ -125,29 +103,18 @@ class HeadDialer:
             raise
         return reader, writer, leftover
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)  # type: ignore[arg-type]
+    async def _connection(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
         try:
-            if self._closing:
-                return
-            set_nodelay(writer)
-            try:
-                member_reader, member_writer, leftover = await self._dial()
-            except GroupLinkError as exc:
-                self.last_error = str(exc)
-                log.warning("dialer for group %s: %s", self.group, exc)
-                return
-            counters = self._stats.open()
-            try:
-                await pipe(reader, writer, member_reader, member_writer, counters,
-                           to_a_first=leftover)
-            finally:
-                self._stats.close(counters)
-                await close_quietly(member_writer)
-        except asyncio.CancelledError:
-            pass  # ``stop()`` cancelled it (see ``MemberGate._serve``)
+            member_reader, member_writer, leftover = await self._dial()
+        except GroupLinkError as exc:
+            self.last_error = str(exc)
+            log.warning("dialer for group %s: %s", self.group, exc)
+            return
+        counters = self._stats.open()
+        try:
+            await pipe(reader, writer, member_reader, member_writer, counters,
+                       to_a_first=leftover)
         finally:
-            self._tasks.discard(task)  # type: ignore[arg-type]
-            await close_quietly(writer)
+            self._stats.close(counters)
+            await close_quietly(member_writer)

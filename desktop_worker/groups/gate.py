@@ -287,66 +287,22 @@ async def close_quietly(writer: ByteWriter) -> None:
         await asyncio.wait_for(writer.wait_closed(), 1.0)
 
 
-# --- the gate ---------------------------------------------------------------------------------
+# --- the listeners ----------------------------------------------------------------------------
 
 
-class MemberGate:
-    """Listens for the group's head and pipes it to ``127.0.0.1:target_port``.
+class PipeListener:
+    """What the gate and the dialer share: a listener whose connections are tracked so that
+    ``stop()`` closes them all, per-link counters, and the bound address."""
 
-    ``host`` stays 127.0.0.1 unless the caller passes a LAN address (LAN mode); ``port`` 0
-    takes an ephemeral port (see ``address``). ``ssl`` makes the listener TLS (the direct route
-    over a LAN; ``tls.SelfSignedIdentity.server_context()``). Refusals are logged once at INFO
-    and counted in ``refused`` by reason; at most ``max_pending`` handshakes run at once, more
-    get ``NO busy``.
-    """
-
-    def __init__(
-        self,
-        group: str,
-        head: str,
-        token: bytes,
-        target_port: int,
-        *,
-        host: str = LOOPBACK,
-        port: int = 0,
-        ssl: ssl_module.SSLContext | None = None,
-        handshake_timeout_s: float = 5.0,
-        connect_timeout_s: float = 5.0,
-        max_pending: int = 32,
-    ) -> None:
-        self.group = handshake.check_name("group", group)
-        self.head = handshake.check_name("head", head)
-        self._token = handshake.check_token(token)
-        self.target_port = target_port
-        self._host = host
-        self._port = port
-        self._ssl = ssl
-        self.handshake_timeout_s = handshake_timeout_s
-        self.connect_timeout_s = connect_timeout_s
-        self.max_pending = max_pending
-        self.refused: Counter[str] = Counter()
+    def __init__(self) -> None:
         self._stats = StatsBook()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._pending = 0
         self._closing = False
 
-    async def start(self) -> None:
-        # A TLS handshake happens before ``_serve`` runs, so it gets the same deadline: a
-        # client that never finishes it is dropped as fast as one that never answers.
-        self._server = await asyncio.start_server(
-            self._serve, self._host, self._port, ssl=self._ssl,
-            ssl_handshake_timeout=self.handshake_timeout_s if self._ssl else None,
-        )
-        log.info("gate for group %s listening on %s:%d (%s), forwarding to %s:%d",
-                 self.group, *self.address, "TLS" if self._ssl else "plain",
-                 LOOPBACK, self.target_port)
-
-    @property
-    def address(self) -> tuple[str, int]:
-        """The host and port the gate listens on (the ephemeral port once started)."""
+    def _bound(self, what: str) -> tuple[str, int]:
         if self._server is None or not self._server.sockets:
-            raise RuntimeError("the gate is not started")
+            raise RuntimeError(f"the {what} is not started")
         host, port = self._server.sockets[0].getsockname()[:2]
         return host, port
 
@@ -374,7 +330,7 @@ class MemberGate:
             if self._closing:
                 return
             set_nodelay(writer)
-            await self._handle(reader, writer, writer.get_extra_info("peername"))
+            await self._connection(reader, writer)
         except asyncio.CancelledError:
             # ``stop()`` cancels this task; on Python 3.11 asyncio's stream callback calls
             # ``task.exception()`` on it, which would log a cancelled handler as an error.
@@ -382,6 +338,72 @@ class MemberGate:
         finally:
             self._tasks.discard(task)  # type: ignore[arg-type]
             await close_quietly(writer)
+
+    async def _connection(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+
+# --- the gate ---------------------------------------------------------------------------------
+
+
+class MemberGate(PipeListener):
+    """Listens for the group's head and pipes it to ``127.0.0.1:target_port``.
+
+    ``host`` stays 127.0.0.1 unless the caller passes a LAN address (LAN mode); ``port`` 0
+    takes an ephemeral port (see ``address``). ``ssl`` makes the listener TLS (the direct route
+    over a LAN; ``tls.SelfSignedIdentity.server_context()``). Refusals are logged once at INFO
+    and counted in ``refused`` by reason; at most ``max_pending`` handshakes run at once, more
+    get ``NO busy``.
+    """
+
+    def __init__(
+        self,
+        group: str,
+        head: str,
+        token: bytes,
+        target_port: int,
+        *,
+        host: str = LOOPBACK,
+        port: int = 0,
+        ssl: ssl_module.SSLContext | None = None,
+        handshake_timeout_s: float = 5.0,
+        connect_timeout_s: float = 5.0,
+        max_pending: int = 32,
+    ) -> None:
+        super().__init__()
+        self.group = handshake.check_name("group", group)
+        self.head = handshake.check_name("head", head)
+        self._token = handshake.check_token(token)
+        self.target_port = target_port
+        self._host = host
+        self._port = port
+        self._ssl = ssl
+        self.handshake_timeout_s = handshake_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.max_pending = max_pending
+        self.refused: Counter[str] = Counter()
+        self._pending = 0
+
+    async def start(self) -> None:
+        # A TLS handshake happens before ``_serve`` runs, so it gets the same deadline: a
+        # client that never finishes it is dropped as fast as one that never answers.
+        self._server = await asyncio.start_server(
+            self._serve, self._host, self._port, ssl=self._ssl,
+            ssl_handshake_timeout=self.handshake_timeout_s if self._ssl else None,
+        )
+        log.info("gate for group %s listening on %s:%d (%s), forwarding to %s:%d",
+                 self.group, *self.address, "TLS" if self._ssl else "plain",
+                 LOOPBACK, self.target_port)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The host and port the gate listens on (the ephemeral port once started)."""
+        return self._bound("gate")
+
+    async def _connection(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        await self._handle(reader, writer, writer.get_extra_info("peername"))
 
     async def _handle(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: object

@@ -19,11 +19,11 @@ import socket
 from multiprocessing.context import SpawnProcess
 
 from desktop_worker.errors import GroupError
+from desktop_worker.groups.gate import LOOPBACK
 from desktop_worker.groups.rpc import LlamaRpc
 
 log = logging.getLogger(__name__)
 
-LOOPBACK = "127.0.0.1"
 READY_TIMEOUT_S = 60.0  # importing llama_cpp in a fresh process, then binding
 MAX_RESTARTS = 5
 FIRST_PAUSE_S = 0.5

@@ -30,14 +30,6 @@ HEAD = "w_head"
 
 
 @pytest.fixture
-async def rpc() -> AsyncIterator[FakeRpcServer]:
-    server = FakeRpcServer()
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
 async def gate(rpc: FakeRpcServer) -> AsyncIterator[MemberGate]:
     member_gate = MemberGate(GROUP, HEAD, TOKEN, rpc.port, handshake_timeout_s=2.0)
     await member_gate.start()

@@ -37,14 +37,6 @@ def identity() -> SelfSignedIdentity:
 
 
 @pytest.fixture
-async def rpc() -> AsyncIterator[FakeRpcServer]:
-    server = FakeRpcServer()
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
 async def gate(rpc: FakeRpcServer, identity: SelfSignedIdentity) -> AsyncIterator[MemberGate]:
     member_gate = MemberGate(GROUP, HEAD, TOKEN, rpc.port, ssl=identity.server_context())
     await member_gate.start()

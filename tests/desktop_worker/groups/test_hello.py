@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from pydantic import ValidationError
 
 from desktop_worker.groups.lan import lan_hint, network_of
 from desktop_worker.groups.rpc import LlamaRpc, NullRpc, RpcProbe
@@ -98,6 +99,16 @@ def test_a_copied_hint_does_not_make_a_lan_from_another_address() -> None:
 
 
 def test_hello_bounds_the_new_fields() -> None:
+    """A hostile hello: a LAN hint that is not 32 hex digits (an address in clear, say) and a
+    build name that is too long or has spaces are refused, never stored."""
+    fields = {"protocol": 1, "worker_version": "x", "pubkey": "1" * 64, "signature": "0" * 128,
+              "cpu_count": 1, "disk_space": 1, "vram": 0}
+    good = Hello.model_validate({**fields, "lan_hint": "a" * 32, "llama_build": "ggml-1+x/rpc-7"})
+    assert good.lan_hint == "a" * 32  # so each refusal below is the bad field's
+    for bad in ({"lan_hint": "192.168.1.0/24"}, {"lan_hint": "A" * 32},
+                {"llama_build": "x" * 129}, {"llama_build": "ggml 1"}):
+        with pytest.raises(ValidationError):
+            Hello.model_validate({**fields, **bad})
     base = Hello.model_json_schema()["properties"]
     assert base["lan_hint"]["anyOf"][0]["pattern"] == "^[0-9a-f]{32}$"
     assert base["llama_build"]["anyOf"][0]["maxLength"] == 128
