@@ -18,6 +18,7 @@ from queen_server import __version__, reports, web
 from queen_server.audits.service import AuditService
 from queen_server.audits.store import AuditStore
 from queen_server.billing.service import Billing
+from queen_server.billing.shares import split_parts
 from queen_server.catalog import ModelCatalog
 from queen_server.catalog.hub import HubFiles
 from queen_server.cluster.bus import RedisBus
@@ -30,6 +31,7 @@ from queen_server.http.fastpath import FastPath
 from queen_server.http.spec import install_docs, publish_request_schemas
 from queen_server.identity import QueenOrigins
 from queen_server.payouts.runner import PayoutRunner, make_backend
+from queen_server.placement.groups import GroupService
 from queen_server.placement.service import PlacementService
 from queen_server.replicas import Replicas
 from queen_server.runtime import DispatchStats, QueenState
@@ -92,6 +94,8 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
                                  size_class_of=size_class_of, earn_msat_per_1k=earn_msat_per_1k)
     dispatcher = Dispatcher(registry, settings, DispatchStats(stats, metrics), known_size_class,
                             pinned=placement.pinned)
+    groups = GroupService(settings, registry, catalog)
+    billing.split_parts = lambda parts, model: split_parts(parts, groups.credit_of(model))
     audits = AuditService(settings, registry, dispatcher, billing,
                           AuditStore(db.engine) if db is not None else None, metrics)
     state = QueenState(
@@ -105,6 +109,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
         catalog=catalog,
         audits=audits,
         placement=placement,
+        groups=groups,
     )
     replicas = None
     if settings.redis_url:
@@ -135,6 +140,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
             await replicas.start()
         audits.start()
         placement.start()
+        groups.start()
         http = httpx.AsyncClient(timeout=20, trust_env=False)
         payouts = None
         if state.db is not None and state.billing.ledger is not None:
@@ -149,6 +155,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
         finally:
             if replicas is not None:
                 await replicas.stop()
+            await groups.stop()  # tells every group's workers, while they are connected
             await registry.close_all(CLOSE_GOING_AWAY, "the queen is shutting down")
             await audits.stop()
             await placement.stop()

@@ -10,6 +10,7 @@ from queen_server.audits.service import AuditService
 from queen_server.billing.pricing import Price
 from queen_server.billing.service import Billing
 from queen_server.catalog import ModelCatalog
+from queen_server.placement.groups import GroupService
 from queen_server.placement.service import PlacementService
 from queen_server.settings import QueenSettings
 from queen_server.stats.metrics import Metrics
@@ -35,6 +36,7 @@ class QueenState:
     catalog: ModelCatalog
     audits: AuditService
     placement: PlacementService
+    groups: GroupService
     replicas: Replicas | None = None  # the other queen replicas (issue 18), with a Redis
 
     def price_of(self, model: str) -> Price:

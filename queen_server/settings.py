@@ -201,6 +201,18 @@ class QueenSettings(BaseSettings):
     max_copies_per_model: int = Field(default=4, ge=1)
     placements_per_hour: int = Field(default=30, ge=1)
     demand_interval_s: float = Field(default=60.0, gt=0)
+    # Model groups (issue 19): a model no single worker can hold, served by workers of one LAN
+    # through llama.cpp's RPC backend. Heads (they send members the graphs to run) are workers
+    # in good standing with the audits or those named here (public ids or keys; "*": any).
+    # The planner keeps headroom_fraction of each worker's memory plus reserve_mb free.
+    groups: bool = True
+    group_heads: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    group_interval_s: float = Field(default=15.0, gt=0)
+    group_setup_timeout_s: float = Field(default=30.0, gt=0)
+    group_load_timeout_s: float = Field(default=600.0, gt=0)
+    group_headroom_fraction: float = Field(default=0.10, ge=0, le=0.9)
+    group_reserve_mb: int = Field(default=512, ge=0)
+    group_retry_s: float = Field(default=300.0, ge=0)
     worker_share: float = Field(default=0.8, ge=0, le=1)
     escrow_jobs: int = Field(default=10, ge=0)
     default_max_tokens: int = Field(default=4096, ge=1)
@@ -243,7 +255,8 @@ class QueenSettings(BaseSettings):
     # not named there is judged by the built-in bands.
     audit_bands_file: Path | None = None
 
-    @field_validator("api_keys", "lnurl_insecure_hosts", "trusted_auditors", mode="before")
+    @field_validator("api_keys", "lnurl_insecure_hosts", "trusted_auditors", "group_heads",
+                     mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):

@@ -3,6 +3,15 @@
 from shared_schema.audits import SCORE_OBJECT, SCORE_URL, SampledScores, ScoreData, ScoreJob
 from shared_schema.capabilities import CAPABILITY_AUDITOR
 from shared_schema.errors import InvalidQueenUrl, InvalidScoreData, ProtocolError, SchemaError
+from shared_schema.groups import (
+    GroupEnd,
+    GroupFailed,
+    GroupLead,
+    GroupLink,
+    GroupMemberReady,
+    GroupReady,
+    GroupServe,
+)
 from shared_schema.hardware import ClGpu, DownloadProgress, ModelDescriptor, NvGpu
 from shared_schema.legacy import LegacyRegistration, LegacyRequest, looks_like_registration
 from shared_schema.openai_requests import (
@@ -83,6 +92,13 @@ __all__ = [
     "ErrorResponse",
     "Fetch",
     "FetchFailed",
+    "GroupEnd",
+    "GroupFailed",
+    "GroupLead",
+    "GroupLink",
+    "GroupMemberReady",
+    "GroupReady",
+    "GroupServe",
     "Hello",
     "InvalidPayoutAddress",
     "InvalidQueenUrl",

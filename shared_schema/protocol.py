@@ -22,6 +22,14 @@ from pydantic import Field, TypeAdapter, ValidationError, field_validator
 from shared_schema import capabilities as caps
 from shared_schema.base import WireModel
 from shared_schema.errors import InvalidQueenUrl, ProtocolError
+from shared_schema.groups import (
+    GroupEnd,
+    GroupFailed,
+    GroupLead,
+    GroupMemberReady,
+    GroupReady,
+    GroupServe,
+)
 from shared_schema.hardware import (
     MAX_CPUS,
     MAX_DISK_GB,
@@ -250,7 +258,8 @@ class Pong(WireModel):
 
 Message = Annotated[
     Challenge | Hello | Welcome | Refused | Job | Chunk | Result | JobError | Cancel | Status
-    | Ping | Pong | Demand | Fetch | FetchFailed,
+    | Ping | Pong | Demand | Fetch | FetchFailed | GroupServe | GroupMemberReady | GroupLead
+    | GroupReady | GroupEnd | GroupFailed,
     Field(discriminator="type"),
 ]
 MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)

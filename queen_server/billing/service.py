@@ -75,6 +75,7 @@ class Hold:
     closed: bool = False
     charged_msat: int = 0
     lease: Lease | None = None  # its place in the key's rate and concurrency limits
+    model: str = ""  # what it was for (a model group's answer is credited to its members)
 
 
 @dataclass
@@ -139,6 +140,8 @@ class Billing:
         # No request lives longer than this: a reservation older is a dead replica's.
         self.stale_reservation_s = 2 * (settings.queue_timeout_s + settings.total_timeout_s) + 60
         self._last_sweep = 0.0
+        # Who shares a part (model groups: the head's part split by layers; see ``shares``).
+        self.split_parts: Callable[[Sequence[Part], str], Sequence[Part]] | None = None
         unverified = settings.unverified_price_class
         self.prices = (PriceTable.from_file(settings.prices_file, unverified)
                        if settings.prices_file else PriceTable(unverified_class=unverified))
@@ -380,6 +383,8 @@ class Billing:
             return
         if parts is None:
             parts = [Part(worker_key, prompt_tokens, completion_tokens, completed)]
+        if self.split_parts is not None:
+            parts = self.split_parts(parts, hold.model)
         hold.closed = True
         await self.limits.release(hold.lease)
         state = self._states[hold.key_id]

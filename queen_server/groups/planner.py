@@ -70,13 +70,15 @@ class NoPlanReason(StrEnum):
     NOT_ENOUGH_MEMORY = "not_enough_memory"
     NO_TRUSTED_HEAD = "no_trusted_head"
     BUILDS_DIFFER = "builds_differ"
+    NO_DIRECT_ROUTE = "no_direct_route"
 
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """A worker as the planner sees it. ``free_mb`` is per device, in the worker's device order
     (a RAM-only box: one entry). ``lan`` is the worker's opaque LAN hint: equal strings are one
-    LAN. ``rtt_ms`` is the queen's measured round trip to it, None when unmeasured."""
+    LAN. ``rtt_ms`` is the queen's measured round trip to it, None when unmeasured. ``trusted``:
+    it may be a head (the queen trusts it, and it holds the model's file)."""
 
     key: str
     free_mb: tuple[float, ...]
@@ -176,9 +178,11 @@ def usable_mb(free_mb: Sequence[float], *, max_credible_mb: int = MAX_CREDIBLE_M
 def plan_group(shape: ModelShape, candidates: Iterable[Candidate], *, n_ctx: int | None = None,
                max_credible_mb: int = MAX_CREDIBLE_MB,
                headroom_fraction: float = HEADROOM_FRACTION, reserve_mb: int = RESERVE_MB,
-               max_members: int = MAX_MEMBERS) -> GroupPlan | NoPlan:
+               max_members: int = MAX_MEMBERS, relayed: bool = True) -> GroupPlan | NoPlan:
     """The group that serves ``shape`` at ``n_ctx`` (``fitting.choose_context``'s choice), or
-    why there is none. Raises ``ValueError`` on two candidates with one key."""
+    why there is none. ``relayed=False``: only groups whose members all share the head's LAN
+    (while the queen cannot relay a link). Raises ``ValueError`` on two candidates with one
+    key."""
     pool = list(candidates)
     twice = sorted(k for k, n in Counter(c.key for c in pool).items() if n > 1)
     if twice:
@@ -202,9 +206,15 @@ def plan_group(shape: ModelShape, candidates: Iterable[Candidate], *, n_ctx: int
         return NoPlan(NoPlanReason.TOO_FEW_CANDIDATES,
                       f"{len(able)} worker(s) with the rpc capability, a llama.cpp build and "
                       "memory; a group needs two", need_mb)
-    found = _search(model, able, max_members, by_build=True, trusted_only=True)
+    found = _search(model, able, max_members, by_build=True, trusted_only=True,
+                    direct_only=not relayed)
     if found is not None:
         return _plan(model, found, context, kv, headroom_fraction, reserve_mb)
+    if not relayed and _search(model, able, max_members, by_build=True,
+                               trusted_only=True) is not None:
+        return NoPlan(NoPlanReason.NO_DIRECT_ROUTE,
+                      "workers could hold the model together, but not workers on one LAN "
+                      "with a trusted head (a link through the queen is not offered)", need_mb)
     if _search(model, able, max_members, by_build=True, trusted_only=False) is not None:
         return NoPlan(NoPlanReason.NO_TRUSTED_HEAD,
                       "workers of one build could hold the model, but none of those sets has "
@@ -340,7 +350,7 @@ def _sources(pool: list[_Entry], need: int, limit: int) -> list[list[_Entry]]:
 
 
 def _search(model: _Model, able: list[_Entry], max_members: int, *, by_build: bool,
-            trusted_only: bool) -> _Found | None:
+            trusted_only: bool, direct_only: bool = False) -> _Found | None:
     pools: dict[str, list[_Entry]] = {}
     for e in able:
         pools.setdefault(str(e.candidate.build) if by_build else "", []).append(e)
@@ -361,6 +371,9 @@ def _search(model: _Model, able: list[_Entry], max_members: int, *, by_build: bo
                 seen.add(names)
                 for head in combo:
                     if trusted_only and not head.candidate.trusted:
+                        continue
+                    if direct_only and (head.lan is None
+                                        or any(e.lan != head.lan for e in combo)):
                         continue
                     order = [head, *(e for e in combo if e is not head)]
                     ends = _layout(model, order)

@@ -81,8 +81,10 @@ async def admit_and_hold(state: QueenState, request: Request, principal: Princip
         if principal.billed:  # priced by the queen's own reading of the model, once it has one
             await state.catalog.settle(model)
         price = state.price_of(model)
-        return admission, await state.billing.hold(principal, job_id, price, *hold_args,
-                                                   **hold_kwargs)
+        hold = await state.billing.hold(principal, job_id, price, *hold_args, **hold_kwargs)
+        if hold is not None:
+            hold.model = model
+        return admission, hold
     except BaseException:
         admission.leave()
         raise
@@ -130,6 +132,7 @@ async def serve(state: QueenState, request: Request, principal: Principal,
         dispatcher.require_servable(gen.model, needs)
     except ModelNotFound:  # nobody here holds it: another replica's worker, or place it
         if not await dispatcher.served_elsewhere(gen.model):
+            state.groups.prepare(gen.model)  # a model only a group serves: its group's state
             await state.placement.prepare(gen.model)
             dispatcher.require_servable(gen.model, needs)
     answer = Delivered(gen.meter)

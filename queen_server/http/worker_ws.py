@@ -21,6 +21,7 @@ from queen_server.swarm.link import (
     Admit,
     Close,
     FetchRefused,
+    GroupReport,
     QueenLink,
     Refuse,
     Send,
@@ -133,6 +134,7 @@ async def worker_endpoint(websocket: WebSocket) -> None:
         if heartbeat is not None:
             heartbeat.cancel()
         state.placement.left(worker)
+        state.groups.left(worker)
         if state.registry.remove(worker, reason) or state.registry.get(worker.key) is None:
             state.stats.disconnected(worker.key)
         with contextlib.suppress(Exception):
@@ -194,6 +196,8 @@ async def _read_loop(
                 state.placement.on_status(worker)
             elif isinstance(action, FetchRefused):
                 state.placement.fetch_failed(worker, action.failure)
+            elif isinstance(action, GroupReport):
+                state.groups.on_report(worker, action.message)
             elif isinstance(action, Close):
                 return action.reason, action.code
 

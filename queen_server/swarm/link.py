@@ -48,6 +48,9 @@ from shared_schema import (
     Chunk,
     Demand,
     FetchFailed,
+    GroupFailed,
+    GroupMemberReady,
+    GroupReady,
     Hello,
     Job,
     JobError,
@@ -186,6 +189,13 @@ class FetchRefused:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupReport:
+    """The worker's word on a model group it was asked into (issue 19)."""
+
+    message: GroupMemberReady | GroupReady | GroupFailed
+
+
+@dataclass(frozen=True, slots=True)
 class Close:
     """End the session: take the worker out of the registry and close with ``code``."""
 
@@ -193,7 +203,7 @@ class Close:
     reason: str
 
 
-Action = Send | Refuse | Admit | StatusChanged | FetchRefused | Close
+Action = Send | Refuse | Admit | StatusChanged | FetchRefused | GroupReport | Close
 NOTHING: tuple[Action, ...] = ()
 
 
@@ -317,6 +327,8 @@ class QueenLink:
             return [StatusChanged(message.max_jobs, message.models, message)]
         if isinstance(message, FetchFailed):
             return [FetchRefused(message)]
+        if isinstance(message, GroupMemberReady | GroupReady | GroupFailed):
+            return [GroupReport(message)]
         raise ProtocolError(
             "unexpected_message",
             f"a {message.type} is not expected from a worker after its welcome",

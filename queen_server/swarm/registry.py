@@ -45,6 +45,10 @@ Profile = tuple[bool, frozenset[str], str | None]
 _FETCHING = ""  # the profiles of fetch-anything (legacy) workers are kept under this name
 
 
+def _always(_worker: Worker, _model: str) -> bool:
+    return True
+
+
 class Registry:
     def __init__(self, free: FreeIndex | None = None, queue: WaitQueue | None = None) -> None:
         self._workers: dict[str, Worker] = {}
@@ -60,6 +64,10 @@ class Registry:
         self._held: dict[str, dict[str, JobHandle]] = {}  # worker key -> its leases, by job id
         self.free = FreeIndex() if free is None else free
         self.queue = WaitQueue() if queue is None else queue
+        # Whether a worker serves a model it holds (model groups, issue 19: a model no single
+        # worker can hold is served only by its group's head). Asked when a worker is indexed,
+        # never per request; whoever changes its answer calls ``models_changed``.
+        self.serves_model: Callable[[Worker, str], bool] = _always
 
     # --- membership ---------------------------------------------------------------------------
 
@@ -174,17 +182,31 @@ class Registry:
         if bool(was) != bool(reason):
             self.models_changed(worker)
 
+    def set_held(self, worker: Worker, group: str | None) -> None:
+        """A group holds the worker (it serves its devices to the group's head: issue 19) or
+        let it go: a held worker is in no routing index, as a paused one."""
+        if worker.held_by == group:
+            return
+        was = worker.held_by
+        worker.held_by = group
+        if bool(was) != bool(group):
+            self.models_changed(worker)
+
     @staticmethod
     def routable(worker: Worker) -> bool:
-        """Whether routing may give it jobs: not flagged, not paused, not an auditor, here."""
-        return not (worker.flagged or worker.paused or worker.closed
+        """Whether routing may give it jobs: not flagged, not paused, not held by a group, not
+        an auditor, here."""
+        return not (worker.flagged or worker.paused or worker.held_by or worker.closed
                     or CAPABILITY_AUDITOR in worker.capabilities)
 
     def _index(self, worker: Worker) -> None:
         if not self.routable(worker):
             return  # in no index: routing never sees it (an auditor only audits)
         entries: list[tuple[str, Profile, int]] = []
+        serves = self.serves_model
         for name in worker.cached:
+            if not serves(worker, name):
+                continue
             self._by_model.setdefault(name, set()).add(worker)
             held = worker.models.get(name)
             profile = (worker.legacy, worker.capabilities, held.sha256 if held else None)

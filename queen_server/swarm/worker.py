@@ -65,6 +65,7 @@ class Worker:
         "downloads",
         "flagged",
         "gpus",
+        "held_by",
         "jobs",
         "key",
         "lan_hint",
@@ -142,6 +143,7 @@ class Worker:
         self.lan_hint: str | None = None
         self.peer_host: str | None = None
         self.paused: str | None = None  # why its owner paused it; in no routing index then
+        self.held_by: str | None = None  # the group it serves as a member; no routing either
         self.downloads: dict[str, DownloadProgress] = {}
         self.models: dict[str, ModelDescriptor] = {}
         self.loaded: frozenset[str] = frozenset()

@@ -265,3 +265,22 @@ def test_too_many_members_needed_is_not_enough_memory() -> None:
     assert isinstance(plan, GroupPlan)
     assert len(plan.members) == 11
     assert_sound(plan, BIG, pool)
+
+
+def test_without_a_relay_only_one_lan_is_grouped() -> None:
+    # The pair of 3090s is on another LAN than the 4090: grouped only through the queen.
+    keys = ("ben-3090x2", "ana-4090")
+    relayed = plan_group(BIG, [WORKERS[k] for k in keys])
+    assert isinstance(relayed, GroupPlan)
+    assert Route.RELAYED in {m.route for m in relayed.members}
+    direct = plan_group(BIG, [WORKERS[k] for k in keys], relayed=False)
+    assert isinstance(direct, NoPlan)
+    assert direct.reason is NoPlanReason.NO_DIRECT_ROUTE
+    # On one LAN the same workers are grouped, every link direct.
+    same = [dataclasses.replace(WORKERS[k], lan="home") for k in keys]
+    plan = plan_group(BIG, same, relayed=False)
+    assert isinstance(plan, GroupPlan)
+    assert [m.route for m in plan.members][1:] == [Route.DIRECT]
+    # Workers with no LAN hint (LAN mode off) are never grouped directly.
+    blind = [dataclasses.replace(WORKERS[k], lan=None) for k in keys]
+    assert isinstance(plan_group(BIG, blind, relayed=False), NoPlan)

@@ -16,6 +16,7 @@ from queen_server.swarm.link import (
     Admit,
     Close,
     FetchRefused,
+    GroupReport,
     QueenLink,
     Refuse,
     Send,
@@ -31,6 +32,11 @@ from shared_schema import (
     Demand,
     Fetch,
     FetchFailed,
+    GroupEnd,
+    GroupFailed,
+    GroupMemberReady,
+    GroupReady,
+    GroupServe,
     Hello,
     Job,
     JobError,
@@ -568,3 +574,28 @@ def test_a_fetch_failure_is_handed_on_and_queen_only_messages_are_refused():
     # A fetch failure that is not one (no name) is a bad frame, not a crash.
     [error] = sent(link.receive('{"type": "fetch_failed", "code": "x"}', 1.0))
     assert error["code"] == "invalid_message"
+
+
+def test_group_reports_are_handed_on_and_hostile_ones_refused():
+    link, _ = admitted(max_bad_frames=10)
+    group = "0123456789abcdef"
+    reports = [GroupMemberReady(group=group, host="192.168.1.5", port=40_001,
+                                fingerprint="ab" * 32),
+               GroupReady(group=group, load_s=2.5),
+               GroupFailed(group=group, code="lost", message="the head ended")]
+    for report in reports:
+        assert link.receive(encode(report), 1.0) == [GroupReport(report)]
+    # The queen's own group commands from a worker are refused, and counted.
+    for message in (GroupEnd(group=group), GroupServe(group=group, head="abc", token="c" * 64,
+                                                      layers=3, model="m")):
+        [error] = sent(link.receive(encode(message), 1.0))
+        assert error["code"] == "unexpected_message"
+    # A member cannot point the head at the internet, a privileged port, or anything but an
+    # address literal.
+    for host, port in (("8.8.8.8", 40_001), ("192.168.1.5", 22), ("gate.example", 40_001),
+                       ("0.0.0.0", 40_001)):
+        frame = orjson.dumps({"type": "group_member_ready", "group": group, "host": host,
+                              "port": port, "fingerprint": "ab" * 32}).decode()
+        [error] = sent(link.receive(frame, 1.0))
+        assert error["code"] == "invalid_message"
+    assert link.bad_frames == 6

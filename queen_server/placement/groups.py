@@ -1,0 +1,462 @@
+"""Forming model groups (issue 19): a model no single worker can hold, served by several.
+
+Every ``group_interval_s`` (and at once after a group ends) the service looks at the models a
+worker with the ``rpc`` capability holds, pinned by the queen's own reading of the file (its
+shape: per-layer bytes and KV size). For each without a group it asks the pure planner
+(``queen_server.groups.plan_group``, off the event loop) for the fewest workers that hold it
+together, in proportion to their memory, on one LAN (the only route built: a link relayed
+through the queen is not). A plan makes the model *group-only*: from then on routing uses no
+lone holder of it (``Registry.serves_model``), only the group's head once the group is ready.
+
+Forming a group (``Group``): each member gets ``GroupServe`` (its own one-time link token) and
+is held out of routing (``Registry.set_held``); once every member answered
+``GroupMemberReady`` (its gate's LAN address and certificate fingerprint) within
+``group_setup_timeout_s``, the head gets ``GroupLead`` and loads the model across them; its
+``GroupReady`` within ``group_load_timeout_s`` puts it in routing for the model. A
+``GroupFailed`` from any part, a part that leaves, or a deadline ends the group: every part is
+told ``GroupEnd``, the members are let go, and the model is planned again (without a worker
+that failed, for ``group_retry_s``). Jobs in flight on the head fail with a retryable error and
+the dispatcher's failover takes them.
+
+Only a worker the queen trusts leads (members run the graphs the head sends them): one the
+operator names in ``APIARY_GROUP_HEADS`` (``*``: any), or one in good standing with the audits;
+it must also hold the queen's pinned file. Frames about a group from a worker that is not part
+of it, or out of turn, are ignored (logged): a worker can only end a group it is in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from queen_server.billing.shares import Shares
+from queen_server.catalog import ModelCatalog
+from queen_server.errors import ModelLoading, NoCapacity
+from queen_server.groups import Candidate, GroupPlan, NoPlan, plan_group
+from queen_server.swarm.registry import Registry
+from queen_server.swarm.worker import Worker
+from shared_schema import (
+    GroupEnd,
+    GroupFailed,
+    GroupLead,
+    GroupLink,
+    GroupMemberReady,
+    GroupReady,
+    GroupServe,
+    encode,
+)
+from shared_schema.base import WireModel
+from shared_schema.capabilities import AUDITOR, RPC
+from shared_schema.fitting import MB
+
+__all__ = ["Group", "GroupService", "GroupSettings", "Phase"]
+
+log = logging.getLogger(__name__)
+
+ASSUMED_LAN_MB_S = 50.0  # for the estimate a request gets while a group loads
+GOOD_STANDING = 1.0  # audits set ``trust`` below this for a worker in good standing
+
+
+class GroupSettings(Protocol):
+    @property
+    def groups(self) -> bool: ...
+    @property
+    def group_heads(self) -> list[str]: ...
+    @property
+    def group_interval_s(self) -> float: ...
+    @property
+    def group_setup_timeout_s(self) -> float: ...
+    @property
+    def group_load_timeout_s(self) -> float: ...
+    @property
+    def group_headroom_fraction(self) -> float: ...
+    @property
+    def group_reserve_mb(self) -> int: ...
+    @property
+    def group_retry_s(self) -> float: ...
+
+
+class Phase(StrEnum):
+    FORMING = "forming"  # members asked to serve
+    LOADING = "loading"  # the head loads the model across them
+    READY = "ready"  # in routing
+    ENDED = "ended"
+
+
+class _SendFailed(Exception):
+    def __init__(self, worker: Worker, why: str) -> None:
+        super().__init__(why)
+        self.worker = worker
+
+
+@dataclass(eq=False)
+class Group:
+    id: str
+    model: str
+    sha256: str
+    size_bytes: int
+    plan: GroupPlan
+    head: Worker
+    members: dict[str, Worker]  # key -> worker, the head left out, in layer order
+    tokens: dict[str, str]  # member key -> its link's token (hex)
+    started: float
+    phase: Phase = Phase.FORMING
+    readies: dict[str, GroupMemberReady] = field(default_factory=dict)
+    members_ready: asyncio.Event = field(default_factory=asyncio.Event)
+    head_ready: asyncio.Event = field(default_factory=asyncio.Event)
+    ready_at: float | None = None
+    load_s: float | None = None
+    reason: str = ""
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def parts(self) -> list[Worker]:
+        return [self.head, *self.members.values()]
+
+    @property
+    def shares(self) -> Shares:
+        """Who earns what share of an answer: (worker key, layers held), the head first."""
+        return [(m.key, m.layers) for m in self.plan.members]
+
+
+class GroupService:
+    def __init__(self, settings: GroupSettings, registry: Registry, catalog: ModelCatalog, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.catalog = catalog
+        self.clock = clock
+        self.groups: dict[str, Group] = {}  # by id
+        self.by_model: dict[str, Group] = {}
+        self.group_only: set[str] = set()  # models only a group serves
+        self.outcomes: dict[str, str] = {}  # model -> the last planning's outcome, in words
+        self._cooldown: dict[str, float] = {}  # worker key -> not in a plan until
+        self._wake = asyncio.Event()
+        self._loop: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        registry.serves_model = self.serves
+
+    # --- what routing and billing ask -------------------------------------------------------
+
+    def serves(self, worker: Worker, model: str) -> bool:
+        """Whether routing may give ``worker`` jobs of ``model``, which it holds: any holder of
+        an ordinary model; only the ready group's head of a group-only one."""
+        if model not in self.group_only:
+            return True
+        group = self.by_model.get(model)
+        return group is not None and group.phase is Phase.READY and group.head is worker
+
+    def credit_of(self, model: str) -> Callable[[str], Shares | None]:
+        """For billing (``billing.shares.split_parts``): the shares of the group whose head
+        served ``model``, by the head's key."""
+        group = self.by_model.get(model)
+        if group is None or group.phase is not Phase.READY:
+            return _no_group
+        head, shares = group.head.key, group.shares
+        return lambda key: shares if key == head else None
+
+    def prepare(self, model: str) -> None:
+        """A request for ``model`` found no worker in routing: while its group forms, a 503
+        ``model_loading`` with an estimate; for a group-only model without a group, a 503 that
+        says why. Nothing for any other model."""
+        group = self.by_model.get(model)
+        if group is not None and group.phase is not Phase.READY:
+            elapsed = self.clock() - group.started
+            estimate = max(1.0, group.size_bytes / (ASSUMED_LAN_MB_S * MB) + 5.0 - elapsed)
+            seconds = max(1, round(estimate))
+            raise ModelLoading(
+                f"The model '{model}' is being loaded across a group of {len(group.parts)} "
+                f"workers; it should be ready in about {seconds} s. Try again then.",
+                code="model_loading", headers={"Retry-After": str(seconds)},
+                extra={"estimated_time": round(estimate, 1)})
+        if model in self.group_only and group is None:
+            why = self.outcomes.get(model, "its group is being planned")
+            raise NoCapacity(f"No single worker can hold '{model}', and no group of workers "
+                             f"serves it right now ({why}); try again later.",
+                             code="group_unavailable",
+                             headers={"Retry-After": str(round(self.settings.group_interval_s))})
+
+    # --- what workers say -------------------------------------------------------------------
+
+    def on_report(self, worker: Worker, message: WireModel) -> None:
+        """A ``group_member_ready``, ``group_ready`` or ``group_failed`` from ``worker``."""
+        group = self.groups.get(getattr(message, "group", ""))
+        if group is None or group.phase is Phase.ENDED or not _part_of(group, worker):
+            log.info("ignored a %s from worker %s about a group it is not in",
+                     getattr(message, "type", "?"), worker.public_id)
+            return
+        if isinstance(message, GroupFailed):
+            blame = [] if message.code == "paused" else [worker]
+            self.end(group, f"worker {worker.public_id} failed ({message.code}): "
+                     f"{message.message[:200]}", blame=blame)
+        elif isinstance(message, GroupMemberReady):
+            if group.phase is Phase.FORMING and worker.key in group.members:
+                group.readies[worker.key] = message
+                if len(group.readies) == len(group.members):
+                    group.members_ready.set()
+        elif (isinstance(message, GroupReady) and group.phase is Phase.LOADING
+              and worker is group.head):
+            group.load_s = message.load_s
+            group.head_ready.set()
+
+    def left(self, worker: Worker) -> None:
+        """A worker disconnected: every group it was part of ends."""
+        for group in list(self.groups.values()):
+            if _part_of(group, worker):
+                self.end(group, f"worker {worker.public_id} left")
+
+    # --- forming and ending -----------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.settings.groups:
+            self._loop = asyncio.get_running_loop().create_task(self._run(), name="groups")
+
+    async def stop(self) -> None:
+        for group in list(self.groups.values()):
+            self.end(group, "the queen is stopping")
+        tasks = [*self._tasks, *([self._loop] if self._loop else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except Exception:  # the loop must outlive any one bad round
+                log.exception("the group loop failed a round")
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.group_interval_s)
+
+    async def tick(self) -> None:
+        """Plan a group for each group-worthy model that has none."""
+        settings = self.settings
+        now = self.clock()
+        self._cooldown = {k: t for k, t in self._cooldown.items() if t > now}
+        for model, sha256 in sorted(self._models().items()):
+            facts = self.catalog.pin(model)
+            if model in self.by_model or facts is None or facts.shape is None:
+                continue
+            candidates = self._candidates(model, sha256)
+            result = await asyncio.to_thread(
+                plan_group, facts.shape, candidates, relayed=False,
+                headroom_fraction=settings.group_headroom_fraction,
+                reserve_mb=settings.group_reserve_mb)
+            if model in self.by_model:
+                continue  # formed meanwhile
+            if isinstance(result, NoPlan):
+                self.outcomes[model] = f"{result.reason}: {result.detail}"
+                if model in self.group_only:
+                    self._set_group_only(model, False)
+                continue
+            if any(self._busy(key) for key in result.keys):
+                continue  # the swarm changed under the planning: next round
+            self._form(model, sha256, facts.size_bytes or 0, result)
+
+    def _form(self, model: str, sha256: str, size_bytes: int, plan: GroupPlan) -> None:
+        workers = {key: self.registry.get(key) for key in plan.keys}
+        if any(w is None or w.closed for w in workers.values()):
+            return
+        head = workers[plan.head]
+        assert head is not None
+        members = {m.key: workers[m.key] for m in plan.members[1:]}
+        group = Group(id=secrets.token_hex(8), model=model, sha256=sha256,
+                      size_bytes=size_bytes, plan=plan, head=head,
+                      members={k: w for k, w in members.items() if w is not None},
+                      tokens={key: secrets.token_hex(32) for key in members},
+                      started=self.clock())
+        self.groups[group.id] = group
+        self.by_model[model] = group
+        self.outcomes[model] = f"group {group.id} forming"
+        self._set_group_only(model, True)
+        for member in group.members.values():
+            self.registry.set_held(member, group.id)
+        log.info("forming group %s for %s: head %s, members %s (%d MB in all)", group.id, model,
+                 head.public_id, ", ".join(f"{w.public_id} ({m.layers} layers)" for w, m in
+                                           zip(group.members.values(), plan.members[1:],
+                                               strict=True)),
+                 plan.total_bytes // MB)
+        group.task = self._spawn(self._bring_up(group))
+
+    async def _bring_up(self, group: Group) -> None:
+        settings = self.settings
+        plans = {m.key: m for m in group.plan.members}
+        phase = "answer its group_serve"
+        try:
+            for key, member in group.members.items():
+                await self._send(member, GroupServe(
+                    group=group.id, head=group.head.public_id, token=group.tokens[key],
+                    devices=len(plans[key].device_layers), layers=plans[key].layers,
+                    model=group.model))
+            async with asyncio.timeout(settings.group_setup_timeout_s):
+                await group.members_ready.wait()
+            group.phase = Phase.LOADING
+            phase = "load the model"
+            head_plan = plans[group.head.key]
+            await self._send(group.head, GroupLead(
+                group=group.id, head=group.head.public_id, model=group.model,
+                sha256=group.sha256, n_ctx=group.plan.n_ctx,
+                head_layers=list(head_plan.device_layers),
+                members=[GroupLink(worker_id=w.public_id, host=group.readies[k].host,
+                                   port=group.readies[k].port,
+                                   fingerprint=group.readies[k].fingerprint,
+                                   token=group.tokens[k],
+                                   device_layers=list(plans[k].device_layers))
+                         for k, w in group.members.items()]))
+            async with asyncio.timeout(settings.group_load_timeout_s):
+                await group.head_ready.wait()
+        except TimeoutError:
+            slow = ([w for k, w in group.members.items() if k not in group.readies]
+                    if group.phase is Phase.FORMING else [group.head])
+            self.end(group, f"{', '.join(w.public_id for w in slow)} did not {phase} in time",
+                     blame=slow)
+            return
+        except _SendFailed as exc:
+            self.end(group, f"worker {exc.worker.public_id} could not be told: {exc}",
+                     blame=[exc.worker])
+            return
+        if group.phase is not Phase.LOADING:
+            return
+        group.phase = Phase.READY
+        group.ready_at = self.clock()
+        self.outcomes[group.model] = f"group {group.id} ready"
+        self.registry.models_changed(group.head)
+        log.info("group %s serves %s: ready %.1f s after it was planned (the head loaded it in "
+                 "%.1f s)", group.id, group.model, group.ready_at - group.started,
+                 group.load_s or 0.0)
+
+    def end(self, group: Group, reason: str, *, blame: Iterable[Worker] = ()) -> None:
+        """End ``group`` (once): tell every part still here, let the members go, take the
+        head out of routing for the model, and plan again soon."""
+        if group.phase is Phase.ENDED:
+            return
+        was_ready = group.phase is Phase.READY
+        group.phase = Phase.ENDED
+        group.reason = reason
+        self.groups.pop(group.id, None)
+        if self.by_model.get(group.model) is group:
+            del self.by_model[group.model]
+        self.outcomes[group.model] = f"group {group.id} ended: {reason}"
+        for member in group.members.values():
+            if member.held_by == group.id:
+                self.registry.set_held(member, None)
+        if was_ready:
+            self.registry.models_changed(group.head)
+        until = self.clock() + self.settings.group_retry_s
+        for worker in blame:
+            self._cooldown[worker.key] = until
+        task = group.task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+        log.warning("group %s for %s ended: %s", group.id, group.model, reason)
+        frame = encode(GroupEnd(group=group.id, reason=reason[:400]))
+        self._spawn(self._tell_end([w for w in group.parts if not w.closed], frame))
+        self._wake.set()
+
+    async def _tell_end(self, workers: list[Worker], frame: str) -> None:
+        for worker in workers:
+            connection = self.registry.connection(worker.key)
+            if connection is not None:
+                with contextlib.suppress(Exception):  # a broken socket: its cleanup follows
+                    await connection.send_frame(frame)
+
+    async def _send(self, worker: Worker, message: WireModel) -> None:
+        connection = self.registry.connection(worker.key)
+        if connection is None or worker.closed:
+            raise _SendFailed(worker, "not connected")
+        try:
+            await connection.send_frame(encode(message))
+        except Exception as exc:
+            raise _SendFailed(worker, f"{type(exc).__name__}: {exc}") from exc
+
+    def _spawn(self, coro: object) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # --- who could be in a group ------------------------------------------------------------
+
+    def _models(self) -> dict[str, str]:
+        """Models an ``rpc`` worker holds in the queen's pinned file, and that sha256; and the
+        group-only ones (planned again each round). O(workers x models) per round."""
+        found: dict[str, str] = {}
+        for worker in self.registry:
+            if RPC not in worker.capabilities or worker.legacy:
+                continue
+            for name, held in worker.models.items():
+                facts = self.catalog.pin(name)
+                if facts is not None and held.sha256 == facts.sha256:
+                    found[name] = facts.sha256
+        for name in self.group_only:
+            facts = self.catalog.pin(name)
+            if facts is not None:
+                found.setdefault(name, facts.sha256)
+        return found
+
+    def _busy(self, key: str) -> bool:
+        worker = self.registry.get(key)
+        return (worker is None or worker.closed or worker.held_by is not None
+                or any(g.head is worker for g in self.groups.values()))
+
+    def may_head(self, worker: Worker) -> bool:
+        heads = self.settings.group_heads
+        return ("*" in heads or worker.key in heads or worker.public_id in heads
+                or worker.trust < GOOD_STANDING)
+
+    def _candidates(self, model: str, sha256: str) -> list[Candidate]:
+        """Every worker as the planner sees it: its memory budget (a claim; the planner bounds
+        it), LAN, build and ``rpc``; a head only if trusted and holding the pinned file. A
+        worker busy in a group, paused, flagged or cooling down after a failure is left out."""
+        heading = {g.head.key for g in self.groups.values()}
+        out = []
+        for w in self.registry:
+            if (w.legacy or w.closed or w.paused or w.flagged or w.held_by or w.key in heading
+                    or w.key in self._cooldown or AUDITOR in w.capabilities):
+                continue
+            held = w.models.get(model)
+            out.append(Candidate(
+                key=w.key, free_mb=(float(w.memory_budget_mb or 0),), lan=w.lan,
+                trusted=held is not None and held.sha256 == sha256 and self.may_head(w),
+                build=w.llama_build, rpc=RPC in w.capabilities))
+        return out
+
+    def _set_group_only(self, model: str, on: bool) -> None:
+        if (model in self.group_only) == on:
+            return
+        if on:
+            self.group_only.add(model)
+        else:
+            self.group_only.discard(model)
+        for worker in self.registry:
+            if model in worker.cached:
+                self.registry.models_changed(worker)
+
+    # --- reports ----------------------------------------------------------------------------
+
+    def rows(self) -> list[dict[str, object]]:
+        """The groups, for the admin pages."""
+        now = self.clock()
+        return [{
+            "id": g.id, "model": g.model, "phase": str(g.phase), "head": g.head.public_id,
+            "members": [{"worker": self.registry.get(m.key).public_id  # type: ignore[union-attr]
+                         if self.registry.get(m.key) else m.key[:12], "layers": m.layers,
+                         "route": str(m.route)} for m in g.plan.members],
+            "since_s": round(now - g.started, 1), "load_s": g.load_s,
+        } for g in self.groups.values()]
+
+
+def _part_of(group: Group, worker: Worker) -> bool:
+    return worker is group.head or group.members.get(worker.key) is worker
+
+
+def _no_group(_key: str) -> Shares | None:
+    return None

@@ -1,0 +1,322 @@
+"""The queen forming model groups (issue 19): ``GroupService`` over a real ``Registry`` and
+``ModelCatalog`` (a real GGUF header of 8 layers, 4 MB each), real ``Worker``s on fake
+connections that record the frames the queen sends. The workers' side is played by the test,
+honest and hostile."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from queen_server.billing.shares import apportion, split_parts
+from queen_server.errors import ModelLoading, NoCapacity
+from queen_server.placement.groups import Group, GroupService, Phase
+from queen_server.swarm.jobs import Part
+from queen_server.swarm.worker import Worker
+from shared_schema import (
+    GroupEnd,
+    GroupFailed,
+    GroupLead,
+    GroupMemberReady,
+    GroupReady,
+    GroupServe,
+    ModelDescriptor,
+)
+from shared_schema.capabilities import RPC
+from tests.queen_server.placement.harness import MODEL, WAIT, Swarm
+from tests.support.fake_hub import make_gguf
+
+BUILD = "ggml-0.25.3+0c1e570/rpc-7.0.0"
+FINGERPRINT = "ab" * 32
+
+
+@dataclass
+class GroupSettings:
+    groups: bool = True
+    group_heads: list[str] = field(default_factory=lambda: ["head"])
+    group_interval_s: float = 60.0
+    group_setup_timeout_s: float = WAIT
+    group_load_timeout_s: float = WAIT
+    group_headroom_fraction: float = 0.0
+    group_reserve_mb: int = 0
+    group_retry_s: float = 300.0
+
+
+@pytest.fixture(scope="module")
+def big_header(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    path = make_gguf(Path(tmp_path_factory.mktemp("gguf")) / "m.gguf", blocks=8,
+                     embedding=1024)
+    return path.read_bytes()
+
+
+class Groups:
+    def __init__(self, header: bytes, settings: GroupSettings) -> None:
+        self.swarm = Swarm(header)
+        self.settings = settings
+        self.service = GroupService(settings, self.swarm.registry, self.swarm.catalog,
+                                    clock=self.swarm.clock)
+        self.sent = asyncio.Event()  # set on every frame the queen sends any worker
+
+    async def pin(self) -> None:
+        await self.swarm.catalog.resolve(MODEL)
+
+    def add(self, name: str, memory_mb: int, *, holds: bool = False, rpc: bool = True,
+            lan: str | None = "a" * 32, build: str = BUILD, host: str = "203.0.113.7"
+            ) -> Worker:
+        models = []
+        if holds:
+            facts = self.swarm.catalog.pin(MODEL)
+            assert facts is not None
+            models = [ModelDescriptor(name=MODEL, sha256=facts.sha256)]
+        worker = self.swarm.add(name, memory_mb=memory_mb, models=models)
+        connection = self.swarm.connections[name]
+        send = connection.send_frame
+
+        async def send_frame(frame: str) -> None:
+            await send(frame)
+            self.sent.set()
+
+        connection.send_frame = send_frame  # type: ignore[method-assign]
+        worker.capabilities = frozenset([RPC]) if rpc else frozenset()
+        worker.llama_build, worker.lan_hint, worker.peer_host = build, lan, host
+        self.swarm.registry.models_changed(worker)
+        return worker
+
+    def frames(self, name: str, kind: type) -> list:
+        return [f for f in self.swarm.connections[name].frames if isinstance(f, kind)]
+
+    async def frame(self, name: str, kind: type) -> object:
+        async with asyncio.timeout(WAIT):
+            while not self.frames(name, kind):
+                self.sent.clear()
+                await self.sent.wait()
+        return self.frames(name, kind)[-1]
+
+    def ready(self, name: str, serve: GroupServe, port: int = 40_000) -> None:
+        worker = self.swarm.workers[name]
+        self.service.on_report(worker, GroupMemberReady(group=serve.group, host="192.168.1.20",
+                                                        port=port, fingerprint=FINGERPRINT))
+
+    def holders(self) -> set[str]:
+        return {w.public_id for w in self.swarm.registry.holders(MODEL)}
+
+
+@pytest.fixture
+async def groups(big_header: bytes) -> AsyncIterator[Groups]:
+    made = Groups(big_header, GroupSettings())
+    await made.pin()
+    yield made
+    await made.service.stop()
+    await made.swarm.catalog.close()
+
+
+async def up(group: Group) -> None:
+    """Wait for the queen's bring-up of ``group`` to end, and check it made the group ready."""
+    assert group.task is not None
+    await asyncio.wait_for(asyncio.shield(group.task), WAIT)
+    assert group.phase is Phase.READY
+
+
+def need_mb(groups: Groups) -> int:
+    facts = groups.swarm.catalog.pin(MODEL)
+    assert facts is not None
+    assert facts.shape is not None
+    return -(-(sum(facts.shape.layer_bytes) + facts.shape.other_bytes) // (1 << 20)) + 8
+
+
+def sizes(groups: Groups) -> tuple[int, int]:
+    """Memory for a head (the non-layer tensors, 68 MB, and two layers) and for a member
+    (about half of the rest, KV cache included): no one alone holds the model, three do."""
+    facts = groups.swarm.catalog.pin(MODEL)
+    assert facts is not None
+    assert facts.shape is not None
+    head = facts.shape.other_bytes // (1 << 20) + 12
+    return head, (need_mb(groups) - head) // 2 + 6
+
+
+def add_three(groups: Groups, **member: object) -> None:
+    head, each = sizes(groups)
+    groups.add("head", head, holds=True)
+    groups.add("m1", each)
+    groups.add("m2", each, **member)  # type: ignore[arg-type]
+
+
+async def formed(groups: Groups) -> tuple[GroupServe, GroupServe, GroupLead]:
+    """A head holding the file and two members form a group; returns what the queen sent."""
+    add_three(groups)
+    assert groups.holders() == {"head"}  # an ordinary holder, before the queen plans
+    await groups.service.tick()
+    serves = [await groups.frame(n, GroupServe) for n in ("m1", "m2")]
+    assert len({s.group for s in serves}) == 1
+    for name, serve in zip(("m1", "m2"), serves, strict=True):
+        groups.ready(name, serve, port=40_000 + int(name[1]))
+    lead = await groups.frame("head", GroupLead)
+    return serves[0], serves[1], lead  # type: ignore[return-value]
+
+
+async def test_a_group_forms_and_only_its_ready_head_is_routed(groups: Groups) -> None:
+    add_three(groups)
+    await groups.service.tick()
+    group = groups.service.by_model[MODEL]
+    assert group.phase is Phase.FORMING
+    # Group-only now: the lone holder is out of routing, and the members are held.
+    assert groups.holders() == set()
+    assert {w.public_id for w in groups.swarm.registry if w.held_by == group.id} == {"m1", "m2"}
+    assert len(groups.frames("head", GroupServe)) == 0
+    s1 = await groups.frame("m1", GroupServe)
+    s2 = await groups.frame("m2", GroupServe)
+    assert s1.head == s2.head == "head"  # type: ignore[attr-defined]
+    assert s1.token != s2.token  # type: ignore[attr-defined]  # one per link
+    groups.ready("m1", s1, 40_001)  # type: ignore[arg-type]
+    assert not groups.frames("head", GroupLead)  # not before every member is ready
+    groups.ready("m2", s2, 40_002)  # type: ignore[arg-type]
+    lead = await groups.frame("head", GroupLead)
+    assert isinstance(lead, GroupLead)
+    assert {m.worker_id: (m.port, m.token) for m in lead.members} == {
+        "m1": (40_001, s1.token), "m2": (40_002, s2.token)}  # type: ignore[attr-defined]
+    assert sum(lead.head_layers) + sum(sum(m.device_layers) for m in lead.members) == 8
+    assert lead.sha256 == groups.swarm.catalog.pin(MODEL).sha256  # type: ignore[union-attr]
+    with pytest.raises(ModelLoading):
+        groups.service.prepare(MODEL)
+    groups.service.on_report(groups.swarm.workers["head"],
+                             GroupReady(group=lead.group, load_s=1.5))
+    await up(group)
+    assert groups.holders() == {"head"}
+    groups.service.prepare(MODEL)  # no error: routing serves it
+    # The head's part of an answer is credited to the three by layers held.
+    shares = groups.service.credit_of(MODEL)(groups.swarm.workers["head"].key)
+    assert shares is not None
+    assert sum(n for _, n in shares) == 8
+    parts = split_parts([Part(groups.swarm.workers["head"].key, 100, 30)],
+                        groups.service.credit_of(MODEL))
+    assert sum(p.prompt_tokens for p in parts) == 100
+    assert sum(p.completion_tokens for p in parts) == 30
+    assert {p.worker_key for p in parts} == {groups.swarm.workers[n].key
+                                             for n in ("head", "m1", "m2")}
+
+
+async def test_a_member_that_leaves_ends_the_group_and_frees_the_rest(groups: Groups) -> None:
+    serve, _, lead = await formed(groups)
+    head = groups.swarm.workers["head"]
+    groups.service.on_report(head, GroupReady(group=lead.group, load_s=1.0))
+    group = groups.service.by_model[MODEL]
+    await up(group)
+    gone = groups.swarm.workers["m1"]
+    groups.swarm.registry.remove(gone, "test")
+    groups.service.left(gone)
+    assert group.phase is Phase.ENDED
+    assert MODEL not in groups.service.by_model
+    end_head = await groups.frame("head", GroupEnd)
+    end_m2 = await groups.frame("m2", GroupEnd)
+    assert end_head.group == end_m2.group == serve.group  # type: ignore[attr-defined]
+    assert groups.swarm.workers["m2"].held_by is None
+    assert groups.holders() == set()  # group-only: the head alone is not routed
+    with pytest.raises(NoCapacity) as refused:
+        groups.service.prepare(MODEL)
+    assert refused.value.code == "group_unavailable"
+    # Two workers left cannot hold it: the model is no longer group-only, the holder is routed
+    # as before groups (at its owner's risk).
+    await groups.service.tick()
+    assert MODEL not in groups.service.by_model
+    assert MODEL not in groups.service.group_only
+    assert groups.holders() == {"head"}
+
+
+async def test_a_member_that_fails_is_left_out_of_the_next_plan(groups: Groups) -> None:
+    serve, _, _ = await formed(groups)
+    groups.add("m3", sizes(groups)[1])
+    groups.service.on_report(groups.swarm.workers["m1"], GroupFailed(
+        group=serve.group, code="server_failed", message="the RPC server died"))
+    assert MODEL not in groups.service.by_model
+    assert (await groups.frame("head", GroupEnd)).group == serve.group  # type: ignore[attr-defined]
+    await groups.service.tick()
+    group = groups.service.by_model[MODEL]
+    assert set(group.members) == {groups.swarm.workers[n].key for n in ("m2", "m3")}
+
+
+async def test_frames_from_outsiders_and_out_of_turn_change_nothing(groups: Groups) -> None:
+    serve, _, lead = await formed(groups)
+    group = groups.service.by_model[MODEL]
+    outsider = groups.add("eve", 1)
+    service = groups.service
+    # An outsider cannot end it, claim a member's place or say the head is ready.
+    service.on_report(outsider, GroupFailed(group=serve.group, code="lost"))
+    service.on_report(outsider, GroupReady(group=serve.group, load_s=0))
+    service.on_report(outsider, GroupMemberReady(group=serve.group, host="10.0.0.1",
+                                                 port=4444, fingerprint=FINGERPRINT))
+    # A member cannot say the head is ready; a ready for an unknown group is ignored.
+    service.on_report(groups.swarm.workers["m1"], GroupReady(group=serve.group, load_s=0))
+    service.on_report(groups.swarm.workers["head"], GroupReady(group="f" * 16, load_s=0))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert group.phase is Phase.LOADING
+    assert groups.holders() == set()
+    service.on_report(groups.swarm.workers["head"], GroupReady(group=lead.group, load_s=0))
+    await up(group)
+
+
+async def test_a_member_that_never_answers_ends_the_group(big_header: bytes) -> None:
+    made = Groups(big_header, GroupSettings(group_setup_timeout_s=0.2))
+    await made.pin()
+    try:
+        add_three(made)
+        await made.service.tick()
+        serve = await made.frame("m1", GroupServe)
+        made.ready("m1", serve)  # type: ignore[arg-type]
+        end = await made.frame("m1", GroupEnd)  # m2 stays silent past the deadline
+        assert "m2" in end.reason  # type: ignore[attr-defined]
+        assert made.swarm.workers["m1"].held_by is None
+        assert made.swarm.workers["m2"].key in made.service._cooldown
+    finally:
+        await made.service.stop()
+        await made.swarm.catalog.close()
+
+
+async def test_no_group_for_a_model_one_worker_holds_or_without_a_trusted_head(
+        groups: Groups) -> None:
+    groups.settings.group_heads = []  # nobody may lead
+    add_three(groups)
+    await groups.service.tick()
+    assert MODEL not in groups.service.by_model
+    assert "no_trusted_head" in groups.service.outcomes[MODEL]
+    assert groups.holders() == {"head"}  # not group-only: routing as before
+    groups.settings.group_heads = ["*"]
+    groups.add("roomy", need_mb(groups) * 3)  # one worker could hold it: no group
+    await groups.service.tick()
+    assert MODEL not in groups.service.by_model
+    assert "fits_one_worker" in groups.service.outcomes[MODEL]
+
+
+async def test_members_on_another_lan_are_not_grouped_without_a_relay(groups: Groups) -> None:
+    add_three(groups, host="198.51.100.9")  # m2 is in another household
+    await groups.service.tick()
+    assert MODEL not in groups.service.by_model
+    assert "no_direct_route" in groups.service.outcomes[MODEL]
+    assert not groups.frames("m1", GroupServe)
+
+
+def test_apportion_keeps_the_sum_and_the_proportions() -> None:
+    assert apportion(10, [3, 3, 2]) == [4, 4, 2]
+    assert apportion(0, [1, 2]) == [0, 0]
+    for total in range(0, 50):
+        for weights in ([1], [1, 1], [5, 2, 1], [0, 3, 7], [10, 10, 1]):
+            shares = apportion(total, weights)
+            assert sum(shares) == total
+            for share, weight in zip(shares, weights, strict=True):
+                assert abs(share - total * weight / sum(weights)) < 1
+    with pytest.raises(ValueError, match="hold nothing"):
+        apportion(5, [0, 0])
+
+
+def test_split_parts_leaves_other_workers_parts_alone() -> None:
+    head = hashlib.sha256(b"h").hexdigest()
+    parts = [Part("other", 10, 5, completed=False), Part(head, 7, 9)]
+    shares = [(head, 2), ("m1", 1)]
+    out = split_parts(parts, lambda key: shares if key == head else None)
+    assert out[0] == parts[0]
+    assert out[1:] == [Part(head, 5, 6), Part("m1", 2, 3)]
