@@ -170,3 +170,12 @@ class GroupError(EngineError):
 class GroupLost(GroupError):
     """A group's head process ended mid-work: a member went away (llama.cpp aborts the RPC
     client's process on any RPC failure) or the head itself crashed. Jobs fail over."""
+
+
+class GroupPartFailed(GroupError):
+    """This worker's part of a queen-formed group cannot start or go on; ``code`` is the
+    ``GroupFailed`` code the queen is told (``shared_schema.groups.GROUP_FAILURES``)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -17,11 +18,14 @@ from urllib.parse import urlsplit
 import psutil
 
 from desktop_worker import __version__
-from desktop_worker.engine.pool import ModelPool
+from desktop_worker.engine.pool import ModelPool, ServableModel, llama_context
+from desktop_worker.errors import WorkerError
 from desktop_worker.fetching import Fetcher
 from desktop_worker.groups.lan import lan_hint
+from desktop_worker.groups.lead import GroupContexts
 from desktop_worker.groups.local import LocalGroup
-from desktop_worker.groups.rpc import LlamaRpc, RpcProbe, RpcSupport
+from desktop_worker.groups.roles import GroupRoles
+from desktop_worker.groups.rpc import DeviceType, LlamaRpc, RpcProbe, RpcSupport
 from desktop_worker.hardware import HardwareReport, detect_hardware
 from desktop_worker.identity import WorkerIdentity
 from desktop_worker.jobs import JobRunner
@@ -98,6 +102,9 @@ class WorkerService:
         # --local-group N: every model served through N RPC servers on this machine (issue 19)
         self.local_group = (LocalGroup(settings.local_group, n_threads=settings.threads or 1)
                             if settings.local_group else None)
+        # The pool's contexts: a model with a queen-formed group (issue 19) gets its head,
+        # every other model the usual context (or the local group's head under --local-group).
+        self.group_contexts = GroupContexts(self.local_group or llama_context)
         self.pool = ModelPool(
             self.store.get,
             max_jobs=settings.max_jobs,
@@ -106,7 +113,18 @@ class WorkerService:
             n_threads=settings.threads,  # None: llama.cpp picks half the cores
             free_vram_mb=self.free_vram_mb,
             budget_mb=settings.memory_budget_mb or default_budget_mb(),
-            **({"contexts": self.local_group} if self.local_group else {}),
+            contexts=self.group_contexts,
+            max_contexts=self.group_contexts.max_contexts,
+        )
+        # This worker's part in the queen's model groups; the link hands it the group commands
+        # once a hello has said ``rpc`` (``hello_factory``).
+        self.groups = GroupRoles(
+            self.pool, self.group_contexts, self._held_model,
+            # a member's RPC server and a head: llama.cpp's own default, half the cores
+            n_threads=settings.threads or max(1, (os.cpu_count() or 2) // 2),
+            lan_groups=settings.lan_groups,
+            queen_host=urlsplit(settings.queen_url).hostname or "",
+            head_gpus=self._head_gpus,
         )
         self.runner = JobRunner(self.pool, has_model=self.has_model)
         self.fetcher = Fetcher(self.store, self.pool, evict=lambda: self.settings.swarm_models,
@@ -129,6 +147,7 @@ class WorkerService:
             max_frame_bytes=settings.max_frame_bytes,
             on_demand=self._on_demand,
             on_fetch=self.fetcher.start if settings.accept_fetch else None,
+            on_session_end=self.groups.session_ended,
         )
 
     def free_vram_mb(self) -> int | None:
@@ -139,6 +158,21 @@ class WorkerService:
         if cap is None or free is None:
             return free
         return min(free, cap)
+
+    def _held_model(self, name: str) -> ServableModel | None:
+        """The model the store holds by ``name`` (for a group's head), else None."""
+        try:
+            return self.store.get(name) if name in self.store else None
+        except WorkerError:
+            return None
+
+    def _head_gpus(self) -> int:
+        """How many local GPUs a group's head offloads its own layers to: llama.cpp's GPU
+        devices, none when the owner keeps layers off the GPU (``gpu_layers=0``)."""
+        if self.settings.gpu_layers == 0 or not isinstance(self.rpc, LlamaRpc):
+            return 0
+        return sum(1 for device in self.rpc.devices() if not device.name.startswith("RPC")
+                   and device.type in (DeviceType.GPU, DeviceType.IGPU))
 
     def model_room_mb(self) -> int:
         """Room for one more model (disk and quota), in MB, as the queen is told."""
@@ -167,6 +201,7 @@ class WorkerService:
         first = self.paused is None
         self.paused = reason
         self.link.set_paused(reason)
+        self.groups.pause(reason)  # a group's part ends: its head or members cannot wait
         log.info("paused: %s", reason)
         if first and self.runner.active:
             self._hand_back = asyncio.get_running_loop().create_task(
@@ -246,8 +281,11 @@ class WorkerService:
             self.rpc_probe = await asyncio.to_thread(self.rpc.probe)
         rpc = self.rpc_probe
         joins = capabilities.RPC in worker_capabilities(settings, rpc)
+        self.link.on_group = self.groups.receive if joins else None
+        # A worker that does not listen on its LAN (lan_groups off) cannot be reached directly
+        # there, so it names no LAN.
         hint = (await asyncio.to_thread(lan_hint, urlsplit(settings.queen_url).hostname or "")
-                if joins else None)
+                if joins and settings.lan_groups else None)
 
         def hello_for(nonce: str, origin: str) -> Hello:  # origin: of the URL dialled
             return Hello(
@@ -300,6 +338,7 @@ class WorkerService:
             await self.fetcher.close()
             await self.swarm.close()
             await self.runner.drain(0)
+            await self.groups.close()  # its heads, members, gates and dialers
             await self.pool.close()
             if self.local_group is not None:
                 await self.local_group.stop()

@@ -83,6 +83,7 @@ class _Loaded:
     embedder: LlamaContext | None = None
     last_used: float = field(default_factory=time.monotonic)
     active: int = 0
+    making: int = 0  # chat contexts being made now (counted against the limit)
 
     @property
     def cost_mb(self) -> int:
@@ -105,9 +106,14 @@ class ModelPool:
         free_vram_mb: Callable[[], int | None] = lambda: None,
         budget_mb: int = 8192,
         contexts: ContextFactory = llama_context,
+        max_contexts: Callable[[str], int | None] | None = None,
     ) -> None:
+        """``max_contexts(name)``: the most chat contexts of ``name`` at once, below
+        ``max_jobs`` (None: ``max_jobs``); a model group's head is one (each head would upload
+        every weight to the members again)."""
         self.resolve = resolve
         self.contexts = contexts
+        self.max_contexts = max_contexts
         self.max_jobs = max_jobs
         self.gpu_layers = gpu_layers
         self.n_ctx = n_ctx
@@ -123,6 +129,11 @@ class ModelPool:
     def loaded(self) -> set[str]:
         return set(self._loaded)
 
+    def context_limit(self, name: str) -> int:
+        """How many chat contexts of ``name`` may exist at once (at least one)."""
+        limit = self.max_contexts(name) if self.max_contexts is not None else None
+        return max(1, min(self.max_jobs, limit)) if limit is not None else self.max_jobs
+
     # --- loading ------------------------------------------------------------------------------
 
     async def _run(self, func: Callable[..., Any], *args: Any) -> Any:
@@ -131,8 +142,8 @@ class ModelPool:
     async def load(self, name: str) -> LoadPlan:
         """Make sure ``name`` is loaded with one chat context; returns how it was loaded."""
         entry = await self._entry(name)
-        if not entry.contexts:
-            entry.contexts.append(await self._new_context(entry, embedding=False))
+        if not entry.contexts and not entry.making:
+            await self._add_context(entry, take=False)
         return entry.plan
 
     async def _entry(self, name: str) -> _Loaded:
@@ -163,6 +174,22 @@ class ModelPool:
         log.info("loaded a %s context for %s in %.2f s", "embedding" if embedding else "chat",
                  entry.model.name, time.perf_counter() - started)
         return context
+
+    async def _add_context(self, entry: _Loaded, *, take: bool) -> LlamaContext:
+        """A new chat context in ``entry`` (busy already when ``take``), counted in ``making``
+        meanwhile, so jobs arriving during a slow load (a group's head uploads its members'
+        weights) wait for it rather than make more than the limit."""
+        entry.making += 1
+        try:
+            context = await self._new_context(entry, embedding=False)
+            if take:
+                context.busy.acquire()
+            entry.contexts.append(context)
+            return context
+        finally:
+            entry.making -= 1
+            async with self._freed:
+                self._freed.notify_all()  # waiters look again (also when the load failed)
 
     async def _make_room(self, need_mb: int, *, exclude: str) -> None:
         residents = [
@@ -196,11 +223,8 @@ class ModelPool:
                 for context in entry.contexts:
                     if context.busy.acquire(blocking=False):
                         return entry, context
-                if len(entry.contexts) < self.max_jobs:
-                    context = await self._new_context(entry, embedding=False)
-                    context.busy.acquire()
-                    entry.contexts.append(context)
-                    return entry, context
+                if len(entry.contexts) + entry.making < self.context_limit(name):
+                    return entry, await self._add_context(entry, take=True)
                 async with self._freed:
                     await self._freed.wait()
         except BaseException:

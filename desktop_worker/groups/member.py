@@ -29,11 +29,12 @@ MAX_RESTARTS = 5
 FIRST_PAUSE_S = 0.5
 
 
-def serve_member(endpoint: str, n_threads: int) -> None:
-    """The child process: serve this machine's devices on ``endpoint`` until killed."""
+def serve_member(endpoint: str, n_threads: int, count: int | None = None) -> None:
+    """The child process: serve this machine's devices (its first ``count``; None: all) on
+    ``endpoint`` until killed."""
     logging.basicConfig(level=logging.INFO)
     rpc = LlamaRpc()
-    devices = rpc.served_devices()
+    devices = rpc.served_devices()[:count]
     for device in devices:
         log.info("serving %s (%s, %d MiB free) on %s", device.name, device.description,
                  device.free_bytes // (1024 * 1024), endpoint)
@@ -77,8 +78,9 @@ class MemberServer:
 
     def __init__(self, *, n_threads: int = 1, port: int | None = None,
                  max_restarts: int = MAX_RESTARTS, ready_timeout_s: float = READY_TIMEOUT_S,
-                 ) -> None:
+                 devices: int | None = None) -> None:
         self.n_threads = n_threads
+        self.devices = devices  # serve the first this many devices; None: all
         self.port = port or free_port()
         self.max_restarts = max_restarts
         self.ready_timeout_s = ready_timeout_s
@@ -88,6 +90,7 @@ class MemberServer:
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
         self.restarted = asyncio.Event()  # set each time a restarted server listens again
+        self.gave_up = asyncio.Event()  # set once ``failed`` says why it was given up
         self._context = multiprocessing.get_context("spawn")
 
     @property
@@ -104,7 +107,7 @@ class MemberServer:
 
     async def _spawn(self) -> None:
         process = self._context.Process(
-            target=serve_member, args=(self.endpoint, self.n_threads),
+            target=serve_member, args=(self.endpoint, self.n_threads, self.devices),
             name=f"apiary-rpc-member-{self.port}", daemon=True)
         process.start()
         self._process = process
@@ -127,6 +130,7 @@ class MemberServer:
                 self.failed = (f"the RPC server died {self.restarts + 1} times "
                                f"(last exit code {process.exitcode})")
                 log.error("group member on %s given up: %s", self.endpoint, self.failed)
+                self.gave_up.set()
                 return
             self.restarts += 1
             log.warning("the RPC server on %s died (exit code %s); starting it again (%d/%d)",

@@ -30,6 +30,7 @@ from desktop_worker.link.machine import (
     Close,
     DemandReceived,
     FetchModel,
+    GroupCommand,
     HelloFor,
     Link,
     RefusedByQueen,
@@ -44,6 +45,12 @@ from shared_schema import (
     Demand,
     Fetch,
     FetchFailed,
+    GroupEnd,
+    GroupFailed,
+    GroupLead,
+    GroupMemberReady,
+    GroupReady,
+    GroupServe,
     InvalidQueenUrl,
     Status,
     Usage,
@@ -99,6 +106,10 @@ class _Sink:
 
 # Reports a fetch that failed back to the queen (a no-op once the connection is gone).
 FetchReport = Callable[[FetchFailed], Awaitable[None]]
+# Sends a worker-to-queen group frame on the session that carried the command (issue 19; a
+# no-op once that connection is gone).
+GroupReport = Callable[[GroupMemberReady | GroupReady | GroupFailed], Awaitable[None]]
+GroupHandler = Callable[[GroupServe | GroupLead | GroupEnd, GroupReport], None]
 
 
 class LinkClient:
@@ -119,11 +130,17 @@ class LinkClient:
         on_welcome: Callable[[Welcome], None] | None = None,
         on_demand: Callable[[Demand], None] | None = None,
         on_fetch: Callable[[Fetch, FetchReport], None] | None = None,
+        on_group: GroupHandler | None = None,
+        on_session_end: Callable[[], None] | None = None,
     ) -> None:
         """``on_welcome`` is called with each session's welcome (also kept as ``welcome``):
         the worker's id, and whether the queen pays its workers. ``on_demand`` gets each demand
         message (also kept as ``demand``); ``on_fetch`` each fetch command, with the way to
-        report its failure (without one, fetches are refused as ``not_allowed``).
+        report its failure (without one, fetches are refused as ``not_allowed``). ``on_group``
+        gets each group command with the way to answer it (without one, or while paused, a
+        ``group_serve``/``group_lead`` is answered ``group_failed`` ``not_allowed``/``paused``
+        at once and a ``group_end`` is ignored); ``on_session_end`` is called when a welcomed
+        session ends (a group does not outlive the session that formed it).
 
         ``url`` is the queen's worker URL, or a list of them (replicas), tried in turn; ``url``
         is then the one being dialled or served."""
@@ -142,6 +159,8 @@ class LinkClient:
         self.on_welcome = on_welcome
         self.on_demand = on_demand
         self.on_fetch = on_fetch
+        self.on_group = on_group
+        self.on_session_end = on_session_end
         self.demand: Demand | None = None  # the last one the queen sent
         # Why the owner paused this worker (None: not paused): no new jobs, said in the status.
         self.paused: str | None = None
@@ -230,6 +249,8 @@ class LinkClient:
                 code = ws.close_code
                 if not stop.is_set() and link.welcome is not None:
                     log.warning("lost the queen at %s (close code %s)", self.url, code)
+                if link.welcome is not None and self.on_session_end is not None:
+                    self.on_session_end()
 
     async def _act(self, link: Link, actions: list[Action]) -> None:
         ws = self._ws
@@ -244,6 +265,8 @@ class LinkClient:
                 self.runner.cancel(action.job_id)
             elif isinstance(action, FetchModel):
                 await self._fetch(link, action.fetch)
+            elif isinstance(action, GroupCommand):
+                await self._group(link, action.message)
             elif isinstance(action, DemandReceived):
                 self.demand = action.demand
                 if self.on_demand is not None:
@@ -274,6 +297,23 @@ class LinkClient:
             await report(FetchFailed(name=fetch.name, code=code, message=why))
             return
         self.on_fetch(fetch, report)
+
+    async def _group(self, link: Link, message: GroupServe | GroupLead | GroupEnd) -> None:
+        async def report(answer: GroupMemberReady | GroupReady | GroupFailed) -> None:
+            if self._link is link:
+                await self._act(link, link.group_report(answer))
+
+        if isinstance(message, GroupEnd):
+            if self.on_group is not None:  # an end for no group of ours is the handler's to drop
+                self.on_group(message, report)
+            return
+        if self.on_group is None or self.paused:
+            code = "paused" if self.paused else "not_allowed"
+            why = (f"paused: {self.paused}" if self.paused
+                   else "this worker does not join model groups")
+            await report(GroupFailed(group=message.group, code=code, message=why))
+            return
+        self.on_group(message, report)
 
     def send_status_now(self) -> None:
         """Send a status as soon as possible (a download's progress, a model now loaded, a

@@ -33,6 +33,12 @@ from shared_schema import (
     Demand,
     Fetch,
     FetchFailed,
+    GroupEnd,
+    GroupFailed,
+    GroupLead,
+    GroupMemberReady,
+    GroupReady,
+    GroupServe,
     Hello,
     Job,
     JobError,
@@ -91,6 +97,14 @@ class FetchModel:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupCommand:
+    """The queen makes this worker a member or the head of a model group, or ends one
+    (issue 19); the worker answers with ``Link.group_report``."""
+
+    message: GroupServe | GroupLead | GroupEnd
+
+
+@dataclass(frozen=True, slots=True)
 class DemandReceived:
     """What developers ask the queen for (in the welcome, and every ``interval_s``)."""
 
@@ -127,8 +141,8 @@ class Close:
     reason: str
 
 
-Action = (Send | StartJob | CancelJob | FetchModel | DemandReceived | Welcomed | RefusedByQueen
-          | Close)
+Action = (Send | StartJob | CancelJob | FetchModel | GroupCommand | DemandReceived | Welcomed
+          | RefusedByQueen | Close)
 
 
 class Link:
@@ -207,6 +221,8 @@ class Link:
             return []
         if isinstance(message, Fetch):
             return [FetchModel(message)]
+        if isinstance(message, GroupServe | GroupLead | GroupEnd):
+            return [GroupCommand(message)]
         if isinstance(message, Demand):
             return [DemandReceived(message)]
         if isinstance(message, Ping):
@@ -288,6 +304,13 @@ class Link:
         if self.state is not State.READY:
             return []
         return [Send(encode(failure))]
+
+    def group_report(self, message: GroupMemberReady | GroupReady | GroupFailed,
+                     ) -> list[Action]:
+        """This worker's answer about its part of a group (nothing unless connected)."""
+        if self.state is not State.READY:
+            return []
+        return [Send(encode(message))]
 
     def status(self, status: Status) -> list[Action]:
         if self.state is not State.READY:

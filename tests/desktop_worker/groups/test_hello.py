@@ -46,7 +46,7 @@ async def hello_of(tmp_path: Path, rpc, **settings) -> Hello:
 
 async def test_a_worker_with_rpc_says_so_with_its_build_and_lan(tmp_path: Path) -> None:
     rpc = FixedRpc(RpcProbe(True, "ggml-0.25.3+abc/rpc-7.0.0"))
-    hello = await hello_of(tmp_path, rpc)
+    hello = await hello_of(tmp_path, rpc, lan_groups=True)
     assert RPC in hello.capabilities
     assert hello.llama_build == "ggml-0.25.3+abc/rpc-7.0.0"
     assert hello.lan_hint is not None
@@ -54,9 +54,18 @@ async def test_a_worker_with_rpc_says_so_with_its_build_and_lan(tmp_path: Path) 
     assert rpc.calls == 1
 
 
+async def test_a_worker_that_does_not_listen_on_its_lan_names_no_lan(tmp_path: Path) -> None:
+    """lan_groups off (the default): its gates listen on 127.0.0.1 only, so no head on its
+    LAN could reach it directly; it still joins groups (relayed)."""
+    hello = await hello_of(tmp_path, FixedRpc(RpcProbe(True, "ggml-0.25.3+abc/rpc-7.0.0")))
+    assert RPC in hello.capabilities
+    assert hello.llama_build == "ggml-0.25.3+abc/rpc-7.0.0"
+    assert hello.lan_hint is None
+
+
 @pytest.mark.parametrize(("rpc", "settings"), [
-    (NullRpc(), {}),  # llama.cpp without the RPC backend
-    (FixedRpc(RpcProbe(True, "b")), {"join_groups": False}),  # the owner said no
+    (NullRpc(), {"lan_groups": True}),  # llama.cpp without the RPC backend
+    (FixedRpc(RpcProbe(True, "b")), {"join_groups": False, "lan_groups": True}),  # owner: no
 ])
 async def test_no_rpc_no_build_no_lan(tmp_path: Path, rpc, settings) -> None:
     hello = await hello_of(tmp_path, rpc, **settings)
@@ -112,3 +121,32 @@ def test_hello_bounds_the_new_fields() -> None:
     base = Hello.model_json_schema()["properties"]
     assert base["lan_hint"]["anyOf"][0]["pattern"] == "^[0-9a-f]{32}$"
     assert base["llama_build"]["anyOf"][0]["maxLength"] == 128
+
+
+async def test_the_link_hands_group_commands_to_the_roles_only_when_the_hello_says_rpc(
+        tmp_path: Path) -> None:
+    def service(rpc, **settings) -> WorkerService:
+        config = WorkerSettings(models_dir=tmp_path / "models", key_path=tmp_path / "key.pem",
+                                key_store="file", queen_url="ws://127.0.0.1:9/worker",
+                                **settings)
+        return WorkerService(config, rpc=rpc, detector=lambda models_dir: recorded_machine(
+            fixture_path("gaming_rtx3060"), models_dir))
+
+    joining = service(FixedRpc(RpcProbe(True, "b")))
+    refusing = service(FixedRpc(RpcProbe(True, "b")), join_groups=False)
+    local = service(NullRpc(), local_group=1)
+    try:
+        # the pool's contexts come from the roles' dispatcher, which falls back to the local
+        # group's heads under --local-group and to plain contexts otherwise
+        assert joining.pool.contexts is joining.group_contexts
+        assert local.group_contexts.fallback is local.local_group
+        assert joining.link.on_session_end == joining.groups.session_ended
+        for worker in (joining, refusing, local):
+            assert worker.link.on_group is None  # nothing before the first hello
+            await worker.hello_factory()
+        assert joining.link.on_group == joining.groups.receive
+        assert refusing.link.on_group is None
+        assert local.link.on_group is None
+    finally:
+        for worker in (joining, refusing, local):
+            await worker.pool.close()

@@ -10,6 +10,7 @@ from desktop_worker.link.machine import (
     Close,
     DemandReceived,
     FetchModel,
+    GroupCommand,
     Link,
     RefusedByQueen,
     Send,
@@ -23,6 +24,13 @@ from shared_schema import (
     Demand,
     Fetch,
     FetchFailed,
+    GroupEnd,
+    GroupFailed,
+    GroupLead,
+    GroupLink,
+    GroupMemberReady,
+    GroupReady,
+    GroupServe,
     Hello,
     Job,
     ModelDemand,
@@ -227,3 +235,67 @@ def test_fetch_and_demand_become_actions_and_a_welcome_carries_demand():
     failure = FetchFailed(name="org/repo:Q4_0", code="disk_full", message="no room")
     [send] = link.fetch_failed(failure)
     assert decode(send.frame) == failure
+
+
+# --- model groups (issue 19) ---------------------------------------------------------------------
+
+GROUP = "ab" * 8
+TOKEN = "cd" * 32
+PRINT = "ef" * 32
+
+
+def _group_frames() -> list:
+    link = GroupLink(worker_id="member1", host="192.168.1.20", port=40000, fingerprint=PRINT,
+                     token=TOKEN, device_layers=[20])
+    return [
+        GroupServe(group=GROUP, head="head1", token=TOKEN, layers=20, model="org/repo:Q4_0"),
+        GroupLead(group=GROUP, head="head1", model="org/repo:Q4_0", n_ctx=512,
+                  head_layers=[10], members=[link]),
+        GroupEnd(group=GROUP, reason="a member left"),
+    ]
+
+
+def test_group_commands_become_one_action_only_when_ready():
+    link, _ = _link()
+    for frame in _group_frames():  # before the welcome: a protocol violation, not a command
+        assert not any(isinstance(a, GroupCommand) for a in link.receive(encode(frame)))
+    link = _ready()
+    for frame in _group_frames():
+        assert link.receive(encode(frame)) == [GroupCommand(frame)]
+    assert link.state is State.READY
+
+
+@pytest.mark.parametrize(("kind", "field", "value"), [
+    (0, "token", "../../etc/passwd"),  # not a 32-byte hex token
+    (0, "group", "G" * 16),
+    (1, "members", []),  # a lead without members
+    (1, "n_ctx", 1 << 30),
+    (2, "group", ""),
+])
+def test_a_malformed_group_frame_is_ignored_like_any_bad_frame(kind, field, value):
+    link = _ready()
+    bad = orjson.dumps(_group_frames()[kind].model_dump() | {field: value})
+    assert link.receive(bad) == []
+    assert link.state is State.READY
+
+
+def test_a_lead_naming_a_public_member_address_is_ignored():
+    """A hostile queen cannot make a head dial the wider internet through a group."""
+    link = _ready()
+    lead = _group_frames()[1].model_dump()
+    lead["members"][0]["host"] = "8.8.8.8"
+    assert link.receive(orjson.dumps(lead)) == []
+
+
+def test_group_reports_go_out_only_when_ready():
+    reports = [GroupMemberReady(group=GROUP, host="127.0.0.1", port=40000, fingerprint=PRINT),
+               GroupReady(group=GROUP, load_s=1.5),
+               GroupFailed(group=GROUP, code="busy", message="already in a group")]
+    link, _ = _link()
+    assert all(link.group_report(report) == [] for report in reports)
+    link = _ready()
+    for report in reports:
+        [send] = link.group_report(report)
+        assert decode(send.frame) == report
+    link.connection_lost()
+    assert all(link.group_report(report) == [] for report in reports)

@@ -1,0 +1,362 @@
+"""This worker's part in the groups the queen forms (issue 19): it obeys ``GroupServe``,
+``GroupLead`` and ``GroupEnd`` and answers ``GroupMemberReady``, ``GroupReady`` or
+``GroupFailed`` (``shared_schema/groups.py`` is the contract).
+
+A **member** starts llama.cpp's RPC server on 127.0.0.1 (``MemberServer``) and a gate before
+it (``MemberGate``, TLS with a throwaway certificate) that lets in only the head the queen
+named. The gate listens on 127.0.0.1, or on the LAN address towards the queen when the owner
+turned ``lan_groups`` on: nothing listens beyond loopback otherwise.
+
+A **head** checks it holds the model, dials every member's gate (``HeadDialer``: TLS pinned to
+the fingerprint the member reported, the link's token), and loads one head context through the
+worker's own pool (``GroupContexts`` makes it a ``GroupHead``), so a group's jobs run through
+the same job runner as any model's. A head that died (a member restarted its server, say) is
+made again over the same dialers on the next job; if that cannot be done the group is ``lost``.
+
+One part at a time: a second command while in a group is ``busy``. A part ends on ``GroupEnd``,
+on a failure it reports, on the owner's pause, when the worker stops and when the link to the
+queen drops (a group does not outlive the session that formed it), and its ending stops every
+process and listener it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from desktop_worker.engine.pool import ModelPool, ServableModel
+from desktop_worker.errors import GroupError, GroupLinkError, GroupLost, GroupPartFailed
+from desktop_worker.groups.dialer import HeadDialer
+from desktop_worker.groups.gate import LOOPBACK, MemberGate
+from desktop_worker.groups.lan import local_address
+from desktop_worker.groups.lead import GroupBinding, GroupContexts, head_config, head_layers
+from desktop_worker.groups.member import MemberServer
+from desktop_worker.groups.tls import SelfSignedIdentity
+from shared_schema.groups import (
+    GroupEnd,
+    GroupFailed,
+    GroupLead,
+    GroupMemberReady,
+    GroupReady,
+    GroupServe,
+)
+
+log = logging.getLogger(__name__)
+
+GroupMessage = GroupServe | GroupLead | GroupEnd
+GroupReport = GroupMemberReady | GroupReady | GroupFailed
+# Sends a worker-to-queen group frame on the session that carried the command (a no-op once
+# that connection is gone).
+Report = Callable[[GroupReport], Awaitable[None]]
+
+RELINK_S = 20.0  # how long a new head waits for a member whose server is restarting
+RELINK_FIRST_PAUSE_S = 0.25
+
+
+@dataclass(eq=False)
+class GroupPart:
+    """What this worker runs for one group, and where its reports go."""
+
+    group: str
+    role: Literal["member", "head"]
+    report: Report
+    task: asyncio.Task[None] | None = None
+    ready: bool = False
+    ended: bool = False
+    down: asyncio.Event = field(default_factory=asyncio.Event)  # set once torn down
+    # a member's
+    server: MemberServer | None = None
+    gate: MemberGate | None = None
+    fingerprint: str | None = None
+    # a head's
+    model: str | None = None
+    dialers: list[HeadDialer] = field(default_factory=list)
+    binding: GroupBinding | None = None
+    lost: bool = False
+
+
+class GroupRoles:
+    """One per ``WorkerService``: the link's ``on_group`` (``receive``), ``pause``,
+    ``session_ended`` and ``close``. Widget-free; runs on the worker's event loop."""
+
+    def __init__(
+        self,
+        pool: ModelPool,
+        contexts: GroupContexts,
+        models: Callable[[str], ServableModel | None],
+        *,
+        n_threads: int = 1,
+        lan_groups: bool = False,
+        queen_host: str = "",
+        head_gpus: Callable[[], int] = lambda: 0,
+        relink_s: float = RELINK_S,
+    ) -> None:
+        """``models(name)``: the model the store holds by that name, else None; ``head_gpus``:
+        how many local GPUs a head offloads to (0: its own layers stay on its CPU);
+        ``queen_host``: whom the LAN address is found towards (``lan_groups``)."""
+        self.pool = pool
+        self.contexts = contexts
+        self.models = models
+        self.n_threads = n_threads
+        self.lan_groups = lan_groups
+        self.queen_host = queen_host
+        self.head_gpus = head_gpus
+        self.relink_s = relink_s
+        self.part: GroupPart | None = None
+        self._previous: GroupPart | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # --- commands -------------------------------------------------------------------------
+
+    def receive(self, message: GroupMessage, report: Report) -> None:
+        """The link's ``on_group``: act on a command (in tasks; never blocks the link)."""
+        if isinstance(message, GroupEnd):
+            why = "the queen ended it" + (f" ({message.reason})" if message.reason else "")
+            self._spawn(self.end(message.group, why))
+            return
+        current = self.part
+        if current is not None:
+            if current.group == message.group:
+                log.warning("group %s: the queen sent %s again; ignored", message.group,
+                            message.type)
+                return
+            self._spawn(_send(report, GroupFailed(
+                group=message.group, code="busy",
+                message=f"this worker is already in group {current.group}")))
+            return
+        role: Literal["member", "head"] = "member" if isinstance(message, GroupServe) else "head"
+        part = GroupPart(group=message.group, role=role, report=report)
+        self.part = part
+        setup = (self._serve(part, message) if isinstance(message, GroupServe)
+                 else self._lead(part, message))
+        part.task = self._spawn(self._run(part, setup))
+
+    async def end(self, group: str, why: str) -> None:
+        """``GroupEnd``: stop this worker's part of ``group``; any other group is ignored."""
+        part = self.part
+        if part is None or part.group != group:
+            log.info("group %s: an end for a group this worker is not in; ignored", group)
+            return
+        await self._end(part, why)
+
+    def pause(self, reason: str) -> None:
+        """The owner paused the worker: its part of a group ends (``paused``)."""
+        part = self.part
+        if part is not None:
+            self._spawn(self._fail(part, "paused", f"the owner paused this worker: {reason}"))
+
+    def session_ended(self) -> None:
+        """The session that formed the group is gone: the group ends with it."""
+        part = self.part
+        if part is not None:
+            self._spawn(self._end(part, "the link to the queen dropped"))
+
+    async def close(self) -> None:
+        """The worker stops: end the part and wait for every task of ours."""
+        part = self.part
+        if part is not None:
+            await self._end(part, "the worker is stopping")
+        tasks = list(self._tasks)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- a member -------------------------------------------------------------------------
+
+    async def _serve(self, part: GroupPart, serve: GroupServe) -> None:
+        try:
+            host = await self._listen_host()
+            server = part.server = MemberServer(n_threads=self.n_threads, devices=serve.devices)
+            await server.start()
+            identity = await asyncio.to_thread(SelfSignedIdentity.generate)
+            context = await asyncio.to_thread(identity.server_context)
+            gate = part.gate = MemberGate(serve.group, serve.head, bytes.fromhex(serve.token),
+                                          server.port, host=host, ssl=context)
+            await gate.start()
+        except GroupPartFailed:
+            raise
+        except (GroupError, GroupLinkError, OSError) as exc:
+            raise GroupPartFailed("server_failed", f"the RPC server or its gate did not "
+                                  f"start: {exc}") from exc
+        gate_host, gate_port = gate.address
+        part.fingerprint = identity.fingerprint
+        log.info("group %s: serving %d layers of %s to head %s on %d device(s); gate on "
+                 "%s:%d (TLS), RPC server on %s", serve.group, serve.layers, serve.model,
+                 serve.head, serve.devices, gate_host, gate_port, server.endpoint)
+        part.ready = True
+        await _send(part.report, GroupMemberReady(group=serve.group, host=gate_host,
+                                                  port=gate_port,
+                                                  fingerprint=identity.fingerprint))
+        await server.gave_up.wait()
+        raise GroupPartFailed("server_failed", server.failed or "the RPC server died")
+
+    async def _listen_host(self) -> str:
+        if not self.lan_groups:
+            return LOOPBACK
+        address = await asyncio.to_thread(local_address, self.queen_host)
+        if address is None:
+            raise GroupPartFailed("server_failed", "no local address reaches the queen, so the "
+                                  "gate has no LAN address to listen on")
+        ip = ipaddress.ip_address(address)
+        if not (ip.is_private or ip.is_loopback or ip.is_link_local):
+            raise GroupPartFailed("server_failed", f"{address}, the address towards the queen, "
+                                  "is not a LAN address")
+        return address
+
+    # --- a head ---------------------------------------------------------------------------
+
+    async def _lead(self, part: GroupPart, lead: GroupLead) -> None:
+        model = self.models(lead.model)
+        if model is None:
+            raise GroupPartFailed("model_missing", f"this worker does not hold {lead.model}")
+        sha256 = getattr(model, "sha256", None)
+        if lead.sha256 is not None and sha256 != lead.sha256:
+            raise GroupPartFailed("model_missing", f"this worker's {lead.model} is not the file "
+                                  f"the queen named (sha256 {str(sha256)[:12]}…)")
+        n_layer = model.info.block_count
+        gpus = self.head_gpus()
+        head_layers(lead, n_layer, gpus)  # a plan that cannot work fails before any dialling
+        part.model = lead.model
+        for link in lead.members:
+            dialer = HeadDialer(lead.group, lead.head, bytes.fromhex(link.token), link.host,
+                                link.port, tls_fingerprint=link.fingerprint)
+            part.dialers.append(dialer)
+            try:
+                await dialer.start()
+                await dialer.check()
+            except (GroupLinkError, OSError) as exc:
+                raise GroupPartFailed("link_failed", f"member {link.worker_id} at "
+                                      f"{link.host}:{link.port}: {exc}") from exc
+        config = head_config(lead, model_path=str(model.path), n_layer=n_layer,
+                             endpoints=[d.endpoint for d in part.dialers], head_gpus=gpus,
+                             n_threads=self.n_threads)
+        loop = asyncio.get_running_loop()
+        part.binding = GroupBinding(
+            group=lead.group, config=config,
+            prepare=lambda: self._prepare_head(part, loop),
+            failed=lambda exc: loop.call_soon_threadsafe(self._head_failed, part, exc))
+        if lead.model in self.pool.loaded():
+            await self.pool.unload(lead.model)  # loaded alone: the group's head replaces it
+        self.contexts.bind(lead.model, part.binding)
+        started = time.monotonic()
+        try:
+            await self.pool.load(lead.model)
+        except Exception as exc:  # every reason a head did not load is the queen's to hear
+            raise GroupPartFailed("load_failed", f"the head could not load {lead.model} "
+                                  f"across the members: {exc}") from exc
+        load_s = time.monotonic() - started
+        log.info("group %s: head of %s over %d member(s) (%s), loaded in %.1f s", lead.group,
+                 lead.model, len(lead.members),
+                 ", ".join(f"{m.worker_id} {m.device_layers}" for m in lead.members), load_s)
+        part.ready = True
+        await _send(part.report, GroupReady(group=lead.group, load_s=round(load_s, 3)))
+
+    def _prepare_head(self, part: GroupPart, loop: asyncio.AbstractEventLoop) -> None:
+        """Before each head after the first (in the pool's thread): every member reachable
+        again, waiting up to ``relink_s`` for a server being restarted; else ``GroupLost``."""
+        if not part.ready:
+            return  # the first head: the links were checked just now
+        if part.ended:
+            raise GroupLost(f"group {part.group} has ended")
+        future = asyncio.run_coroutine_threadsafe(self._relink(part), loop)
+        future.result(timeout=self.relink_s + 30)
+
+    async def _relink(self, part: GroupPart) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.relink_s
+        for dialer in part.dialers:
+            pause = RELINK_FIRST_PAUSE_S
+            while True:
+                try:
+                    await dialer.check()
+                    break
+                except GroupLinkError as exc:
+                    if loop.time() + pause > deadline:
+                        raise GroupLost(f"the member at {dialer.member_host}:"
+                                        f"{dialer.member_port} is gone: {exc}") from exc
+                await asyncio.sleep(pause)  # a member's server restarting has no event to us
+                pause = min(pause * 2, 2.0)
+
+    def _head_failed(self, part: GroupPart, exc: BaseException) -> None:
+        """A head could not be made (on the loop). During the lead, ``_lead`` reports it as
+        ``load_failed``; once serving, the group is ``lost`` (reported once)."""
+        if not part.ready or part.ended or part.lost:
+            return
+        part.lost = True
+        self._spawn(self._fail(part, "lost", f"the group's head could not be made again: {exc}"))
+
+    # --- ending ---------------------------------------------------------------------------
+
+    async def _run(self, part: GroupPart, setup: Coroutine[Any, Any, None]) -> None:
+        """A part's setup (and, for a member, its watch), ending it on a failure."""
+        try:
+            previous = self._previous
+            if previous is not None:
+                await previous.down.wait()  # the last group's processes are gone first
+            await setup
+        except GroupPartFailed as exc:
+            await self._fail(part, exc.code, str(exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug must still end the part and tell the queen
+            log.exception("group %s: the %s's part failed", part.group, part.role)
+            await self._fail(part, "server_failed" if part.role == "member" else "load_failed",
+                             str(exc))
+
+    async def _fail(self, part: GroupPart, code: str, message: str) -> None:
+        if part.ended:
+            return
+        log.warning("group %s: this %s's part failed (%s): %s", part.group, part.role, code,
+                    message)
+        await _send(part.report, GroupFailed(group=part.group, code=code, message=message[:2000]))
+        await self._end(part, f"{code}: {message}")
+
+    async def _end(self, part: GroupPart, why: str) -> None:
+        """Stop everything ``part`` started; idempotent."""
+        if part.ended:
+            await part.down.wait()
+            return
+        part.ended = True
+        if self.part is part:
+            self.part = None
+        self._previous = part
+        log.info("group %s: ending this worker's part as %s: %s", part.group, part.role, why)
+        task = part.task
+        if task is not None and task is not asyncio.current_task() and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        try:
+            await self._teardown(part)
+        finally:
+            part.down.set()
+
+    async def _teardown(self, part: GroupPart) -> None:
+        if part.binding is not None and part.model is not None:
+            self.contexts.close(part.model, part.group)
+        # The dialers first: a head mid-answer then fails at once instead of finishing it.
+        await asyncio.gather(*(dialer.stop() for dialer in part.dialers),
+                             return_exceptions=True)
+        if part.binding is not None and part.model is not None:
+            await self.pool.unload(part.model)
+            for head in part.binding.heads:
+                await asyncio.to_thread(head.close)
+        if part.gate is not None:
+            await part.gate.stop()
+        if part.server is not None:
+            await part.server.stop()
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+
+async def _send(report: Report, message: GroupReport) -> None:
+    try:
+        await report(message)
+    except Exception:  # the link's own failures are its to handle; the part goes on
+        log.exception("could not report %s for group %s", message.type, message.group)

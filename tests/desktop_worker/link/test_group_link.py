@@ -1,0 +1,169 @@
+"""The link's side of model groups (issue 19) over a real websocket on 127.0.0.1, against a
+scripted queen: a worker that does not join groups (no ``on_group``) or is paused answers
+``group_serve``/``group_lead`` at once with ``group_failed``, ignores ``group_end``; one that
+joins gets each command with a report that answers on the same session, and hears when that
+session ends (its group must not outlive it)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from websockets.asyncio.server import ServerConnection, serve
+
+from desktop_worker.jobs import JobRunner
+from desktop_worker.link.backoff import Backoff
+from desktop_worker.link.client import LinkClient
+from shared_schema import (
+    SUBPROTOCOL,
+    Challenge,
+    GroupEnd,
+    GroupFailed,
+    GroupLead,
+    GroupLink,
+    GroupMemberReady,
+    GroupServe,
+    Hello,
+    Ping,
+    Welcome,
+    decode,
+    encode,
+)
+from tests.support.workers import new_key, signed_hello
+
+GROUP = "ab" * 8
+TOKEN = "cd" * 32
+PRINT = "ef" * 32
+SERVE = GroupServe(group=GROUP, head="head1", token=TOKEN, layers=20, model="org/repo:Q4_0")
+LEAD = GroupLead(group="12" * 8, head="head1", model="org/repo:Q4_0", n_ctx=512,
+                 head_layers=[10], members=[GroupLink(worker_id="m1", host="127.0.0.1",
+                                                      port=40000, fingerprint=PRINT,
+                                                      token=TOKEN, device_layers=[20])])
+
+
+class ScriptedQueen:
+    """Welcomes one worker, sends it ``frames``, reads ``expect`` answers, then sends a ping
+    and records anything else it answers before the pong (which must be nothing)."""
+
+    def __init__(self, frames: list[Any], expect: int, *,
+                 hold: asyncio.Event | None = None) -> None:
+        self.frames = frames
+        self.expect = expect
+        self.hold = hold  # when set: keep the session open until it is set
+        self.answers: list[Any] = []
+        self.done = asyncio.Event()
+
+    async def handle(self, ws: ServerConnection) -> None:
+        await ws.send(encode(Challenge(nonce="ab" * 16)))
+        assert isinstance(decode(await ws.recv()), Hello)
+        await ws.send(encode(Welcome(session_id="s", worker_id="w", heartbeat_interval_s=15)))
+        for frame in self.frames:
+            await ws.send(encode(frame))
+        async for raw in ws:
+            message = decode(raw)
+            if message.type != "status":
+                self.answers.append(message)
+            if len(self.answers) == self.expect:
+                break
+        await ws.send(encode(Ping(ts=1.0)))
+        async for raw in ws:
+            message = decode(raw)
+            if message.type == "pong":
+                break
+            if message.type != "status":
+                self.answers.append(message)
+        self.done.set()
+        if self.hold is not None:
+            await self.hold.wait()
+
+
+@pytest.fixture
+async def queen_at() -> AsyncIterator[Callable[[ScriptedQueen], Any]]:
+    servers = []
+
+    async def start(queen: ScriptedQueen) -> str:
+        server = await serve(queen.handle, "127.0.0.1", 0, subprotocols=[SUBPROTOCOL])
+        servers.append(server)
+        return f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/worker"
+
+    yield start
+    for server in servers:
+        server.close()
+        await server.wait_closed()
+
+
+def client_for(url: str, **kwargs: Any) -> LinkClient:
+    key = new_key()
+
+    async def hello_for() -> tuple[Any, int]:
+        return (lambda nonce, origin: signed_hello(key, nonce, models=[], origin=origin)), 1
+
+    runner = JobRunner(None, has_model=lambda name: False)  # type: ignore[arg-type]
+    return LinkClient(url, hello_for, runner, backoff=Backoff(base_s=30), **kwargs)
+
+
+async def serve_once(client: LinkClient, queen: ScriptedQueen) -> None:
+    stop = asyncio.Event()
+    task = asyncio.create_task(client.run(stop))
+    try:
+        async with asyncio.timeout(20):
+            await queen.done.wait()
+    finally:
+        stop.set()
+        async with asyncio.timeout(20):
+            await task
+
+
+async def test_a_worker_that_does_not_join_groups_says_so_at_once(queen_at) -> None:
+    queen = ScriptedQueen([SERVE, LEAD, GroupEnd(group=GROUP)], 2)
+    await serve_once(client_for(await queen_at(queen)), queen)
+    assert [(a.type, a.group, a.code) for a in queen.answers] == [
+        ("group_failed", SERVE.group, "not_allowed"), ("group_failed", LEAD.group, "not_allowed")]
+
+
+async def test_a_paused_worker_answers_paused_and_the_handler_hears_only_ends(queen_at) -> None:
+    heard: list[Any] = []
+    queen = ScriptedQueen([SERVE, LEAD, GroupEnd(group=GROUP)], 2)
+    client = client_for(await queen_at(queen), on_group=lambda m, report: heard.append(m))
+    client.set_paused("on battery")
+    await serve_once(client, queen)
+    assert [(a.type, a.code) for a in queen.answers] == [("group_failed", "paused")] * 2
+    assert "on battery" in queen.answers[0].message
+    assert heard == [GroupEnd(group=GROUP)]
+
+
+async def test_a_joining_worker_answers_on_the_session_and_hears_it_end(queen_at) -> None:
+    ready = GroupMemberReady(group=GROUP, host="127.0.0.1", port=40000, fingerprint=PRINT)
+    heard: list[Any] = []
+    reports: list[Any] = []
+    ended = asyncio.Event()
+
+    def on_group(message: Any, report: Any) -> None:
+        heard.append(message)
+        reports.append(report)
+        if isinstance(message, GroupServe):
+            asyncio.get_running_loop().create_task(report(ready))
+
+    hold = asyncio.Event()
+    queen = ScriptedQueen([SERVE, GroupEnd(group=GROUP, reason="done")], 1, hold=hold)
+    url = await queen_at(queen)
+    client = client_for(url, on_group=on_group, on_session_end=ended.set)
+    stop = asyncio.Event()
+    task = asyncio.create_task(client.run(stop))
+    try:
+        async with asyncio.timeout(20):
+            await queen.done.wait()
+        assert heard == [SERVE, GroupEnd(group=GROUP, reason="done")]
+        assert queen.answers == [ready]  # on the session that carried the command
+        assert not ended.is_set()
+        hold.set()  # the queen ends the session
+        async with asyncio.timeout(20):
+            await ended.wait()
+        # a report after the session ended goes nowhere and raises nothing
+        await reports[0](GroupFailed(group=GROUP, code="lost"))
+    finally:
+        stop.set()
+        async with asyncio.timeout(20):
+            await task
