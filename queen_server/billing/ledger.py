@@ -111,13 +111,14 @@ def settle(
     job_id: str,
     shares: Iterable[tuple[str, int]] = (),
     *,
-    count_job_for: str | None = None,
+    count_job_for: str | Iterable[str] | None = None,
     memo: str = "",
 ) -> Posting:
     """End a job: charge its cost out of the reservation, release the rest, and split the charge
     between the workers' accounts (pending or available) and the queen's fee. ``shares`` has one
     ``(account, msat)`` per worker paid for the job: several when it failed over mid-answer.
-    ``count_job_for`` is the worker whose settled-job count this job raises."""
+    ``count_job_for`` is the worker (or the workers: a model group's members each completed
+    their part) whose settled-job count this job raises."""
     if not 0 <= charge_msat <= reserved_msat:
         raise UnbalancedPosting(f"charge {charge_msat} is outside the reservation {reserved_msat}")
     paid = list(shares)
@@ -129,7 +130,8 @@ def settle(
         (QUEEN_FEES, charge_msat - sum(share for _, share in paid)),
         *paid,
     ]
-    jobs = ((count_job_for, 1),) if count_job_for else ()
+    counted = [count_job_for] if isinstance(count_job_for, str) else list(count_job_for or ())
+    jobs = tuple((key, 1) for key in dict.fromkeys(counted))
     return _posting(f"settle:{job_id}", "charge", entries, memo, jobs)
 
 

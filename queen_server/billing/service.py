@@ -404,7 +404,7 @@ class Billing:
         total_cost = sum(costs) or 1
         shares: list[tuple[str, int]] = []
         memos: list[str] = []
-        counted: str | None = None
+        counted: list[str] = []  # every worker that completed its part (a group's: each)
         escrow_over: list[tuple[str, _WorkerState]] = []
         for part, cost in zip(parts, costs, strict=True):
             if part.worker_key is None:
@@ -413,7 +413,7 @@ class Billing:
             stage = worker.jobs
             if part.completed:
                 worker.jobs += 1
-                counted = part.worker_key
+                counted.append(part.worker_key)
             share = int(charge * self.settings.worker_share * cost / total_cost)
             if stage == 0:
                 memos.append("proof of work: a new worker's first job is unpaid")

@@ -1,0 +1,137 @@
+"""Model groups end to end (issue 19): a queen on a 127.0.0.1 port, four real workers
+(``WorkerService``: store, engine, link, and llama.cpp's RPC backend) and the fake hub with the
+real SmolLM2. No worker can hold the model alone by the queen's rules (each claims 256 MB and
+the operator keeps 176 MB of each free), so the queen forms a group: the worker holding the
+file leads, two others serve layers through their gates. A developer's answer is the one a
+single process writes, billed once and credited to the three by layers held. A member that
+leaves mid-answer ends the answer with an error, never a hang, and the queen forms a new group
+with the spare worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+
+import openai
+import pytest
+
+from desktop_worker.earnings import fetch_earnings
+from desktop_worker.engine.llama_model import LlamaContext
+from desktop_worker.groups.rpc import LlamaRpc
+from desktop_worker.service import WorkerService
+from desktop_worker.store import ModelStore
+from queen_server.placement.groups import Group, Phase
+from shared_schema.fitting import LoadPlan
+from tests.queen_server.billing.test_billing_api import funded_key
+from tests.support.fake_hub import FakeHub
+from tests.support.on_demand import MODEL, REAL, repos, worker
+from tests.support.queen import QueenHarness, running_queen
+
+pytestmark = [
+    pytest.mark.timeout(420),
+    pytest.mark.skipif(not LlamaRpc().probe().available,
+                       reason="llama.cpp built without its RPC backend"),
+]
+
+MESSAGES = [{"role": "user", "content": "Tell me about Paris."}]
+GROUPS = {"group_heads": "*", "group_reserve_mb": 176, "group_headroom_fraction": 0.0,
+          "group_interval_s": 0.5, "group_setup_timeout_s": 60, "group_load_timeout_s": 120}
+MEMBER = {"memory_budget_mb": 256, "lan_groups": True, "threads": 1, "max_jobs": 1}
+
+
+def one_process_text(n_ctx: int, max_tokens: int) -> str:
+    plan = LoadPlan(n_ctx=n_ctx, n_gpu_layers=0, offloaded_layers=0, vram_needed_mb=0,
+                    reason="")
+    context = LlamaContext("smol", REAL, plan, n_threads=1)
+    request = {"model": "smol", "messages": MESSAGES, "temperature": 0,
+               "max_tokens": max_tokens}
+    try:
+        chunks = list(context.stream("chat", request, threading.Event()))
+    finally:
+        context.close()
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
+                   if c.get("choices"))
+
+
+async def ready_group(queen: QueenHarness, without: str | None = None) -> Group:
+    def ready() -> bool:
+        group = queen.state.groups.by_model.get(MODEL)
+        return (group is not None and group.phase is Phase.READY
+                and (without is None or group.id != without))
+
+    await queen.wait_until(ready, 180, "a ready group")
+    return queen.state.groups.by_model[MODEL]
+
+
+def roles_of(services: dict[str, WorkerService], group: Group) -> list[str]:
+    """The names of the group's workers, the head first."""
+    by_key = {s.identity.pubkey: name for name, s in services.items()}
+    return [by_key[w.key] for w in group.parts]
+
+
+async def test_a_model_no_worker_holds_alone_is_served_by_a_group(tmp_path):
+    with FakeHub(repos()) as hub:
+        store = ModelStore(tmp_path / "head" / "models", endpoint=hub.url)
+        await asyncio.to_thread(store.pull, MODEL)
+        async with running_queen(tmp_path, hub_endpoint=hub.url, auth="keys", escrow_jobs=0,
+                                 total_timeout_s=90, **GROUPS) as queen, \
+                contextlib.AsyncExitStack() as stack:
+            services: dict[str, WorkerService] = {}
+            services["head"] = await stack.enter_async_context(
+                worker(tmp_path, queen, hub, "head", store=store, **MEMBER))
+            exits: dict[str, contextlib.AsyncExitStack] = {}
+            for name in ("w1", "w2", "w3"):
+                exits[name] = await stack.enter_async_context(contextlib.AsyncExitStack())
+                services[name] = await exits[name].enter_async_context(
+                    worker(tmp_path, queen, hub, name, **MEMBER))
+
+            group = await ready_group(queen)
+            names = roles_of(services, group)
+            assert names[0] == "head"  # the only worker holding the file leads
+            assert len(names) == 3  # the fewest that hold it: one worker stays out
+            members = names[1:]
+            for name in members:  # held out of routing while the group lives
+                assert queen.state.registry.get(services[name].identity.pubkey).held_by \
+                    == group.id
+
+            secret, _ = await funded_key(queen, 50)
+            client = queen.client(api_key=secret)
+            expected = await asyncio.to_thread(one_process_text, group.plan.n_ctx, 40)
+            for _ in range(2):  # a worker's first job is its unpaid proof of work
+                answer = await client.chat.completions.create(
+                    model=MODEL, messages=MESSAGES, temperature=0, max_tokens=40)
+                assert answer.choices[0].message.content == expected
+            for name in members:
+                part = services[name].groups.part
+                assert part is not None
+                assert part.gate is not None
+                assert part.gate.stats().round_trips > 0  # the layers ran there
+            # Billed once, credited to the three by layers held.
+            earned = {}
+            for name in names:
+                earnings = await fetch_earnings(queen.ws_url, services[name].identity)
+                earned[name] = earnings.available_msat + earnings.pending_msat
+                assert earnings.jobs_settled == 2
+            assert all(amount > 0 for amount in earned.values()), earned
+
+            # A member leaves mid-answer: the answer ends, with an error, within seconds.
+            gone = members[0]
+            spare = next(n for n in ("w1", "w2", "w3") if n not in names)
+            stream = await client.chat.completions.create(
+                model=MODEL, messages=MESSAGES, temperature=0, max_tokens=400, stream=True)
+            received: list[str] = []
+            with pytest.raises(openai.APIError):  # noqa: PT012
+                async for chunk in stream:
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        received.append(chunk.choices[0].delta.content)
+                        if len(received) == 3:
+                            await exits[gone].aclose()
+            assert received
+            # The queen forms a new group with the spare worker, which serves the same text.
+            again = await ready_group(queen, without=group.id)
+            assert set(roles_of(services, again)) == {"head", members[1], spare}
+            answer = await client.chat.completions.create(
+                model=MODEL, messages=MESSAGES, temperature=0, max_tokens=40)
+            assert answer.choices[0].message.content == expected
