@@ -72,6 +72,12 @@ def _lan_address(value: str) -> str:
     return address.compressed
 
 
+def _layer_counts(value: list[int]) -> list[int]:
+    if any(n < 0 or n > MAX_GROUP_LAYERS for n in value):
+        raise ValueError(f"each device holds 0 to {MAX_GROUP_LAYERS} layers")
+    return value
+
+
 class GroupServe(WireModel):
     """Queen to member: serve your devices to this group's head, behind a gate."""
 
@@ -111,13 +117,7 @@ class GroupLink(WireModel):
     device_layers: list[int] = Field(min_length=1, max_length=MAX_MEMBER_DEVICES)
 
     _lan_host = field_validator("host")(_lan_address)
-
-    @field_validator("device_layers")
-    @classmethod
-    def _layer_counts(cls, value: list[int]) -> list[int]:
-        if any(n < 0 or n > MAX_GROUP_LAYERS for n in value):
-            raise ValueError(f"each device holds 0 to {MAX_GROUP_LAYERS} layers")
-        return value
+    _layers = field_validator("device_layers")(_layer_counts)
 
 
 class GroupLead(WireModel):
@@ -136,12 +136,7 @@ class GroupLead(WireModel):
                                    "head: one entry, its CPU layers).")
     members: list[GroupLink] = Field(min_length=1, max_length=MAX_GROUP_MEMBERS - 1)
 
-    @field_validator("head_layers")
-    @classmethod
-    def _layer_counts(cls, value: list[int]) -> list[int]:
-        if any(n < 0 or n > MAX_GROUP_LAYERS for n in value):
-            raise ValueError(f"each device holds 0 to {MAX_GROUP_LAYERS} layers")
-        return value
+    _layers = field_validator("head_layers")(_layer_counts)
 
 
 class GroupReady(WireModel):

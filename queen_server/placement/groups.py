@@ -257,21 +257,16 @@ class GroupService:
                 if model in self.group_only:
                     self._set_group_only(model, False)
                 continue
-            if any(self._busy(key) for key in result.keys):
-                continue  # the swarm changed under the planning: next round
             self._form(model, sha256, facts.size_bytes or 0, result)
 
     def _form(self, model: str, sha256: str, size_bytes: int, plan: GroupPlan) -> None:
-        workers = {key: self.registry.get(key) for key in plan.keys}
-        if any(w is None or w.closed for w in workers.values()):
-            return
-        head = workers[plan.head]
-        assert head is not None
-        members = {m.key: workers[m.key] for m in plan.members[1:]}
+        if any(self._busy(key) for key in plan.keys):
+            return  # the swarm changed under the planning: next round
+        head, *members = [w for key in plan.keys if (w := self.registry.get(key)) is not None]
         group = Group(id=secrets.token_hex(8), model=model, sha256=sha256,
                       size_bytes=size_bytes, plan=plan, head=head,
-                      members={k: w for k, w in members.items() if w is not None},
-                      tokens={key: secrets.token_hex(32) for key in members},
+                      members={w.key: w for w in members},
+                      tokens={w.key: secrets.token_hex(32) for w in members},
                       started=self.clock())
         self.groups[group.id] = group
         self.by_model[model] = group
@@ -402,10 +397,13 @@ class GroupService:
                 found.setdefault(name, facts.sha256)
         return found
 
+    def _heading(self) -> set[str]:
+        return {g.head.key for g in self.groups.values()}
+
     def _busy(self, key: str) -> bool:
         worker = self.registry.get(key)
         return (worker is None or worker.closed or worker.held_by is not None
-                or any(g.head is worker for g in self.groups.values()))
+                or key in self._heading())
 
     def may_head(self, worker: Worker) -> bool:
         heads = self.settings.group_heads
@@ -416,7 +414,7 @@ class GroupService:
         """Every worker as the planner sees it: its memory budget (a claim; the planner bounds
         it), LAN, build and ``rpc``; a head only if trusted and holding the pinned file. A
         worker busy in a group, paused, flagged or cooling down after a failure is left out."""
-        heading = {g.head.key for g in self.groups.values()}
+        heading = self._heading()
         out = []
         for w in self.registry:
             if (w.legacy or w.closed or w.paused or w.flagged or w.held_by or w.key in heading
@@ -445,13 +443,15 @@ class GroupService:
     def rows(self) -> list[dict[str, object]]:
         """The groups, for the admin pages."""
         now = self.clock()
-        return [{
-            "id": g.id, "model": g.model, "phase": str(g.phase), "head": g.head.public_id,
-            "members": [{"worker": self.registry.get(m.key).public_id  # type: ignore[union-attr]
-                         if self.registry.get(m.key) else m.key[:12], "layers": m.layers,
-                         "route": str(m.route)} for m in g.plan.members],
-            "since_s": round(now - g.started, 1), "load_s": g.load_s,
-        } for g in self.groups.values()]
+        rows: list[dict[str, object]] = []
+        for g in self.groups.values():
+            names = {w.key: w.public_id for w in g.parts}
+            rows.append({
+                "id": g.id, "model": g.model, "phase": str(g.phase), "head": g.head.public_id,
+                "members": [{"worker": names[m.key], "layers": m.layers, "route": str(m.route)}
+                            for m in g.plan.members],
+                "since_s": round(now - g.started, 1), "load_s": g.load_s})
+        return rows
 
 
 def _part_of(group: Group, worker: Worker) -> bool:

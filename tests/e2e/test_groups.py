@@ -12,21 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 
 import openai
 import pytest
 
 from desktop_worker.earnings import fetch_earnings
-from desktop_worker.engine.llama_model import LlamaContext
 from desktop_worker.groups.rpc import LlamaRpc
 from desktop_worker.service import WorkerService
 from desktop_worker.store import ModelStore
 from queen_server.placement.groups import Group, Phase
-from shared_schema.fitting import LoadPlan
 from tests.queen_server.billing.test_billing_api import funded_key
 from tests.support.fake_hub import FakeHub
-from tests.support.on_demand import MODEL, REAL, repos, worker
+from tests.support.on_demand import MODEL, repos, worker
+from tests.support.one_process import ASK, one_process_text
 from tests.support.queen import QueenHarness, running_queen
 
 pytestmark = [
@@ -35,24 +33,10 @@ pytestmark = [
                        reason="llama.cpp built without its RPC backend"),
 ]
 
-MESSAGES = [{"role": "user", "content": "Tell me about Paris."}]
+MESSAGES = ASK["messages"]  # max_tokens 40, greedy
 GROUPS = {"group_heads": "*", "group_reserve_mb": 176, "group_headroom_fraction": 0.0,
           "group_interval_s": 0.5, "group_setup_timeout_s": 60, "group_load_timeout_s": 120}
 MEMBER = {"memory_budget_mb": 256, "lan_groups": True, "threads": 1, "max_jobs": 1}
-
-
-def one_process_text(n_ctx: int, max_tokens: int) -> str:
-    plan = LoadPlan(n_ctx=n_ctx, n_gpu_layers=0, offloaded_layers=0, vram_needed_mb=0,
-                    reason="")
-    context = LlamaContext("smol", REAL, plan, n_threads=1)
-    request = {"model": "smol", "messages": MESSAGES, "temperature": 0,
-               "max_tokens": max_tokens}
-    try:
-        chunks = list(context.stream("chat", request, threading.Event()))
-    finally:
-        context.close()
-    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
-                   if c.get("choices"))
 
 
 async def ready_group(queen: QueenHarness, without: str | None = None) -> Group:
@@ -98,7 +82,7 @@ async def test_a_model_no_worker_holds_alone_is_served_by_a_group(tmp_path):
 
             secret, _ = await funded_key(queen, 50)
             client = queen.client(api_key=secret)
-            expected = await asyncio.to_thread(one_process_text, group.plan.n_ctx, 40)
+            expected = await asyncio.to_thread(one_process_text, ASK, group.plan.n_ctx)
             for _ in range(2):  # a worker's first job is its unpaid proof of work
                 answer = await client.chat.completions.create(
                     model=MODEL, messages=MESSAGES, temperature=0, max_tokens=40)

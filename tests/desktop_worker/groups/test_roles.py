@@ -12,13 +12,11 @@ import asyncio
 import logging
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from desktop_worker.engine.llama_model import LlamaContext
 from desktop_worker.errors import EngineError
 from desktop_worker.groups import roles as roles_module
 from desktop_worker.groups.lan import local_address
@@ -32,12 +30,10 @@ from shared_schema import (
     GroupMemberReady,
     GroupReady,
 )
-from shared_schema.fitting import LoadPlan
 from tests.desktop_worker.groups.roles_support import (
     ASK,
     GROUP,
     HEAD,
-    REAL,
     Side,
     children,
     lead_frame,
@@ -45,6 +41,7 @@ from tests.desktop_worker.groups.roles_support import (
     refused,
     serve_frame,
 )
+from tests.support.one_process import one_process_text as reference_text
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +51,7 @@ pytestmark = pytest.mark.skipif(not LlamaRpc().probe().available,
 
 @pytest.fixture(scope="module")
 def one_process_text() -> str:
-    plan = LoadPlan(n_ctx=512, n_gpu_layers=0, offloaded_layers=0, vram_needed_mb=0, reason="")
-    context = LlamaContext("smol", REAL, plan, n_threads=1)
-    try:
-        chunks = list(context.stream("chat", ASK, threading.Event()))
-    finally:
-        context.close()
-    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
-                   if c.get("choices"))
+    return reference_text(ASK)
 
 
 @pytest.fixture

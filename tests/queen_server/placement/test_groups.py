@@ -188,6 +188,11 @@ async def test_a_group_forms_and_only_its_ready_head_is_routed(groups: Groups) -
     await up(group)
     assert groups.holders() == {"head"}
     groups.service.prepare(MODEL)  # no error: routing serves it
+    [row] = groups.service.rows()
+    assert (row["phase"], row["head"]) == ("ready", "head")
+    workers = [m["worker"] for m in row["members"]]  # type: ignore[attr-defined]
+    assert workers[0] == "head"
+    assert set(workers) == {"head", "m1", "m2"}
     # The head's part of an answer is credited to the three by layers held.
     shares = groups.service.credit_of(MODEL)(groups.swarm.workers["head"].key)
     assert shares is not None
