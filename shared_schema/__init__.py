@@ -4,11 +4,13 @@ from shared_schema.audits import SCORE_OBJECT, SCORE_URL, SampledScores, ScoreDa
 from shared_schema.capabilities import CAPABILITY_AUDITOR
 from shared_schema.errors import InvalidQueenUrl, InvalidScoreData, ProtocolError, SchemaError
 from shared_schema.groups import (
+    GroupClose,
     GroupEnd,
     GroupFailed,
     GroupLead,
     GroupLink,
     GroupMemberReady,
+    GroupOpen,
     GroupReady,
     GroupServe,
 )
@@ -92,11 +94,13 @@ __all__ = [
     "ErrorResponse",
     "Fetch",
     "FetchFailed",
+    "GroupClose",
     "GroupEnd",
     "GroupFailed",
     "GroupLead",
     "GroupLink",
     "GroupMemberReady",
+    "GroupOpen",
     "GroupReady",
     "GroupServe",
     "Hello",

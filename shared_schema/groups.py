@@ -14,6 +14,17 @@ The sequence (``docs/ARCHITECTURE.md``, "Model groups"):
 3. ``GroupEnd`` from the queen to every part when the group ends (a member left or failed, the
    head left); ``GroupFailed`` from a worker whenever its part of a group cannot go on.
 
+Two routes from the head to a member. **Direct** (``route="direct"``): the member's gate
+listens on its LAN address over TLS and the head dials it. **Relayed** (``route="relayed"``,
+for workers on different LANs or behind NAT): nothing listens; the member's ready and the
+head's link carry no address, and the same handshake and RPC bytes go through the queen over
+both workers' websockets. The head opens a *channel* (``GroupOpen``, a number it picks, naming
+the member), the queen passes it on to that member only, and from then on each binary
+websocket frame is ``RELAY_TAG``, the channel (4 bytes, big-endian) and up to
+``MAX_RELAY_PAYLOAD`` bytes, forwarded unchanged to the other end; ``GroupClose`` from either
+end (or the queen) ends a channel. The queen only relays between parts of one relayed group,
+head to named member, and never reads the payload; the member's gate still checks the HMAC.
+
 Every figure here is a claim or an instruction: a member's address must be a private, loopback
 or link-local IP literal on an unprivileged port (a member cannot make a head dial the wider
 internet or a well-known service on its LAN), and every count is bounded.
@@ -24,21 +35,29 @@ from __future__ import annotations
 import ipaddress
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from shared_schema.base import WireModel
+from shared_schema.errors import ProtocolError
 
 __all__ = [
     "GROUP_FAILURES",
     "MAX_GROUP_LAYERS",
     "MAX_GROUP_MEMBERS",
+    "MAX_RELAY_CHANNEL",
+    "MAX_RELAY_PAYLOAD",
+    "RELAY_TAG",
+    "GroupClose",
     "GroupEnd",
     "GroupFailed",
     "GroupLead",
     "GroupLink",
     "GroupMemberReady",
+    "GroupOpen",
     "GroupReady",
     "GroupServe",
+    "parse_relay_frame",
+    "relay_frame",
 ]
 
 MAX_GROUP_MEMBERS = 8  # the head included
@@ -49,6 +68,12 @@ GROUP_ID = r"^[0-9a-f]{16,64}$"
 LINK_TOKEN = r"^[0-9a-f]{64}$"
 FINGERPRINT = r"^[0-9a-f]{64}$"
 WORKER_ID = r"^[0-9A-Za-z_-]{1,64}$"
+
+Route = Literal["direct", "relayed"]
+RELAY_TAG = 0x01  # the first byte of a relayed data frame (a JSON text frame never is)
+RELAY_HEADER = 5  # the tag and the channel
+MAX_RELAY_CHANNEL = (1 << 31) - 1
+MAX_RELAY_PAYLOAD = 256 * 1024
 
 # Why a worker's part of a group cannot start or go on. ``not_allowed``: its owner does not let
 # it join groups; ``unavailable``: its llama.cpp has no RPC backend; ``busy``: it is already in
@@ -78,6 +103,14 @@ def _layer_counts(value: list[int]) -> list[int]:
     return value
 
 
+def _one_route(model: GroupMemberReady | GroupLink) -> None:
+    """A gate's address, port and fingerprint come together (direct) or not at all (relayed)."""
+    given = [model.host is not None, model.port is not None, model.fingerprint is not None]
+    if any(given) and not all(given):
+        raise ValueError("host, port and fingerprint come together (a direct route) or are all "
+                         "left out (a relayed route)")
+
+
 class GroupServe(WireModel):
     """Queen to member: serve your devices to this group's head, behind a gate."""
 
@@ -91,33 +124,55 @@ class GroupServe(WireModel):
     layers: int = Field(ge=1, le=MAX_GROUP_LAYERS * MAX_MEMBER_DEVICES,
                         description="The layers it will hold (for its log and its owner).")
     model: str = Field(min_length=1, max_length=400, description="The model, for its log.")
+    route: Route = Field(default="direct", description="``direct``: a TLS gate on the LAN; "
+                         "``relayed``: no listener, the head's bytes come through the queen.")
 
 
 class GroupMemberReady(WireModel):
-    """Member to queen: the gate listens here, with this certificate."""
+    """Member to queen: the gate listens here, with this certificate (a direct route), or
+    ready for relayed channels (no address)."""
 
     type: Literal["group_member_ready"] = "group_member_ready"
     group: str = Field(pattern=GROUP_ID)
-    host: str = Field(max_length=64)
-    port: int = Field(ge=1024, le=65535)
-    fingerprint: str = Field(pattern=FINGERPRINT, description="SHA-256 of the gate's "
-                             "certificate (DER), hex: the head pins it.")
+    host: str | None = Field(default=None, max_length=64)
+    port: int | None = Field(default=None, ge=1024, le=65535)
+    fingerprint: str | None = Field(default=None, pattern=FINGERPRINT, description="SHA-256 of "
+                                    "the gate's certificate (DER), hex: the head pins it.")
 
     _lan_host = field_validator("host")(_lan_address)
+
+    @property
+    def relayed(self) -> bool:
+        return self.host is None
+
+    @model_validator(mode="after")
+    def _route(self) -> GroupMemberReady:
+        _one_route(self)
+        return self
 
 
 class GroupLink(WireModel):
     """One member as the head is told it."""
 
     worker_id: str = Field(pattern=WORKER_ID)
-    host: str = Field(max_length=64)
-    port: int = Field(ge=1024, le=65535)
-    fingerprint: str = Field(pattern=FINGERPRINT)
+    host: str | None = Field(default=None, max_length=64)
+    port: int | None = Field(default=None, ge=1024, le=65535)
+    fingerprint: str | None = Field(default=None, pattern=FINGERPRINT)
     token: str = Field(pattern=LINK_TOKEN)
     device_layers: list[int] = Field(min_length=1, max_length=MAX_MEMBER_DEVICES)
 
     _lan_host = field_validator("host")(_lan_address)
     _layers = field_validator("device_layers")(_layer_counts)
+
+    @property
+    def relayed(self) -> bool:
+        """No address: the head reaches this member through the queen."""
+        return self.host is None
+
+    @model_validator(mode="after")
+    def _route(self) -> GroupLink:
+        _one_route(self)
+        return self
 
 
 class GroupLead(WireModel):
@@ -162,3 +217,48 @@ class GroupFailed(WireModel):
     group: str = Field(pattern=GROUP_ID)
     code: str = Field(min_length=1, max_length=64)
     message: str = Field(default="", max_length=2000)
+
+
+class GroupOpen(WireModel):
+    """Head to queen, then queen to that member: open relayed channel ``channel`` (a number the
+    head picks, unique among its open ones) to ``member`` (its public worker id)."""
+
+    type: Literal["group_open"] = "group_open"
+    group: str = Field(pattern=GROUP_ID)
+    channel: int = Field(ge=1, le=MAX_RELAY_CHANNEL)
+    member: str = Field(pattern=WORKER_ID)
+
+
+class GroupClose(WireModel):
+    """Either end (or the queen) to the other: relayed channel ``channel`` is closed."""
+
+    type: Literal["group_close"] = "group_close"
+    group: str = Field(pattern=GROUP_ID)
+    channel: int = Field(ge=1, le=MAX_RELAY_CHANNEL)
+    reason: str = Field(default="", max_length=200)
+
+
+def relay_frame(channel: int, payload: bytes) -> bytes:
+    """A relayed data frame (binary): ``RELAY_TAG``, the channel, the payload."""
+    if not 1 <= channel <= MAX_RELAY_CHANNEL:
+        raise ValueError(f"a relay channel is 1 to {MAX_RELAY_CHANNEL} (got {channel})")
+    if not 1 <= len(payload) <= MAX_RELAY_PAYLOAD:
+        raise ValueError(f"a relayed payload is 1 to {MAX_RELAY_PAYLOAD} bytes "
+                         f"(got {len(payload)})")
+    return bytes((RELAY_TAG,)) + channel.to_bytes(4, "big") + payload
+
+
+def parse_relay_frame(frame: bytes) -> tuple[int, memoryview]:
+    """The channel and payload of a relayed data frame, without copying the payload; a frame
+    that is not one (another tag, a bad channel, no payload or too much) is a ``ProtocolError``
+    ``bad_relay_frame``."""
+    if len(frame) <= RELAY_HEADER or frame[0] != RELAY_TAG:
+        raise ProtocolError("bad_relay_frame", "a binary frame must be a relayed data frame "
+                            f"(tag {RELAY_TAG}, a channel, 1 or more payload bytes)")
+    if len(frame) - RELAY_HEADER > MAX_RELAY_PAYLOAD:
+        raise ProtocolError("bad_relay_frame", f"a relayed payload is at most "
+                            f"{MAX_RELAY_PAYLOAD} bytes")
+    channel = int.from_bytes(frame[1:RELAY_HEADER], "big")
+    if not 1 <= channel <= MAX_RELAY_CHANNEL:
+        raise ProtocolError("bad_relay_frame", f"a relay channel is 1 to {MAX_RELAY_CHANNEL}")
+    return channel, memoryview(frame)[RELAY_HEADER:]

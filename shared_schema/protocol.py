@@ -23,10 +23,12 @@ from shared_schema import capabilities as caps
 from shared_schema.base import WireModel
 from shared_schema.errors import InvalidQueenUrl, ProtocolError
 from shared_schema.groups import (
+    GroupClose,
     GroupEnd,
     GroupFailed,
     GroupLead,
     GroupMemberReady,
+    GroupOpen,
     GroupReady,
     GroupServe,
 )
@@ -259,7 +261,7 @@ class Pong(WireModel):
 Message = Annotated[
     Challenge | Hello | Welcome | Refused | Job | Chunk | Result | JobError | Cancel | Status
     | Ping | Pong | Demand | Fetch | FetchFailed | GroupServe | GroupMemberReady | GroupLead
-    | GroupReady | GroupEnd | GroupFailed,
+    | GroupReady | GroupEnd | GroupFailed | GroupOpen | GroupClose,
     Field(discriminator="type"),
 ]
 MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
