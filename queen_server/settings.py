@@ -201,7 +201,7 @@ class QueenSettings(BaseSettings):
     max_copies_per_model: int = Field(default=4, ge=1)
     placements_per_hour: int = Field(default=30, ge=1)
     demand_interval_s: float = Field(default=60.0, gt=0)
-    # Model groups (issue 19): a model no single worker can hold, served by workers of one LAN
+    # Model groups (issue 19): a model no single worker can hold, served by several workers
     # through llama.cpp's RPC backend. Heads (they send members the graphs to run) are workers
     # in good standing with the audits or those named here (public ids or keys; "*": any).
     # The planner keeps headroom_fraction of each worker's memory plus reserve_mb free.
@@ -213,6 +213,10 @@ class QueenSettings(BaseSettings):
     group_headroom_fraction: float = Field(default=0.10, ge=0, le=0.9)
     group_reserve_mb: int = Field(default=512, ge=0)
     group_retry_s: float = Field(default=300.0, ge=0)
+    # Carry group traffic through this queen for workers that cannot reach each other (other
+    # LANs, NAT, ``lan_groups`` off): every token's RPC round trips cross the queen.
+    group_relay: bool = True
+    group_relay_channels: int = Field(default=8, ge=1, le=64)
     worker_share: float = Field(default=0.8, ge=0, le=1)
     escrow_jobs: int = Field(default=10, ge=0)
     default_max_tokens: int = Field(default=4096, ge=1)

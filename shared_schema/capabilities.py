@@ -38,7 +38,7 @@ CAPABILITY_AUDITOR = AUDITOR
 # names before answering it.)
 FETCH = "fetch"  # the name shared_schema exports, beside CAPABILITY_CONTINUE
 # Joins model groups (issue 19): its llama.cpp has the RPC backend (the hello's
-# ``llama_build`` says which build) and its owner lets it serve a share of a model's layers.
+# ``llama_build``: which build), its owner lets it, and it speaks every group frame, relayed too.
 RPC = "rpc"
 
 # What a field of a job's request needs, with the field a refusal names.

@@ -85,7 +85,9 @@ GROUP_FAILURES = frozenset({"not_allowed", "unavailable", "busy", "paused", "mod
                             "link_failed", "load_failed", "server_failed", "lost", "bad_plan"})
 
 
-def _lan_address(value: str) -> str:
+def _lan_address(value: str | None) -> str | None:
+    if value is None:
+        return None  # a relayed route: no address
     try:
         address = ipaddress.ip_address(value)
     except ValueError as exc:

@@ -24,11 +24,12 @@ from queen_server.swarm.link import (
     GroupReport,
     QueenLink,
     Refuse,
+    RelayIn,
     Send,
     StatusChanged,
 )
 from queen_server.swarm.worker import Worker
-from shared_schema import PROTOCOL_VERSION, SUBPROTOCOL
+from shared_schema import PROTOCOL_VERSION, SUBPROTOCOL, GroupClose, GroupOpen
 from shared_schema.protocol import CLOSE_REPLACED
 
 if TYPE_CHECKING:
@@ -69,6 +70,9 @@ class WorkerSocket:
 
     async def send_frame(self, frame: str) -> None:
         await self.send_text(frame)
+
+    async def send_bytes(self, frame: bytes) -> None:
+        await self.websocket.send({"type": "websocket.send", "bytes": frame})
 
     async def close(self, code: int, reason: str) -> None:
         if self.websocket.application_state != WebSocketState.DISCONNECTED:
@@ -178,15 +182,22 @@ async def _read_loop(
     loop = asyncio.get_running_loop()
     receive = websocket.receive
     link_receive = socket.link.receive
+    groups = state.groups
     while True:
         message = await receive()
         if message["type"] == "websocket.disconnect":
             return f"disconnected (code {message.get('code', 1005)})", 1000
-        actions = link_receive(message.get("text"), loop.time())
+        text = message.get("text")
+        if text is None and (data := message.get("bytes")) is not None:
+            actions = socket.link.receive_bytes(data, loop.time())
+        else:
+            actions = link_receive(text, loop.time())
         if not actions:
             continue
         for action in actions:
-            if isinstance(action, Send):
+            if isinstance(action, RelayIn):
+                await groups.relay.forward(worker, action.channel, action.frame)
+            elif isinstance(action, Send):
                 await socket.send_text(action.frame)
             elif isinstance(action, StatusChanged):
                 state.registry.apply_status(worker, max_jobs=action.max_jobs,
@@ -197,7 +208,10 @@ async def _read_loop(
             elif isinstance(action, FetchRefused):
                 state.placement.fetch_failed(worker, action.failure)
             elif isinstance(action, GroupReport):
-                state.groups.on_report(worker, action.message)
+                if isinstance(action.message, GroupOpen | GroupClose):
+                    await groups.on_channel(worker, action.message)
+                else:
+                    groups.on_report(worker, action.message)
             elif isinstance(action, Close):
                 return action.reason, action.code
 

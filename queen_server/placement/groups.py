@@ -4,13 +4,15 @@ Every ``group_interval_s`` (and at once after a group ends) the service looks at
 worker with the ``rpc`` capability holds, pinned by the queen's own reading of the file (its
 shape: per-layer bytes and KV size). For each without a group it asks the pure planner
 (``queen_server.groups.plan_group``, off the event loop) for the fewest workers that hold it
-together, in proportion to their memory, on one LAN (the only route built: a link relayed
-through the queen is not). A plan makes the model *group-only*: from then on routing uses no
-lone holder of it (``Registry.serves_model``), only the group's head once the group is ready.
+together, in proportion to their memory, preferring one LAN (direct links) and, with
+``group_relay`` on, otherwise relayed through this queen (``group_relay.py``). A plan makes the
+model *group-only*: from then on routing uses no lone holder of it (``Registry.serves_model``),
+only the group's head once the group is ready.
 
-Forming a group (``Group``): each member gets ``GroupServe`` (its own one-time link token) and
-is held out of routing (``Registry.set_held``); once every member answered
-``GroupMemberReady`` (its gate's LAN address and certificate fingerprint) within
+Forming a group (``Group``): each member gets ``GroupServe`` (its own one-time link token and
+its route) and is held out of routing (``Registry.set_held``); once every member answered
+``GroupMemberReady`` (a direct member: its gate's LAN address and certificate fingerprint; a
+relayed one: no address) within
 ``group_setup_timeout_s``, the head gets ``GroupLead`` and loads the model across them; its
 ``GroupReady`` within ``group_load_timeout_s`` puts it in routing for the model. A
 ``GroupFailed`` from any part, a part that leaves, or a deadline ends the group: every part is
@@ -21,7 +23,9 @@ the dispatcher's failover takes them.
 Only a worker the queen trusts leads (members run the graphs the head sends them): one the
 operator names in ``APIARY_GROUP_HEADS`` (``*``: any), or one in good standing with the audits;
 it must also hold the queen's pinned file. Frames about a group from a worker that is not part
-of it, or out of turn, are ignored (logged): a worker can only end a group it is in.
+of it, or out of turn, are ignored (logged): a worker can only end a group it is in. Only the
+head opens relayed channels, only to a relayed member of its own group, and only while the
+group loads or serves (``on_channel``); anything else is answered ``GroupClose``.
 """
 
 from __future__ import annotations
@@ -39,15 +43,18 @@ from typing import Protocol
 from queen_server.billing.shares import Shares
 from queen_server.catalog import ModelCatalog
 from queen_server.errors import ModelLoading, NoCapacity
-from queen_server.groups import Candidate, GroupPlan, NoPlan, plan_group
+from queen_server.groups import Candidate, GroupPlan, NoPlan, Route, plan_group
+from queen_server.placement.group_relay import GroupRelay
 from queen_server.swarm.registry import Registry
 from queen_server.swarm.worker import Worker
 from shared_schema import (
+    GroupClose,
     GroupEnd,
     GroupFailed,
     GroupLead,
     GroupLink,
     GroupMemberReady,
+    GroupOpen,
     GroupReady,
     GroupServe,
     encode,
@@ -81,6 +88,10 @@ class GroupSettings(Protocol):
     def group_reserve_mb(self) -> int: ...
     @property
     def group_retry_s(self) -> float: ...
+    @property
+    def group_relay(self) -> bool: ...
+    @property
+    def group_relay_channels(self) -> int: ...
 
 
 class Phase(StrEnum):
@@ -120,6 +131,10 @@ class Group:
     def parts(self) -> list[Worker]:
         return [self.head, *self.members.values()]
 
+    def relayed(self, key: str) -> bool:
+        """Whether the head reaches member ``key`` through the queen."""
+        return any(m.key == key and m.route is Route.RELAYED for m in self.plan.members)
+
     @property
     def shares(self) -> Shares:
         """Who earns what share of an answer: (worker key, layers held), the head first."""
@@ -141,6 +156,7 @@ class GroupService:
         self._wake = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.relay = GroupRelay(registry, max_channels=settings.group_relay_channels)
         registry.serves_model = self.serves
 
     # --- what routing and billing ask -------------------------------------------------------
@@ -198,6 +214,11 @@ class GroupService:
                      f"{message.message[:200]}", blame=blame)
         elif isinstance(message, GroupMemberReady):
             if group.phase is Phase.FORMING and worker.key in group.members:
+                if message.relayed != group.relayed(worker.key):
+                    told = "relayed" if group.relayed(worker.key) else "direct"
+                    self.end(group, f"worker {worker.public_id} answered a {told} serve with "
+                             f"{'no' if message.relayed else 'a'} gate address", blame=[worker])
+                    return
                 group.readies[worker.key] = message
                 if len(group.readies) == len(group.members):
                     group.members_ready.set()
@@ -205,6 +226,43 @@ class GroupService:
               and worker is group.head):
             group.load_s = message.load_s
             group.head_ready.set()
+
+    async def on_channel(self, worker: Worker, message: GroupOpen | GroupClose) -> None:
+        """A relayed channel opened by a group's head, or closed by either end."""
+        if isinstance(message, GroupClose):
+            channel = self.relay.close(worker, message.channel)
+            if channel is not None:
+                peer = channel.member if worker is channel.head else channel.head
+                await self.relay.tell(peer, message)
+            return
+        group = self.groups.get(message.group)
+        member = None if group is None else next(
+            (w for w in group.members.values() if w.public_id == message.member), None)
+        if group is None or group.phase not in (Phase.LOADING, Phase.READY):
+            why = "the group is not loading or serving"
+        elif worker is not group.head:
+            why = "only the group's head opens channels"
+        elif member is None or member.closed:
+            why = f"{message.member} is not a member of the group"
+        elif not group.relayed(member.key):
+            why = f"{message.member} is reached directly, not through the queen"
+        else:
+            why = self.relay.open(group.id, worker, member, message.channel) or ""
+        if not why:
+            assert member is not None
+            connection = self.registry.connection(member.key)
+            try:
+                if connection is None:
+                    raise ConnectionError("not connected")
+                await connection.send_frame(encode(message))
+                return
+            except Exception as exc:  # the member is going: its cleanup ends the group
+                self.relay.close(worker, message.channel)
+                why = f"{message.member} cannot be reached ({type(exc).__name__})"
+        log.info("refused channel %d of group %s from worker %s: %s", message.channel,
+                 message.group, worker.public_id, why)
+        await self.relay.tell(worker, GroupClose(group=message.group, channel=message.channel,
+                                                 reason=why[:200]))
 
     def left(self, worker: Worker) -> None:
         """A worker disconnected: every group it was part of ends."""
@@ -247,7 +305,7 @@ class GroupService:
                 continue
             candidates = self._candidates(model, sha256)
             result = await asyncio.to_thread(
-                plan_group, facts.shape, candidates, relayed=False,
+                plan_group, facts.shape, candidates, relayed=settings.group_relay,
                 headroom_fraction=settings.group_headroom_fraction,
                 reserve_mb=settings.group_reserve_mb)
             if model in self.by_model:
@@ -290,7 +348,8 @@ class GroupService:
                 await self._send(member, GroupServe(
                     group=group.id, head=group.head.public_id, token=group.tokens[key],
                     devices=len(plans[key].device_layers), layers=plans[key].layers,
-                    model=group.model))
+                    model=group.model,
+                    route="relayed" if group.relayed(key) else "direct"))
             async with asyncio.timeout(settings.group_setup_timeout_s):
                 await group.members_ready.wait()
             group.phase = Phase.LOADING
@@ -318,6 +377,10 @@ class GroupService:
             self.end(group, f"worker {exc.worker.public_id} could not be told: {exc}",
                      blame=[exc.worker])
             return
+        except Exception as exc:  # a bug must end the group, not leave it forming for ever
+            log.exception("group %s: bringing it up failed", group.id)
+            self.end(group, f"the queen failed to bring it up ({type(exc).__name__})")
+            return
         if group.phase is not Phase.LOADING:
             return
         group.phase = Phase.READY
@@ -337,6 +400,7 @@ class GroupService:
         group.phase = Phase.ENDED
         group.reason = reason
         self.groups.pop(group.id, None)
+        self.relay.end_group(group.id)
         if self.by_model.get(group.model) is group:
             del self.by_model[group.model]
         self.outcomes[group.model] = f"group {group.id} ended: {reason}"
@@ -446,11 +510,14 @@ class GroupService:
         rows: list[dict[str, object]] = []
         for g in self.groups.values():
             names = {w.key: w.public_id for w in g.parts}
+            relayed = self.relay.usage(g.id)
             rows.append({
                 "id": g.id, "model": g.model, "phase": str(g.phase), "head": g.head.public_id,
                 "members": [{"worker": names[m.key], "layers": m.layers, "route": str(m.route)}
                             for m in g.plan.members],
-                "since_s": round(now - g.started, 1), "load_s": g.load_s})
+                "since_s": round(now - g.started, 1), "load_s": g.load_s,
+                "relayed_channels": relayed.channels,
+                "relayed_bytes": relayed.bytes_to_members + relayed.bytes_to_head})
         return rows
 
 

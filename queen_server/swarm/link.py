@@ -48,8 +48,10 @@ from shared_schema import (
     Chunk,
     Demand,
     FetchFailed,
+    GroupClose,
     GroupFailed,
     GroupMemberReady,
+    GroupOpen,
     GroupReady,
     Hello,
     Job,
@@ -70,6 +72,7 @@ from shared_schema import (
     looks_like_registration,
 )
 from shared_schema.answers import answer_problem
+from shared_schema.groups import parse_relay_frame
 from shared_schema.parsing import legacy_usage, parse_hello, parse_registration
 from shared_schema.protocol import (
     CLOSE_HEARTBEAT,
@@ -192,7 +195,16 @@ class FetchRefused:
 class GroupReport:
     """The worker's word on a model group it was asked into (issue 19)."""
 
-    message: GroupMemberReady | GroupReady | GroupFailed
+    message: GroupMemberReady | GroupReady | GroupFailed | GroupOpen | GroupClose
+
+
+@dataclass(frozen=True, slots=True)
+class RelayIn:
+    """A relayed data frame of a model group's channel (issue 19): ``frame`` is forwarded
+    unchanged to the channel's other end, if the worker has that channel open."""
+
+    channel: int
+    frame: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +215,7 @@ class Close:
     reason: str
 
 
-Action = Send | Refuse | Admit | StatusChanged | FetchRefused | GroupReport | Close
+Action = Send | Refuse | Admit | StatusChanged | FetchRefused | GroupReport | RelayIn | Close
 NOTHING: tuple[Action, ...] = ()
 
 
@@ -278,7 +290,8 @@ class QueenLink:
     # --- frames from the worker ---------------------------------------------------------------
 
     def receive(self, frame: str | None, now: float) -> Sequence[Action]:
-        """One frame from the worker (``None`` for a binary one), at loop time ``now``.
+        """One text frame from the worker (``None`` for a binary one: see ``receive_bytes``),
+        at loop time ``now``.
 
         The hot path: a job frame of a v1 worker is fed to its job and nothing is returned."""
         self.last_seen = now
@@ -317,6 +330,23 @@ class QueenLink:
         except ProtocolError as exc:
             return self._bad_frame(exc, frame)
 
+    def receive_bytes(self, frame: bytes, now: float) -> Sequence[Action]:
+        """One binary frame: after the welcome, a model group's relayed data frame (its header
+        checked here, its payload never read); anything else is a bad frame."""
+        if self.state is not _READY:
+            return self.receive(None, now)
+        self.last_seen = now
+        try:
+            channel, _payload = parse_relay_frame(frame)
+        except ProtocolError as exc:
+            return self._bad_frame(exc, None)
+        return [RelayIn(channel, frame)]
+
+    def rejected(self, exc: ProtocolError) -> Sequence[Action]:
+        """A frame the edge found bad after the link passed it on (a relayed frame from a
+        worker in no relayed group): answered and counted like any bad frame."""
+        return self._bad_frame(exc, None)
+
     def _control(self, message: Message) -> Sequence[Action]:
         """A v1 message that is not a job frame."""
         if isinstance(message, Pong):
@@ -327,7 +357,8 @@ class QueenLink:
             return [StatusChanged(message.max_jobs, message.models, message)]
         if isinstance(message, FetchFailed):
             return [FetchRefused(message)]
-        if isinstance(message, GroupMemberReady | GroupReady | GroupFailed):
+        if isinstance(message, GroupMemberReady | GroupReady | GroupFailed | GroupOpen
+                      | GroupClose):
             return [GroupReport(message)]
         raise ProtocolError(
             "unexpected_message",

@@ -46,6 +46,10 @@ class Connection(Protocol):
         """A control message already encoded (a ``fetch``, a ``demand``)."""
         ...
 
+    async def send_bytes(self, frame: bytes) -> None:
+        """A binary frame (a model group's relayed data, issue 19)."""
+        ...
+
     async def close(self, code: int, reason: str) -> None: ...
 
 

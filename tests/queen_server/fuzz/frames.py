@@ -32,6 +32,7 @@ from shared_schema import (
     loads_object,
     looks_like_registration,
 )
+from shared_schema.groups import parse_relay_frame
 
 # The queen under fuzz runs with these limits (``wsfuzz.QUEEN_SETTINGS``): the smallest frame
 # limit it allows, a small hello limit, and few bad frames before a close.
@@ -290,7 +291,11 @@ class SessionOracle:
         if frame_size(data) > self.max_frame:
             return Expect("close", 1009)
         if isinstance(data, bytes):
-            return self._bad("binary_frame")
+            try:
+                parse_relay_frame(data)
+            except ProtocolError:
+                return self._bad("bad_relay_frame")
+            return Expect("nothing")  # a relayed frame on no open channel: dropped
         try:
             message = decode(data)
         except ProtocolError as exc:

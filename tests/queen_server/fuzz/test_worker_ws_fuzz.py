@@ -48,7 +48,7 @@ async def test_bad_frames_after_the_welcome_get_typed_answers(tmp_path):
         # Every kind of bad frame was tried, and every kind of answer was seen.
         assert set(tally.by_kind) >= {"text", "binary", "json", "truncated", "wrong_types",
                                       "message", "job_frame", "oversized", "big"}
-        assert {"error unknown_job", "error invalid_json", "error binary_frame",
+        assert {"error unknown_job", "error invalid_json", "error bad_relay_frame",
                 "error unexpected_message", "close 1009"} <= set(tally.answers)
 
 

@@ -76,7 +76,7 @@ async def _answer(ws):
 @pytest.mark.parametrize(
     ("frame", "code", "job_id"),
     [
-        (b"\x00\x01", "binary_frame", ""),
+        (b"\x00\x01", "bad_relay_frame", ""),
         ("{broken", "invalid_json", ""),
         ('{"id": "j-7"}', "unknown_type", "j-7"),
         ('{"type": "chunk", "id": "j-8", "seq": -1, "data": {}}', "invalid_message", "j-8"),

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.queen_server.placement.group_harness import Groups, GroupSettings
 from tests.queen_server.placement.harness import Swarm
 from tests.support.fake_hub import make_gguf
 
@@ -23,3 +24,19 @@ async def swarm(header: bytes) -> AsyncIterator[Swarm]:
     yield made
     await made.service.stop()
     await made.catalog.close()
+
+
+@pytest.fixture(scope="module")
+def big_header(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    path = make_gguf(Path(tmp_path_factory.mktemp("gguf")) / "m.gguf", blocks=8,
+                     embedding=1024)
+    return path.read_bytes()
+
+
+@pytest.fixture
+async def groups(big_header: bytes) -> AsyncIterator[Groups]:
+    made = Groups(big_header, GroupSettings())
+    await made.pin()
+    yield made
+    await made.service.stop()
+    await made.swarm.catalog.close()

@@ -104,6 +104,7 @@ class FakeConnection:
                  broken: bool = False) -> None:
         self.key = key
         self.frames: list[Any] = []
+        self.binary: list[bytes] = []  # relayed data frames (model groups)
         self.sent = sent
         self.broken = broken
 
@@ -114,6 +115,11 @@ class FakeConnection:
         self.frames.append(message)
         if isinstance(message, Fetch):  # the queue is of fetches; demands stay in ``frames``
             self.sent.put_nowait((self.key, message))
+
+    async def send_bytes(self, frame: bytes) -> None:
+        if self.broken:
+            raise ConnectionResetError("the socket is gone")
+        self.binary.append(frame)
 
     async def send_job(self, job_id: str, openai_url: str, openai_req: dict[str, Any],
                        continuation: str | None = None) -> None:

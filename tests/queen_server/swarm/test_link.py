@@ -19,6 +19,7 @@ from queen_server.swarm.link import (
     GroupReport,
     QueenLink,
     Refuse,
+    RelayIn,
     Send,
     State,
     StatusChanged,
@@ -32,9 +33,11 @@ from shared_schema import (
     Demand,
     Fetch,
     FetchFailed,
+    GroupClose,
     GroupEnd,
     GroupFailed,
     GroupMemberReady,
+    GroupOpen,
     GroupReady,
     GroupServe,
     Hello,
@@ -52,6 +55,7 @@ from shared_schema import (
     decode,
     encode,
 )
+from shared_schema.groups import MAX_RELAY_PAYLOAD, RELAY_TAG, relay_frame
 from shared_schema.protocol import CLOSE_POLICY, MAX_CHUNK_TOKENS
 from tests.support.workers import LegacyWorker, new_key, signed_hello
 
@@ -599,3 +603,29 @@ def test_group_reports_are_handed_on_and_hostile_ones_refused():
         [error] = sent(link.receive(frame, 1.0))
         assert error["code"] == "invalid_message"
     assert link.bad_frames == 6
+
+
+def test_relayed_frames_are_handed_on_by_channel_and_bad_binary_frames_refused():
+    link, _ = admitted(max_bad_frames=10)
+    group = "0123456789abcdef"
+    for message in (GroupOpen(group=group, channel=7, member="m2"),
+                    GroupClose(group=group, channel=7, reason="done")):
+        assert link.receive(encode(message), 1.0) == [GroupReport(message)]
+    frame = relay_frame(7, b"\x00rpc bytes")
+    assert link.receive_bytes(frame, 2.0) == [RelayIn(7, frame)]
+    assert link.last_seen == 2.0  # relayed traffic keeps the worker alive
+    assert link.bad_frames == 0
+    # Another tag, no payload, channel 0, too much payload, or half a header: typed errors.
+    oversized = bytes((RELAY_TAG,)) + (1).to_bytes(4, "big") + b"x" * (MAX_RELAY_PAYLOAD + 1)
+    for bad in (b"\x02\x00\x00\x00\x07abc", relay_frame(7, b"x")[:5], b"\x01\x00\x00\x00\x00a",
+                oversized, b"\x01\x00"):
+        [error] = sent(link.receive_bytes(bad, 3.0))
+        assert error["code"] == "bad_relay_frame"
+    assert link.bad_frames == 5
+
+
+def test_a_binary_frame_before_the_welcome_is_refused():
+    link = new_link()
+    [refusal] = link.receive_bytes(relay_frame(1, b"x"), 0.0)
+    assert isinstance(refusal, Refuse)
+    assert refusal.code == "binary_frame"
