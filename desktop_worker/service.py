@@ -282,6 +282,7 @@ class WorkerService:
         rpc = self.rpc_probe
         joins = capabilities.RPC in worker_capabilities(settings, rpc)
         self.link.on_group = self.groups.receive if joins else None
+        self.link.on_relay = self.groups.relay if joins else None  # relayed channels' bytes
         # A worker that does not listen on its LAN (lan_groups off) cannot be reached directly
         # there, so it names no LAN.
         hint = (await asyncio.to_thread(lan_hint, urlsplit(settings.queen_url).hostname or "")

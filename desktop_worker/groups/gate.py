@@ -24,8 +24,9 @@ import logging
 import socket
 import ssl as ssl_module
 from collections import Counter
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from desktop_worker.errors import GroupLinkError
 from desktop_worker.groups import handshake
@@ -323,14 +324,19 @@ class PipeListener:
             self._server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        set_nodelay(writer)
+        await self._tracked(self._connection(reader, writer), writer)
+
+    async def _tracked(self, work: Coroutine[Any, Any, None], writer: ByteWriter) -> None:
+        """Runs one connection's ``work`` as a task ``stop()`` cancels, then closes ``writer``."""
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)  # type: ignore[arg-type]
         try:
             if self._closing:
+                work.close()
                 return
-            set_nodelay(writer)
-            await self._connection(reader, writer)
+            await work
         except asyncio.CancelledError:
             # ``stop()`` cancels this task; on Python 3.11 asyncio's stream callback calls
             # ``task.exception()`` on it, which would log a cancelled handler as an error.
@@ -348,7 +354,8 @@ class PipeListener:
 
 
 class MemberGate(PipeListener):
-    """Listens for the group's head and pipes it to ``127.0.0.1:target_port``.
+    """Listens for the group's head and pipes it to ``127.0.0.1:target_port``; or, never
+    started (the relayed route), serves the channels handed to ``serve_stream``.
 
     ``host`` stays 127.0.0.1 unless the caller passes a LAN address (LAN mode); ``port`` 0
     takes an ephemeral port (see ``address``). ``ssl`` makes the listener TLS (the direct route
@@ -405,9 +412,13 @@ class MemberGate(PipeListener):
                           writer: asyncio.StreamWriter) -> None:
         await self._handle(reader, writer, writer.get_extra_info("peername"))
 
-    async def _handle(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: object
-    ) -> None:
+    async def serve_stream(self, reader: ByteReader, writer: ByteWriter, peer: object) -> None:
+        """Serves one connection that did not come through this gate's listener (a relayed
+        channel: a relayed member's gate never listens): the same handshake, RPC dial and
+        pipe, counted in ``stats()``, ended by ``stop()``; ``writer`` is closed at the end."""
+        await self._tracked(self._handle(reader, writer, peer), writer)
+
+    async def _handle(self, reader: ByteReader, writer: ByteWriter, peer: object) -> None:
         if self._pending >= self.max_pending:
             await refuse(writer, "busy")
             self._note_refusal(peer, "busy")

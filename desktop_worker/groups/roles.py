@@ -1,15 +1,20 @@
 """This worker's part in the groups the queen forms (issue 19): it obeys ``GroupServe``,
 ``GroupLead`` and ``GroupEnd`` and answers ``GroupMemberReady``, ``GroupReady`` or
-``GroupFailed`` (``shared_schema/groups.py`` is the contract).
+``GroupFailed`` (``shared_schema/groups.py`` is the contract); on the relayed route it also
+opens, serves and closes channels through the queen (``GroupOpen``, ``GroupClose`` and binary
+data frames, ``relay.py``).
 
 A **member** starts llama.cpp's RPC server on 127.0.0.1 (``MemberServer``) and a gate before
 it (``MemberGate``, TLS with a throwaway certificate) that lets in only the head the queen
 named. The gate listens on 127.0.0.1, or on the LAN address towards the queen when the owner
-turned ``lan_groups`` on: nothing listens beyond loopback otherwise.
+turned ``lan_groups`` on: nothing listens beyond loopback otherwise. A **relayed** member
+(``route="relayed"``) listens nowhere at all: its gate serves each channel the queen opens for
+the head (``MemberGate.serve_stream``), the same handshake and pipe over the channel.
 
 A **head** checks it holds the model, dials every member's gate (``HeadDialer``: TLS pinned to
 the fingerprint the member reported, the link's token), and loads one head context through the
-worker's own pool (``GroupContexts`` makes it a ``GroupHead``), so a group's jobs run through
+worker's own pool (``GroupContexts`` makes it a ``GroupHead``; a relayed member gets a
+``RelayedDialer``, whose connections are channels through the queen), so a group's jobs run through
 the same job runner as any model's. A head that died (a member restarted its server, say) is
 made again over the same dialers on the next job; if that cannot be done the group is ``lost``.
 
@@ -31,28 +36,33 @@ from typing import Any, Literal
 
 from desktop_worker.engine.pool import ModelPool, ServableModel
 from desktop_worker.errors import GroupError, GroupLinkError, GroupLost, GroupPartFailed
-from desktop_worker.groups.dialer import HeadDialer
+from desktop_worker.groups.dialer import HeadDialer, RelayedDialer
 from desktop_worker.groups.gate import LOOPBACK, MemberGate
 from desktop_worker.groups.lan import local_address
 from desktop_worker.groups.lead import GroupBinding, GroupContexts, head_config, head_layers
 from desktop_worker.groups.member import MemberServer
+from desktop_worker.groups.relay import ChannelRefused, RelayTable
 from desktop_worker.groups.tls import SelfSignedIdentity
+from desktop_worker.link.machine import RelayData
 from shared_schema.groups import (
+    GroupClose,
     GroupEnd,
     GroupFailed,
     GroupLead,
     GroupMemberReady,
+    GroupOpen,
     GroupReady,
     GroupServe,
 )
 
 log = logging.getLogger(__name__)
 
-GroupMessage = GroupServe | GroupLead | GroupEnd
+GroupMessage = GroupServe | GroupLead | GroupEnd | GroupOpen | GroupClose
 GroupReport = GroupMemberReady | GroupReady | GroupFailed
-# Sends a worker-to-queen group frame on the session that carried the command (a no-op once
-# that connection is gone).
-Report = Callable[[GroupReport], Awaitable[None]]
+# Sends a worker-to-queen group frame on the session that carried the command: an answer, a
+# relayed channel's ``GroupOpen``/``GroupClose``, or its bytes (``RelayData``, a binary frame).
+# A no-op once that connection is gone.
+Report = Callable[[GroupReport | GroupOpen | GroupClose | RelayData], Awaitable[None]]
 
 RELINK_S = 20.0  # how long a new head waits for a member whose server is restarting
 RELINK_FIRST_PAUSE_S = 0.25
@@ -73,6 +83,7 @@ class GroupPart:
     server: MemberServer | None = None
     gate: MemberGate | None = None
     fingerprint: str | None = None
+    relayed: bool = False  # its gate serves channels through the queen and listens nowhere
     # a head's
     model: str | None = None
     dialers: list[HeadDialer] = field(default_factory=list)
@@ -95,10 +106,12 @@ class GroupRoles:
         queen_host: str = "",
         head_gpus: Callable[[], int] = lambda: 0,
         relink_s: float = RELINK_S,
+        channels: RelayTable | None = None,
     ) -> None:
         """``models(name)``: the model the store holds by that name, else None; ``head_gpus``:
         how many local GPUs a head offloads to (0: its own layers stay on its CPU);
-        ``queen_host``: whom the LAN address is found towards (``lan_groups``)."""
+        ``queen_host``: whom the LAN address is found towards (``lan_groups``); ``channels``:
+        this worker's relayed channels (a fresh table by default)."""
         self.pool = pool
         self.contexts = contexts
         self.models = models
@@ -107,6 +120,7 @@ class GroupRoles:
         self.queen_host = queen_host
         self.head_gpus = head_gpus
         self.relink_s = relink_s
+        self.channels = channels if channels is not None else RelayTable()
         self.part: GroupPart | None = None
         self._previous: GroupPart | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -114,7 +128,14 @@ class GroupRoles:
     # --- commands -------------------------------------------------------------------------
 
     def receive(self, message: GroupMessage, report: Report) -> None:
-        """The link's ``on_group``: act on a command (in tasks; never blocks the link)."""
+        """The link's ``on_group``: act on a command (in tasks; never blocks the link). A
+        channel's open or close takes effect at once, so the data after it finds it."""
+        if isinstance(message, GroupOpen):
+            self._open_channel(message, report)
+            return
+        if isinstance(message, GroupClose):
+            self.channels.remote_close(message.group, message.channel, message.reason)
+            return
         if isinstance(message, GroupEnd):
             why = "the queen ended it" + (f" ({message.reason})" if message.reason else "")
             self._spawn(self.end(message.group, why))
@@ -136,6 +157,11 @@ class GroupRoles:
                  else self._lead(part, message))
         part.task = self._spawn(self._run(part, setup))
 
+    async def relay(self, channel: int, payload: bytes) -> None:
+        """The link's ``on_relay``: bytes for a relayed channel, awaited (a channel whose
+        reader is behind makes this wait: the link reads no more until it catches up)."""
+        await self.channels.deliver(channel, payload)
+
     async def end(self, group: str, why: str) -> None:
         """``GroupEnd``: stop this worker's part of ``group``; any other group is ignored."""
         part = self.part
@@ -152,6 +178,7 @@ class GroupRoles:
 
     def session_ended(self) -> None:
         """The session that formed the group is gone: the group ends with it."""
+        self.channels.drop()  # a channel never outlives the websocket it runs over
         part = self.part
         if part is not None:
             self._spawn(self._end(part, "the link to the queen dropped"))
@@ -167,31 +194,76 @@ class GroupRoles:
     # --- a member -------------------------------------------------------------------------
 
     async def _serve(self, part: GroupPart, serve: GroupServe) -> None:
+        relayed = serve.route == "relayed"
+        token = bytes.fromhex(serve.token)
         try:
-            host = await self._listen_host()
+            host = LOOPBACK if relayed else await self._listen_host()
             server = part.server = MemberServer(n_threads=self.n_threads, devices=serve.devices)
             await server.start()
-            identity = await asyncio.to_thread(SelfSignedIdentity.generate)
-            context = await asyncio.to_thread(identity.server_context)
-            gate = part.gate = MemberGate(serve.group, serve.head, bytes.fromhex(serve.token),
-                                          server.port, host=host, ssl=context)
-            await gate.start()
+            if relayed:  # no listener at all: the queen brings the head's channels
+                gate = part.gate = MemberGate(serve.group, serve.head, token, server.port)
+                ready = GroupMemberReady(group=serve.group)
+            else:
+                identity = await asyncio.to_thread(SelfSignedIdentity.generate)
+                context = await asyncio.to_thread(identity.server_context)
+                gate = part.gate = MemberGate(serve.group, serve.head, token, server.port,
+                                              host=host, ssl=context)
+                await gate.start()
+                gate_host, gate_port = gate.address
+                part.fingerprint = identity.fingerprint
+                ready = GroupMemberReady(group=serve.group, host=gate_host, port=gate_port,
+                                         fingerprint=identity.fingerprint)
         except GroupPartFailed:
             raise
         except (GroupError, GroupLinkError, OSError) as exc:
             raise GroupPartFailed("server_failed", f"the RPC server or its gate did not "
                                   f"start: {exc}") from exc
-        gate_host, gate_port = gate.address
-        part.fingerprint = identity.fingerprint
-        log.info("group %s: serving %d layers of %s to head %s on %d device(s); gate on "
-                 "%s:%d (TLS), RPC server on %s", serve.group, serve.layers, serve.model,
-                 serve.head, serve.devices, gate_host, gate_port, server.endpoint)
+        where = ("relayed through the queen" if relayed
+                 else f"gate on {ready.host}:{ready.port} (TLS)")
+        log.info("group %s: serving %d layers of %s to head %s on %d device(s); %s, RPC "
+                 "server on %s", serve.group, serve.layers, serve.model, serve.head,
+                 serve.devices, where, server.endpoint)
+        part.relayed = relayed
         part.ready = True
-        await _send(part.report, GroupMemberReady(group=serve.group, host=gate_host,
-                                                  port=gate_port,
-                                                  fingerprint=identity.fingerprint))
+        await _send(part.report, ready)
         await server.gave_up.wait()
         raise GroupPartFailed("server_failed", server.failed or "the RPC server died")
+
+    def _open_channel(self, message: GroupOpen, report: Report) -> None:
+        """A head's channel to this member's gate, through the queen: served by the gate like
+        a connection; anything else is answered ``GroupClose`` at once."""
+        part = self.part
+        gate = part.gate if part is not None else None
+        why = self._channel_refusal(message, part)
+        if why is None and gate is not None:
+            try:
+                channel = self.channels.open(message.group, message.channel, report,
+                                             side="member")
+            except ChannelRefused as exc:
+                why = str(exc)
+            else:
+                self._spawn(gate.serve_stream(channel, channel,
+                                              f"relay channel {message.channel}"))
+                return
+        log.info("group %s: refused relayed channel %d: %s", message.group, message.channel,
+                 why)
+        self._spawn(_send(report, GroupClose(group=message.group, channel=message.channel,
+                                             reason=(why or "refused")[:200])))
+
+    def _channel_refusal(self, message: GroupOpen, part: GroupPart | None) -> str | None:
+        """Why this worker takes no channel ``message`` opens (None: it takes it)."""
+        if part is None or part.group != message.group:
+            return f"this worker is not in group {message.group}"
+        if part.role != "member" or not part.relayed:
+            return f"this worker is not a relayed member of group {message.group}"
+        if part.gate is None or not part.ready or part.ended:
+            return "this member is not ready"
+        existing = self.channels.get(message.channel)
+        if existing is not None:
+            # Our close ends that number at the queen and at the head: end ours with it.
+            existing.silence()
+            return f"channel {message.channel} was already open"
+        return None
 
     async def _listen_host(self) -> str:
         if not self.lan_groups:
@@ -221,15 +293,18 @@ class GroupRoles:
         head_layers(lead, n_layer, gpus)  # a plan that cannot work fails before any dialling
         part.model = lead.model
         for link in lead.members:
-            dialer = HeadDialer(lead.group, lead.head, bytes.fromhex(link.token), link.host,
-                                link.port, tls_fingerprint=link.fingerprint)
+            token = bytes.fromhex(link.token)
+            dialer = (RelayedDialer(lead.group, lead.head, token, link.worker_id, self.channels,
+                                    part.report) if link.relayed
+                      else HeadDialer(lead.group, lead.head, token, link.host, link.port,
+                                      tls_fingerprint=link.fingerprint))
             part.dialers.append(dialer)
             try:
                 await dialer.start()
                 await dialer.check()
             except (GroupLinkError, OSError) as exc:
-                raise GroupPartFailed("link_failed", f"member {link.worker_id} at "
-                                      f"{link.host}:{link.port}: {exc}") from exc
+                raise GroupPartFailed("link_failed", f"member {link.worker_id} "
+                                      f"({dialer.target}): {exc}") from exc
         config = head_config(lead, model_path=str(model.path), n_layer=n_layer,
                              endpoints=[d.endpoint for d in part.dialers], head_gpus=gpus,
                              n_threads=self.n_threads)
@@ -275,8 +350,7 @@ class GroupRoles:
                     break
                 except GroupLinkError as exc:
                     if loop.time() + pause > deadline:
-                        raise GroupLost(f"the member at {dialer.member_host}:"
-                                        f"{dialer.member_port} is gone: {exc}") from exc
+                        raise GroupLost(f"a member ({dialer.target}) is gone: {exc}") from exc
                 await asyncio.sleep(pause)  # a member's server restarting has no event to us
                 pause = min(pause * 2, 2.0)
 
@@ -345,6 +419,7 @@ class GroupRoles:
                 await asyncio.to_thread(head.close)
         if part.gate is not None:
             await part.gate.stop()
+        self.channels.drop(part.group)  # any channel not yet served or piped
         if part.server is not None:
             await part.server.stop()
 

@@ -31,9 +31,11 @@ from desktop_worker.link.machine import (
     DemandReceived,
     FetchModel,
     GroupCommand,
+    GroupUplink,
     HelloFor,
     Link,
     RefusedByQueen,
+    RelayData,
     Send,
     StartJob,
     State,
@@ -45,11 +47,11 @@ from shared_schema import (
     Demand,
     Fetch,
     FetchFailed,
+    GroupClose,
     GroupEnd,
     GroupFailed,
     GroupLead,
-    GroupMemberReady,
-    GroupReady,
+    GroupOpen,
     GroupServe,
     InvalidQueenUrl,
     Status,
@@ -106,10 +108,15 @@ class _Sink:
 
 # Reports a fetch that failed back to the queen (a no-op once the connection is gone).
 FetchReport = Callable[[FetchFailed], Awaitable[None]]
-# Sends a worker-to-queen group frame on the session that carried the command (issue 19; a
-# no-op once that connection is gone).
-GroupReport = Callable[[GroupMemberReady | GroupReady | GroupFailed], Awaitable[None]]
-GroupHandler = Callable[[GroupServe | GroupLead | GroupEnd, GroupReport], None]
+# Sends a worker-to-queen group frame on the session that carried the command (issue 19): an
+# answer, a relayed channel's open or close, or its bytes (``RelayData``, sent as binary
+# frames). A no-op once that connection is gone.
+GroupReport = Callable[[GroupUplink | RelayData], Awaitable[None]]
+GroupCommandMessage = GroupServe | GroupLead | GroupEnd | GroupOpen | GroupClose
+GroupHandler = Callable[[GroupCommandMessage, GroupReport], None]
+# Takes a relayed channel's bytes from the queen; awaited, so a full channel holds the read loop
+# (and TCP pushes back through the queen to the sender).
+RelayHandler = Callable[[int, bytes], Awaitable[None]]
 
 
 class LinkClient:
@@ -131,6 +138,7 @@ class LinkClient:
         on_demand: Callable[[Demand], None] | None = None,
         on_fetch: Callable[[Fetch, FetchReport], None] | None = None,
         on_group: GroupHandler | None = None,
+        on_relay: RelayHandler | None = None,
         on_session_end: Callable[[], None] | None = None,
     ) -> None:
         """``on_welcome`` is called with each session's welcome (also kept as ``welcome``):
@@ -139,8 +147,10 @@ class LinkClient:
         report its failure (without one, fetches are refused as ``not_allowed``). ``on_group``
         gets each group command with the way to answer it (without one, or while paused, a
         ``group_serve``/``group_lead`` is answered ``group_failed`` ``not_allowed``/``paused``
-        at once and a ``group_end`` is ignored); ``on_session_end`` is called when a welcomed
-        session ends (a group does not outlive the session that formed it).
+        at once, a ``group_open`` with ``group_close``, and a ``group_end`` or ``group_close`` is
+        ignored); ``on_relay`` gets each relayed data frame's channel and bytes, awaited (without
+        one they are dropped); ``on_session_end`` is called when a welcomed session ends (a
+        group, and every relayed channel, does not outlive the session that formed it).
 
         ``url`` is the queen's worker URL, or a list of them (replicas), tried in turn; ``url``
         is then the one being dialled or served."""
@@ -160,6 +170,7 @@ class LinkClient:
         self.on_demand = on_demand
         self.on_fetch = on_fetch
         self.on_group = on_group
+        self.on_relay = on_relay
         self.on_session_end = on_session_end
         self.demand: Demand | None = None  # the last one the queen sent
         # Why the owner paused this worker (None: not paused): no new jobs, said in the status.
@@ -267,6 +278,9 @@ class LinkClient:
                 await self._fetch(link, action.fetch)
             elif isinstance(action, GroupCommand):
                 await self._group(link, action.message)
+            elif isinstance(action, RelayData):
+                if self.on_relay is not None:
+                    await self.on_relay(action.channel, action.payload)
             elif isinstance(action, DemandReceived):
                 self.demand = action.demand
                 if self.on_demand is not None:
@@ -298,14 +312,25 @@ class LinkClient:
             return
         self.on_fetch(fetch, report)
 
-    async def _group(self, link: Link, message: GroupServe | GroupLead | GroupEnd) -> None:
-        async def report(answer: GroupMemberReady | GroupReady | GroupFailed) -> None:
-            if self._link is link:
+    async def _group(self, link: Link, message: GroupCommandMessage) -> None:
+        async def report(answer: GroupUplink | RelayData) -> None:
+            if self._link is not link:
+                return
+            if isinstance(answer, RelayData):
+                await self._act(link, link.relay_data(answer.channel, answer.payload))
+            else:
                 await self._act(link, link.group_report(answer))
 
-        if isinstance(message, GroupEnd):
-            if self.on_group is not None:  # an end for no group of ours is the handler's to drop
+        if isinstance(message, GroupEnd | GroupClose):
+            if self.on_group is not None:  # for no group of ours: the handler's to drop
                 self.on_group(message, report)
+            return
+        if isinstance(message, GroupOpen) and self.on_group is None:
+            await report(GroupClose(group=message.group, channel=message.channel,
+                                    reason="this worker does not join model groups"))
+            return
+        if isinstance(message, GroupOpen):  # paused or not: the handler knows its channels
+            self.on_group(message, report)
             return
         if self.on_group is None or self.paused:
             code = "paused" if self.paused else "not_allowed"

@@ -15,6 +15,10 @@ frame of that job is being sent, and the chunks made meanwhile wait in the job's
 until the adapter reports the frame sent (``chunk_sent``), then go as one joined frame (when
 the queen's welcome says it reads ``Chunk.tokens``). A result or error sends whatever still
 waits first, so nothing is lost or reordered.
+
+Every frame is JSON text but one kind: a model group's relayed data (issue 19) travels as
+binary frames (``shared_schema.groups.relay_frame``), read only once welcomed (``RelayData``);
+a binary frame that is not one is logged and ignored, like a bad text frame.
 """
 
 from __future__ import annotations
@@ -33,10 +37,12 @@ from shared_schema import (
     Demand,
     Fetch,
     FetchFailed,
+    GroupClose,
     GroupEnd,
     GroupFailed,
     GroupLead,
     GroupMemberReady,
+    GroupOpen,
     GroupReady,
     GroupServe,
     Hello,
@@ -53,6 +59,7 @@ from shared_schema import (
     decode,
     encode,
 )
+from shared_schema.groups import MAX_RELAY_PAYLOAD, parse_relay_frame, relay_frame
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +82,9 @@ class State(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Send:
-    frame: str
+    """A frame to send: text (a JSON message) or binary (a relayed data frame)."""
+
+    frame: str | bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +107,20 @@ class FetchModel:
 
 @dataclass(frozen=True, slots=True)
 class GroupCommand:
-    """The queen makes this worker a member or the head of a model group, or ends one
-    (issue 19); the worker answers with ``Link.group_report``."""
+    """The queen makes this worker a member or the head of a model group, ends one, or opens
+    or closes a relayed channel of one (issue 19); the worker answers with
+    ``Link.group_report`` (and ``Link.relay_data`` for a channel's bytes)."""
 
-    message: GroupServe | GroupLead | GroupEnd
+    message: GroupServe | GroupLead | GroupEnd | GroupOpen | GroupClose
+
+
+@dataclass(frozen=True, slots=True)
+class RelayData:
+    """Bytes on a relayed channel of a model group (issue 19): from the queen, the action a
+    binary frame becomes; to it, what ``Link.relay_data`` frames."""
+
+    channel: int
+    payload: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +160,9 @@ class Close:
     reason: str
 
 
-Action = (Send | StartJob | CancelJob | FetchModel | GroupCommand | DemandReceived | Welcomed
-          | RefusedByQueen | Close)
+Action = (Send | StartJob | CancelJob | FetchModel | GroupCommand | RelayData | DemandReceived
+          | Welcomed | RefusedByQueen | Close)
+GroupUplink = GroupMemberReady | GroupReady | GroupFailed | GroupOpen | GroupClose
 
 
 class Link:
@@ -177,6 +197,8 @@ class Link:
     # --- frames from the queen ----------------------------------------------------------------
 
     def receive(self, frame: str | bytes) -> list[Action]:
+        if isinstance(frame, bytes | bytearray | memoryview):
+            return self._binary(bytes(frame))
         try:
             message = decode(frame)
         except ProtocolError as exc:
@@ -204,6 +226,19 @@ class Link:
             return self._ready(message)
         return []
 
+    def _binary(self, frame: bytes) -> list[Action]:
+        """A binary frame: a relayed data frame of a model group, and only once welcomed."""
+        if self.state is not State.READY:
+            log.warning("ignored a binary frame from the queen in state %s", self.state.value)
+            return []
+        try:
+            channel, payload = parse_relay_frame(frame)
+        except ProtocolError as exc:
+            log.warning("ignored a bad binary frame from the queen (%s): %s", exc.code,
+                        exc.message)
+            return []
+        return [RelayData(channel, bytes(payload))]
+
     def _ready(self, message: Any) -> list[Action]:
         if isinstance(message, Job):
             if message.id in self.active:
@@ -221,7 +256,7 @@ class Link:
             return []
         if isinstance(message, Fetch):
             return [FetchModel(message)]
-        if isinstance(message, GroupServe | GroupLead | GroupEnd):
+        if isinstance(message, GroupServe | GroupLead | GroupEnd | GroupOpen | GroupClose):
             return [GroupCommand(message)]
         if isinstance(message, Demand):
             return [DemandReceived(message)]
@@ -305,12 +340,21 @@ class Link:
             return []
         return [Send(encode(failure))]
 
-    def group_report(self, message: GroupMemberReady | GroupReady | GroupFailed,
-                     ) -> list[Action]:
-        """This worker's answer about its part of a group (nothing unless connected)."""
+    def group_report(self, message: GroupUplink) -> list[Action]:
+        """This worker's answer about its part of a group, or a relayed channel's open or
+        close (nothing unless connected)."""
         if self.state is not State.READY:
             return []
         return [Send(encode(message))]
+
+    def relay_data(self, channel: int, payload: bytes) -> list[Action]:
+        """Bytes for relayed channel ``channel``: binary frames of at most
+        ``MAX_RELAY_PAYLOAD`` bytes each (nothing unless connected, nothing for no bytes)."""
+        if self.state is not State.READY:
+            return []
+        view = memoryview(payload)
+        return [Send(relay_frame(channel, bytes(view[start:start + MAX_RELAY_PAYLOAD])))
+                for start in range(0, len(view), MAX_RELAY_PAYLOAD)]
 
     def status(self, status: Status) -> list[Action]:
         if self.state is not State.READY:

@@ -104,7 +104,13 @@ class GroupRelay:
         self._usage.pop(group, None)
 
     def usage(self, group: str) -> RelayUsage:
-        return self._usage.get(group, RelayUsage())
+        """What ``group``'s channels carried: the closed ones' totals plus the open ones' bytes
+        so far (a few channels per member: the work does not grow with the swarm)."""
+        usage = self._usage.get(group, RelayUsage())
+        live = self._groups.get(group, {}).values()
+        return RelayUsage(usage.channels, usage.opened,
+                          usage.bytes_to_members + sum(c.bytes_to_member for c in live),
+                          usage.bytes_to_head + sum(c.bytes_to_head for c in live))
 
     def _drop(self, channel: Channel) -> None:
         for key in (channel.head.key, channel.member.key):

@@ -5,7 +5,9 @@ the operator keeps 176 MB of each free), so the queen forms a group: the worker 
 file leads, two others serve layers through their gates. A developer's answer is the one a
 single process writes, billed once and credited to the three by layers held. A member that
 leaves mid-answer ends the answer with an error, never a hang, and the queen forms a new group
-with the spare worker.
+with the spare worker. Both routes: workers with ``lan_groups`` on are linked directly (TLS
+gates on their LAN address); with it off (the default) nothing listens and the queen relays
+every byte between the head and its members over their websockets.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from desktop_worker.earnings import fetch_earnings
 from desktop_worker.groups.rpc import LlamaRpc
 from desktop_worker.service import WorkerService
 from desktop_worker.store import ModelStore
+from queen_server.groups import Route
 from queen_server.placement.groups import Group, Phase
 from tests.queen_server.billing.test_billing_api import funded_key
 from tests.support.fake_hub import FakeHub
@@ -36,7 +39,7 @@ pytestmark = [
 MESSAGES = ASK["messages"]  # max_tokens 40, greedy
 GROUPS = {"group_heads": "*", "group_reserve_mb": 176, "group_headroom_fraction": 0.0,
           "group_interval_s": 0.5, "group_setup_timeout_s": 60, "group_load_timeout_s": 120}
-MEMBER = {"memory_budget_mb": 256, "lan_groups": True, "threads": 1, "max_jobs": 1}
+MEMBER = {"memory_budget_mb": 256, "threads": 1, "max_jobs": 1}
 
 
 async def ready_group(queen: QueenHarness, without: str | None = None) -> Group:
@@ -55,7 +58,9 @@ def roles_of(services: dict[str, WorkerService], group: Group) -> list[str]:
     return [by_key[w.key] for w in group.parts]
 
 
-async def test_a_model_no_worker_holds_alone_is_served_by_a_group(tmp_path):
+@pytest.mark.parametrize("route", [Route.DIRECT, Route.RELAYED])
+async def test_a_model_no_worker_holds_alone_is_served_by_a_group(tmp_path, route):
+    member = {**MEMBER, "lan_groups": route is Route.DIRECT}
     with FakeHub(repos()) as hub:
         store = ModelStore(tmp_path / "head" / "models", endpoint=hub.url)
         await asyncio.to_thread(store.pull, MODEL)
@@ -64,18 +69,19 @@ async def test_a_model_no_worker_holds_alone_is_served_by_a_group(tmp_path):
                 contextlib.AsyncExitStack() as stack:
             services: dict[str, WorkerService] = {}
             services["head"] = await stack.enter_async_context(
-                worker(tmp_path, queen, hub, "head", store=store, **MEMBER))
+                worker(tmp_path, queen, hub, "head", store=store, **member))
             exits: dict[str, contextlib.AsyncExitStack] = {}
             for name in ("w1", "w2", "w3"):
                 exits[name] = await stack.enter_async_context(contextlib.AsyncExitStack())
                 services[name] = await exits[name].enter_async_context(
-                    worker(tmp_path, queen, hub, name, **MEMBER))
+                    worker(tmp_path, queen, hub, name, **member))
 
             group = await ready_group(queen)
             names = roles_of(services, group)
             assert names[0] == "head"  # the only worker holding the file leads
             assert len(names) == 3  # the fewest that hold it: one worker stays out
             members = names[1:]
+            assert [m.route for m in group.plan.members[1:]] == [route, route]
             for name in members:  # held out of routing while the group lives
                 assert queen.state.registry.get(services[name].identity.pubkey).held_by \
                     == group.id
@@ -92,6 +98,12 @@ async def test_a_model_no_worker_holds_alone_is_served_by_a_group(tmp_path):
                 assert part is not None
                 assert part.gate is not None
                 assert part.gate.stats().round_trips > 0  # the layers ran there
+            relayed = queen.state.groups.relay.usage(group.id)
+            if route is Route.RELAYED:  # every byte went through the queen, none otherwise
+                assert relayed.bytes_to_members > 1_000_000  # the weights, uploaded
+                assert relayed.bytes_to_head > 0
+            else:
+                assert relayed.opened == 0
             # Billed once, credited to the three by layers held.
             earned = {}
             for name in names:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,16 @@ import psutil
 from desktop_worker.engine.pool import ModelPool
 from desktop_worker.groups.lead import GroupContexts
 from desktop_worker.groups.roles import GroupRoles
+from desktop_worker.link.machine import RelayData
 from desktop_worker.store import ModelStore
-from shared_schema import GroupLead, GroupLink, GroupMemberReady, GroupServe
+from shared_schema import (
+    GroupClose,
+    GroupLead,
+    GroupLink,
+    GroupMemberReady,
+    GroupOpen,
+    GroupServe,
+)
 from tests.support.one_process import REAL
 
 N_LAYER = 30  # SmolLM2-135M's block count
@@ -27,13 +36,19 @@ ASK = {"model": "smol", "messages": [{"role": "user", "content": "Tell me about 
 
 
 class Reports:
-    """The frames a part reported, in order (the link's ``report``)."""
+    """The frames a part reported, in order (the link's ``report``). A relayed channel's
+    frames (``GroupOpen``, ``GroupClose``, ``RelayData``) go to ``relay`` instead, when set
+    (a switchboard's ``sender``), else they are recorded like the rest."""
 
-    def __init__(self) -> None:
+    def __init__(self, relay: Callable[[Any], Awaitable[None]] | None = None) -> None:
         self.sent: list[Any] = []
+        self.relay = relay
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
 
     async def __call__(self, message: Any) -> None:
+        if self.relay is not None and isinstance(message, GroupOpen | GroupClose | RelayData):
+            await self.relay(message)
+            return
         self.sent.append(message)
         self._queue.put_nowait(message)
 
@@ -83,8 +98,10 @@ def make_side(folder: Path, **roles_options: Any) -> Side:
     return Side(roles, pool, store)
 
 
-def serve_frame(group: str = GROUP, token: str = TOKEN, layers: int = 20) -> GroupServe:
-    return GroupServe(group=group, head=HEAD, token=token, layers=layers, model="smol")
+def serve_frame(group: str = GROUP, token: str = TOKEN, layers: int = 20,
+                route: str = "direct") -> GroupServe:
+    return GroupServe(group=group, head=HEAD, token=token, layers=layers, model="smol",
+                      route=route)
 
 
 def lead_frame(ready: GroupMemberReady, *, group: str = GROUP, token: str = TOKEN,

@@ -2,7 +2,9 @@
 scripted queen: a worker that does not join groups (no ``on_group``) or is paused answers
 ``group_serve``/``group_lead`` at once with ``group_failed``, ignores ``group_end``; one that
 joins gets each command with a report that answers on the same session, and hears when that
-session ends (its group must not outlive it)."""
+session ends (its group must not outlive it). On the relayed route, channels' bytes come and
+go as binary frames on that session, and a worker that does not join groups closes a channel
+the queen opens to it."""
 
 from __future__ import annotations
 
@@ -16,14 +18,17 @@ from websockets.asyncio.server import ServerConnection, serve
 from desktop_worker.jobs import JobRunner
 from desktop_worker.link.backoff import Backoff
 from desktop_worker.link.client import LinkClient
+from desktop_worker.link.machine import RelayData
 from shared_schema import (
     SUBPROTOCOL,
     Challenge,
+    GroupClose,
     GroupEnd,
     GroupFailed,
     GroupLead,
     GroupLink,
     GroupMemberReady,
+    GroupOpen,
     GroupServe,
     Hello,
     Ping,
@@ -31,6 +36,7 @@ from shared_schema import (
     decode,
     encode,
 )
+from shared_schema.groups import MAX_RELAY_PAYLOAD, parse_relay_frame, relay_frame
 from tests.support.workers import new_key, signed_hello
 
 GROUP = "ab" * 8
@@ -163,6 +169,92 @@ async def test_a_joining_worker_answers_on_the_session_and_hears_it_end(queen_at
             await ended.wait()
         # a report after the session ended goes nowhere and raises nothing
         await reports[0](GroupFailed(group=GROUP, code="lost"))
+    finally:
+        stop.set()
+        async with asyncio.timeout(20):
+            await task
+
+
+# --- the relayed route: group_open/group_close and binary data frames ---------------------------
+
+
+class RelayQueen:
+    """Welcomes one worker, opens channel 7 to it and sends it bytes on 7 and on a channel it
+    never opened, then records what comes back (text decoded, binary parsed) until a
+    ``group_close``."""
+
+    def __init__(self) -> None:
+        self.got: list[Any] = []
+        self.done = asyncio.Event()
+
+    async def handle(self, ws: ServerConnection) -> None:
+        await ws.send(encode(Challenge(nonce="ab" * 16)))
+        assert isinstance(decode(await ws.recv()), Hello)
+        await ws.send(encode(Welcome(session_id="s", worker_id="w", heartbeat_interval_s=15)))
+        await ws.send(encode(GroupOpen(group=GROUP, channel=7, member="w")))
+        await ws.send(relay_frame(7, b"challenge?"))
+        await ws.send(relay_frame(8, b"for no channel"))
+        await ws.send(b"\x02not a relay frame")
+        async for raw in ws:
+            if isinstance(raw, bytes):
+                channel, payload = parse_relay_frame(raw)
+                self.got.append((channel, bytes(payload)))
+                continue
+            message = decode(raw)
+            if message.type == "status":
+                continue
+            self.got.append(message)
+            if message.type == "group_close":
+                break
+        self.done.set()
+
+
+async def test_relayed_channels_go_both_ways_as_binary_frames_on_the_session(queen_at) -> None:
+    heard: list[Any] = []
+    reports: list[Any] = []
+    data: list[tuple[int, bytes]] = []
+
+    def on_group(message: Any, report: Any) -> None:
+        heard.append(message)
+        reports.append(report)  # bound to this session: it sends the channel's frames
+
+    async def on_relay(channel: int, payload: bytes) -> None:
+        data.append((channel, payload))
+        if payload == b"challenge?":
+            await reports[0](RelayData(channel, b"x" * (MAX_RELAY_PAYLOAD + 10)))  # two frames
+            await reports[0](GroupClose(group=GROUP, channel=channel, reason="done"))
+
+    queen = RelayQueen()
+    client = client_for(await queen_at(queen), on_group=on_group, on_relay=on_relay)
+    stop = asyncio.Event()
+    task = asyncio.create_task(client.run(stop))
+    try:
+        async with asyncio.timeout(20):
+            await queen.done.wait()
+    finally:
+        stop.set()
+        async with asyncio.timeout(20):
+            await task
+    assert heard == [GroupOpen(group=GROUP, channel=7, member="w")]
+    # the handler gets every well-formed data frame (the channel table drops unknown ones)
+    assert data == [(7, b"challenge?"), (8, b"for no channel")]
+    assert queen.got == [(7, b"x" * MAX_RELAY_PAYLOAD), (7, b"x" * 10),
+                         GroupClose(group=GROUP, channel=7, reason="done")]
+
+
+async def test_a_worker_that_does_not_join_groups_closes_a_channel_back(queen_at) -> None:
+    queen = RelayQueen()
+    await serve_once_until(client_for(await queen_at(queen)), queen)
+    assert queen.got == [GroupClose(group=GROUP, channel=7,
+                                    reason="this worker does not join model groups")]
+
+
+async def serve_once_until(client: LinkClient, queen: RelayQueen) -> None:
+    stop = asyncio.Event()
+    task = asyncio.create_task(client.run(stop))
+    try:
+        async with asyncio.timeout(20):
+            await queen.done.wait()
     finally:
         stop.set()
         async with asyncio.timeout(20):

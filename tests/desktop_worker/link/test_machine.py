@@ -85,7 +85,7 @@ def test_the_hello_is_signed_for_the_origin_dialled_whatever_the_queen_says():
     link, asked = _link()
     # A hostile queen naming another queen in its challenge (an extra field: ignored).
     challenge = Challenge(nonce=NONCE).model_dump() | {"origin": "https://victim.example"}
-    [action] = link.receive(orjson.dumps(challenge))
+    [action] = link.receive(orjson.dumps(challenge).decode())
     assert asked == [(NONCE, ORIGIN)]
     hello = decode(action.frame)
     payload = hello_signing_payload(NONCE, hello.pubkey, None, ORIGIN)
@@ -230,7 +230,7 @@ def test_fetch_and_demand_become_actions_and_a_welcome_carries_demand():
     assert link.receive(encode(fetch)) == [FetchModel(fetch)]
     assert link.receive(encode(demand)) == [DemandReceived(demand)]
     # A hostile queen's malformed fetch (a revision that is no commit) is ignored, not acted on.
-    bad = orjson.dumps(fetch.model_dump() | {"revision": "../../etc"})
+    bad = orjson.dumps(fetch.model_dump() | {"revision": "../../etc"}).decode()
     assert link.receive(bad) == []
     failure = FetchFailed(name="org/repo:Q4_0", code="disk_full", message="no room")
     [send] = link.fetch_failed(failure)
@@ -274,7 +274,7 @@ def test_group_commands_become_one_action_only_when_ready():
 ])
 def test_a_malformed_group_frame_is_ignored_like_any_bad_frame(kind, field, value):
     link = _ready()
-    bad = orjson.dumps(_group_frames()[kind].model_dump() | {field: value})
+    bad = orjson.dumps(_group_frames()[kind].model_dump() | {field: value}).decode()
     assert link.receive(bad) == []
     assert link.state is State.READY
 
@@ -284,7 +284,7 @@ def test_a_lead_naming_a_public_member_address_is_ignored():
     link = _ready()
     lead = _group_frames()[1].model_dump()
     lead["members"][0]["host"] = "8.8.8.8"
-    assert link.receive(orjson.dumps(lead)) == []
+    assert link.receive(orjson.dumps(lead).decode()) == []
 
 
 def test_group_reports_go_out_only_when_ready():
