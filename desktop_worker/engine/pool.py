@@ -212,6 +212,14 @@ class ModelPool:
             await self._run(_close_when_idle, context)
         log.info("unloaded %s", name)
 
+    async def unload_idle(self) -> list[str]:
+        """Unload every model no job is using now (a model group's member makes room for the
+        layers it serves, issue 19); a model busy with a job stays. Returns what went."""
+        idle = [name for name, entry in self._loaded.items() if entry.active == 0]
+        for name in idle:
+            await self.unload(name)
+        return idle
+
     # --- serving ------------------------------------------------------------------------------
 
     async def _acquire(self, name: str) -> tuple[_Loaded, LlamaContext]:

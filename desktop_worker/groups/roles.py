@@ -198,6 +198,12 @@ class GroupRoles:
         token = bytes.fromhex(serve.token)
         try:
             host = LOOPBACK if relayed else await self._listen_host()
+            # The layers it serves take the memory its pool's idle models hold (the queen
+            # planned with the whole budget); they load again on their next job.
+            freed = await self.pool.unload_idle()
+            if freed:
+                log.info("group %s: unloaded %s to make room for its layers", serve.group,
+                         ", ".join(sorted(freed)))
             server = part.server = MemberServer(n_threads=self.n_threads, devices=serve.devices)
             await server.start()
             if relayed:  # no listener at all: the queen brings the head's channels

@@ -104,3 +104,28 @@ def test_the_limit_never_goes_below_one_or_above_max_jobs() -> None:
         assert [pool.context_limit(n) for n in ("a", "b", "c")] == [1, 2, 2]
     finally:
         pool._executor.shutdown(wait=False)
+
+
+async def test_unload_idle_frees_every_model_but_the_one_mid_answer() -> None:
+    factory = Factory(expect=3)
+    pool = ModelPool(FakeModel, max_jobs=2, budget_mb=1 << 20, contexts=factory)
+
+    async def chunk(_: dict[str, Any]) -> None:
+        pass
+
+    try:
+        await pool.load("idle-a")
+        await pool.load("idle-b")
+        busy = asyncio.create_task(pool.chat("busy", {}, threading.Event(), chunk))
+        async with asyncio.timeout(10):
+            await factory.enough.wait()  # the busy model's context is made and answering
+        assert sorted(await pool.unload_idle()) == ["idle-a", "idle-b"]
+        assert pool.loaded() == {"busy"}
+        factory.gate.set()
+        async with asyncio.timeout(10):
+            await busy
+        assert await pool.unload_idle() == ["busy"]
+        assert pool.loaded() == set()
+    finally:
+        factory.gate.set()
+        await pool.close()
