@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
@@ -31,17 +30,14 @@ from shared_schema import (
     GroupReady,
 )
 from tests.desktop_worker.groups.roles_support import (
-    ASK,
     GROUP,
     HEAD,
     Side,
     children,
     lead_frame,
-    make_side,
     refused,
     serve_frame,
 )
-from tests.support.one_process import one_process_text as reference_text
 
 log = logging.getLogger(__name__)
 
@@ -49,22 +45,6 @@ pytestmark = pytest.mark.skipif(not LlamaRpc().probe().available,
                                 reason="llama.cpp built without its RPC backend")
 
 
-@pytest.fixture(scope="module")
-def one_process_text() -> str:
-    return reference_text(ASK)
-
-
-@pytest.fixture
-async def sides(tmp_path: Path):
-    made: list[Side] = []
-
-    def side(name: str, **options) -> Side:
-        made.append(make_side(tmp_path / name, **options))
-        return made[-1]
-
-    yield side
-    for one in made:
-        await one.close()
 
 
 async def member_ready(member: Side) -> GroupMemberReady:

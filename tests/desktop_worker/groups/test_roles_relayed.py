@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -34,15 +33,12 @@ from shared_schema import (
 )
 from tests.desktop_worker.groups.relay_support import Switchboard
 from tests.desktop_worker.groups.roles_support import (
-    ASK,
     GROUP,
     HEAD,
     Side,
     children,
-    make_side,
     serve_frame,
 )
-from tests.support.one_process import one_process_text as reference_text
 
 log = logging.getLogger(__name__)
 
@@ -50,22 +46,6 @@ pytestmark = pytest.mark.skipif(not LlamaRpc().probe().available,
                                 reason="llama.cpp built without its RPC backend")
 
 
-@pytest.fixture(scope="module")
-def one_process_text() -> str:
-    return reference_text(ASK)
-
-
-@pytest.fixture
-async def sides(tmp_path: Path):
-    made: list[Side] = []
-
-    def side(name: str, **options: Any) -> Side:
-        made.append(make_side(tmp_path / name, **options))
-        return made[-1]
-
-    yield side
-    for one in made:
-        await one.close()
 
 
 def wire(board: Switchboard, worker: str, side: Side) -> None:

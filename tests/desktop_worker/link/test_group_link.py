@@ -110,7 +110,7 @@ def client_for(url: str, **kwargs: Any) -> LinkClient:
     return LinkClient(url, hello_for, runner, backoff=Backoff(base_s=30), **kwargs)
 
 
-async def serve_once(client: LinkClient, queen: ScriptedQueen) -> None:
+async def serve_once(client: LinkClient, queen: ScriptedQueen | RelayQueen) -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(client.run(stop))
     try:
@@ -244,18 +244,7 @@ async def test_relayed_channels_go_both_ways_as_binary_frames_on_the_session(que
 
 async def test_a_worker_that_does_not_join_groups_closes_a_channel_back(queen_at) -> None:
     queen = RelayQueen()
-    await serve_once_until(client_for(await queen_at(queen)), queen)
+    await serve_once(client_for(await queen_at(queen)), queen)
     assert queen.got == [GroupClose(group=GROUP, channel=7,
                                     reason="this worker does not join model groups")]
 
-
-async def serve_once_until(client: LinkClient, queen: RelayQueen) -> None:
-    stop = asyncio.Event()
-    task = asyncio.create_task(client.run(stop))
-    try:
-        async with asyncio.timeout(20):
-            await queen.done.wait()
-    finally:
-        stop.set()
-        async with asyncio.timeout(20):
-            await task
