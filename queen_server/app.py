@@ -18,7 +18,6 @@ from queen_server import __version__, reports, web
 from queen_server.audits.service import AuditService
 from queen_server.audits.store import AuditStore
 from queen_server.billing.service import Billing
-from queen_server.billing.shares import split_parts
 from queen_server.catalog import ModelCatalog
 from queen_server.catalog.hub import HubFiles
 from queen_server.cluster.bus import RedisBus
@@ -95,7 +94,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     dispatcher = Dispatcher(registry, settings, DispatchStats(stats, metrics), known_size_class,
                             pinned=placement.pinned)
     groups = GroupService(settings, registry, catalog)
-    billing.split_parts = lambda parts, model: split_parts(parts, groups.credit_of(model))
+    dispatcher.groups = groups
     audits = AuditService(settings, registry, dispatcher, billing,
                           AuditStore(db.engine) if db is not None else None, metrics)
     state = QueenState(

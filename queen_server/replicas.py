@@ -69,7 +69,8 @@ class _Run:
         assigned = self._job.assigned
         if assigned is None:
             return None
-        return RemoteWorker(assigned.worker_key, assigned.worker_id, assigned.sha256)
+        return RemoteWorker(assigned.worker_key, assigned.worker_id, assigned.sha256,
+                            tuple((key, layers) for key, layers in assigned.shares))
 
     async def cancel(self, reason: str) -> None:
         await self._job.cancel(reason)
@@ -183,7 +184,8 @@ class Replicas:
             self._remember(job.job_id, worker.key, worker.public_id, job.model)
             held = worker.models.get(job.model)
             await emit(Assigned(worker_key=worker.earnings_key, worker_id=worker.public_id,
-                                sha256=held.sha256 if held is not None else None))
+                                sha256=held.sha256 if held is not None else None,
+                                shares=list(run.handle.shares)))
             event = run.first
             while True:
                 if isinstance(event, WorkerLost):

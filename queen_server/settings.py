@@ -213,6 +213,9 @@ class QueenSettings(BaseSettings):
     group_headroom_fraction: float = Field(default=0.10, ge=0, le=0.9)
     group_reserve_mb: int = Field(default=512, ge=0)
     group_retry_s: float = Field(default=300.0, ge=0)
+    # An answer whose group lost a worker mid-way waits this long for the group to re-form, then
+    # goes on on its head (the request's own deadline bounds it too).
+    group_failover_wait_s: float = Field(default=120.0, ge=0)
     # Carry group traffic through this queen for workers that cannot reach each other (other
     # LANs, NAT, ``lan_groups`` off): every token's RPC round trips cross the queen.
     group_relay: bool = True

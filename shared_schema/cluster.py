@@ -27,6 +27,8 @@ from shared_schema.base import WireModel
 from shared_schema.errors import ProtocolError
 from shared_schema.protocol import Chunk, JobError, Result
 
+MAX_GROUP_SHARES = 64  # parts of one model group named in an ``Assigned``
+
 
 class Accepted(WireModel):
     """A took the job (always seq 0): B's short first deadline becomes the idle deadline."""
@@ -36,13 +38,16 @@ class Accepted(WireModel):
 
 class Assigned(WireModel):
     """A gave the job to one of its workers (again after a failover on A): who it is, for B's
-    books (the worker's earnings key for ``Part`` and ``sent``), its logs, and B's own failover
-    (a twin must hold the same file: ``sha256``)."""
+    books (the worker's earnings key for ``Part`` and ``sent``, and its group's shares when it
+    heads one), its logs, and B's own failover (a twin must hold the same file: ``sha256``)."""
 
     type: Literal["assigned"] = "assigned"
     worker_key: str | None = None  # the earnings key; None for a legacy worker
     worker_id: str = ""  # the public id
     sha256: str | None = None
+    # A model group's head (issue 19): its group's (worker key, layers held), the head first,
+    # for B's books (``billing.shares.split_parts``).
+    shares: list[tuple[str, int]] = Field(default_factory=list, max_length=MAX_GROUP_SHARES)
 
 
 class KeepAlive(WireModel):
@@ -124,8 +129,8 @@ class ClusterOutcome(WireModel):
     ttft_s: float | None = Field(default=None, ge=0)
 
 
-QUERIES = ("totals", "workers", "worker", "worker_key", "jobs", "placements")
-Query = Literal["totals", "workers", "worker", "worker_key", "jobs", "placements"]
+QUERIES = ("totals", "workers", "worker", "worker_key", "jobs", "placements", "groups")
+Query = Literal["totals", "workers", "worker", "worker_key", "jobs", "placements", "groups"]
 
 
 class ClusterQuery(WireModel):

@@ -33,6 +33,7 @@ from queen_server.billing import ledger
 from queen_server.billing.keys import KeyRecord, KeyStore, hash_secret
 from queen_server.billing.limits import InProcessKeyLimits, KeyLimits, Lease, RedisKeyLimits
 from queen_server.billing.pricing import Price, PriceTable
+from queen_server.billing.shares import split_parts
 from queen_server.billing.store import LedgerStore, Refused
 from queen_server.errors import PaymentRequired, Unauthorized
 from queen_server.swarm.jobs import Part
@@ -140,8 +141,6 @@ class Billing:
         # No request lives longer than this: a reservation older is a dead replica's.
         self.stale_reservation_s = 2 * (settings.queue_timeout_s + settings.total_timeout_s) + 60
         self._last_sweep = 0.0
-        # Who shares a part (model groups: the head's part split by layers; see ``shares``).
-        self.split_parts: Callable[[Sequence[Part], str], Sequence[Part]] | None = None
         unverified = settings.unverified_price_class
         self.prices = (PriceTable.from_file(settings.prices_file, unverified)
                        if settings.prices_file else PriceTable(unverified_class=unverified))
@@ -383,8 +382,7 @@ class Billing:
             return
         if parts is None:
             parts = [Part(worker_key, prompt_tokens, completion_tokens, completed)]
-        if self.split_parts is not None:
-            parts = self.split_parts(parts, hold.model)
+        parts = split_parts(parts)  # a group head's part, one per member by layers held
         hold.closed = True
         await self.limits.release(hold.lease)
         state = self._states[hold.key_id]

@@ -2,20 +2,21 @@
 group that served it share the worker's part by the layers each held.
 
 Pure: ``split_parts`` takes the answer's parts (one per worker that delivered some of it, as
-failover already makes them) and a lookup of the group a worker headed, and returns the parts
-with each group head's part replaced by one per member. Token counts are split by the largest
-remainder, so the sums (what the developer is charged for) never change.
+failover already makes them; a group head's part carries the shares its group had when the
+head was given the job, ``swarm.jobs.Credit``) and returns them with each group head's part
+replaced by one per member. Token counts are split by the largest remainder, so the sums (what
+the developer is charged for) never change. Shares are taken when the job starts, not when the
+books close: a group that ends (or re-forms with other members, after a failover) before the
+answer is settled still credits the workers that did the work.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from queen_server.swarm.jobs import Part
+from queen_server.swarm.jobs import Part, Shares
 
 __all__ = ["Shares", "apportion", "split_parts"]
-
-Shares = Sequence[tuple[str, int]]  # (worker key, layers held), the head first
 
 
 def apportion(total: int, weights: Sequence[int]) -> list[int]:
@@ -36,14 +37,13 @@ def apportion(total: int, weights: Sequence[int]) -> list[int]:
     return shares
 
 
-def split_parts(parts: Sequence[Part], group_of: Callable[[str], Shares | None]
-                ) -> list[Part]:
-    """Each part of a worker that served the answer as a group's head becomes one part per
-    member, its tokens split by layers held; every other part is kept as it is."""
+def split_parts(parts: Sequence[Part]) -> list[Part]:
+    """Each part of a worker that served the answer as a group's head (its ``shares``) becomes
+    one part per member, its tokens split by layers held; every other part is kept as it is."""
     out: list[Part] = []
     for part in parts:
-        shares = group_of(part.worker_key) if part.worker_key is not None else None
-        weights = [layers for _, layers in shares or ()]
+        shares = part.shares if part.worker_key is not None else ()
+        weights = [layers for _, layers in shares]
         if not shares or sum(max(0, w) for w in weights) <= 0:
             out.append(part)
             continue

@@ -25,10 +25,10 @@ from queen_server.http.io import ClientGone, DisconnectGuard
 from queen_server.http.sse import stream_answer
 from queen_server.shaping.view import ChatView
 from queen_server.swarm.admission import Admission
-from queen_server.swarm.dispatch import JobRun
 from queen_server.swarm.jobs import choices_in
 from queen_server.swarm.metering import Meter
 from queen_server.swarm.relay import Delivered, assemble_chat, collect, message_text
+from queen_server.swarm.runs import JobRun
 from shared_schema import Result, capabilities
 
 if TYPE_CHECKING:

@@ -21,10 +21,11 @@ import orjson
 from queen_server.errors import ApiError
 from queen_server.shaping.base import Event
 from queen_server.shaping.view import ChatView
-from queen_server.swarm.dispatch import Dispatcher, JobRun, can_fail_over
+from queen_server.swarm.dispatch import Dispatcher
 from queen_server.swarm.jobs import JobEvent, WorkerLost
 from queen_server.swarm.metering import Meter
 from queen_server.swarm.relay import Delivered, failure, hand_over, message_text
+from queen_server.swarm.runs import JobRun, can_fail_over
 from shared_schema import Chunk, JobError, Result
 from shared_schema.answers import chunks_from_answer
 
@@ -99,7 +100,7 @@ async def stream_answer(
                     continue
                 if isinstance(item, Result):
                     parts, usage = answer.done(
-                        run.worker.earnings_key, item.usage,
+                        run.credit, item.usage,
                         None if answer.saw_chunk else message_text(item.data))
                     dispatcher.record_result(
                         run.handle, answer.last_worker_usage(item.usage, parts, usage),
@@ -151,6 +152,6 @@ async def stream_answer(
         # cancellation every loop turn, and this shield holds it off until the books are closed.
         with anyio.CancelScope(shield=True):
             # A no-op once the usage was charged; else the delivered tokens, as incomplete.
-            await finish(parts=answer.broken(run.worker.earnings_key, client_left=client_left))
+            await finish(parts=answer.broken(run.credit, client_left=client_left))
             if current is not None:
                 await current.finish()

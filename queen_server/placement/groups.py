@@ -17,8 +17,11 @@ relayed one: no address) within
 ``GroupReady`` within ``group_load_timeout_s`` puts it in routing for the model. A
 ``GroupFailed`` from any part, a part that leaves, or a deadline ends the group: every part is
 told ``GroupEnd``, the members are let go, and the model is planned again (without a worker
-that failed, for ``group_retry_s``). Jobs in flight on the head fail with a retryable error and
-the dispatcher's failover takes them.
+that failed, for ``group_retry_s``). A job in flight on the head fails with a retryable error;
+the dispatcher ends the group at once (``job_lost``), waits for the next ready group
+(``regrouped``, at most ``group_failover_wait_s``) and continues the answer on its head, as any
+failover does. Each job keeps the shares of the group that served it (``credit``), which is
+what its books credit, whatever the group becomes by the time they close.
 
 Only a worker the queen trusts leads (members run the graphs the head sends them): one the
 operator names in ``APIARY_GROUP_HEADS`` (``*``: any), or one in good standing with the audits;
@@ -40,11 +43,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from queen_server.billing.shares import Shares
 from queen_server.catalog import ModelCatalog
 from queen_server.errors import ModelLoading, NoCapacity
 from queen_server.groups import Candidate, GroupPlan, NoPlan, Route, plan_group
 from queen_server.placement.group_relay import GroupRelay
+from queen_server.swarm.jobs import Shares
 from queen_server.swarm.registry import Registry
 from queen_server.swarm.worker import Worker
 from shared_schema import (
@@ -138,7 +141,7 @@ class Group:
     @property
     def shares(self) -> Shares:
         """Who earns what share of an answer: (worker key, layers held), the head first."""
-        return [(m.key, m.layers) for m in self.plan.members]
+        return tuple((m.key, m.layers) for m in self.plan.members)
 
 
 class GroupService:
@@ -154,6 +157,7 @@ class GroupService:
         self.outcomes: dict[str, str] = {}  # model -> the last planning's outcome, in words
         self._cooldown: dict[str, float] = {}  # worker key -> not in a plan until
         self._wake = asyncio.Event()
+        self._changed = asyncio.Event()  # set (and replaced) on every change ``regrouped`` reads
         self._loop: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.relay = GroupRelay(registry, max_channels=settings.group_relay_channels)
@@ -169,14 +173,49 @@ class GroupService:
         group = self.by_model.get(model)
         return group is not None and group.phase is Phase.READY and group.head is worker
 
-    def credit_of(self, model: str) -> Callable[[str], Shares | None]:
-        """For billing (``billing.shares.split_parts``): the shares of the group whose head
-        served ``model``, by the head's key."""
+    def credit(self, worker: Worker, model: str) -> tuple[str, Shares]:
+        """For a job given to ``worker`` (``swarm.grouping.GroupJobs``): the id and shares of
+        the ready group it heads for ``model``, kept on the job for its books and failover;
+        ("", ()) when it serves the model alone."""
         group = self.by_model.get(model)
-        if group is None or group.phase is not Phase.READY:
-            return _no_group
-        head, shares = group.head.key, group.shares
-        return lambda key: shares if key == head else None
+        if group is None or group.phase is not Phase.READY or group.head is not worker:
+            return "", ()
+        return group.id, group.shares
+
+    def job_lost(self, group_id: str, worker: Worker, reason: str) -> None:
+        """The head of ``group_id`` failed a job mid-answer (a part of its group was lost, it
+        was paused, or it crashed): end the group now, if it still lives, rather than wait for
+        its own report. Only the group's head can, and it could end its group anyway."""
+        group = self.groups.get(group_id)
+        if group is not None and group.head is worker:
+            self.end(group, f"worker {worker.public_id}, its head, {reason}")
+
+    async def regrouped(self, model: str, timeout_s: float) -> str | None:
+        """Wait, at most ``timeout_s``, for a ready group of ``model`` (an answer whose group
+        ended goes on on the next one's head): None once there is one; else why not, in words,
+        as soon as the planner finds no group can serve the model any more."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            group = self.by_model.get(model)
+            if group is not None and group.phase is Phase.READY:
+                return None
+            if model not in self.group_only:
+                return self.outcomes.get(model, "no group can serve the model now")
+            changed = self._changed
+            left = deadline - loop.time()
+            if left <= 0:
+                return (f"no group was ready within {timeout_s:.0f} s "
+                        f"({self.outcomes.get(model, 'planning')})")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await changed.wait()
+
+    def _notify(self) -> None:
+        """A group became ready or ended, or a model lost its group-only standing: wake
+        every ``regrouped`` wait to look again."""
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     def prepare(self, model: str) -> None:
         """A request for ``model`` found no worker in routing: while its group forms, a 503
@@ -387,6 +426,7 @@ class GroupService:
         group.ready_at = self.clock()
         self.outcomes[group.model] = f"group {group.id} ready"
         self.registry.models_changed(group.head)
+        self._notify()
         log.info("group %s serves %s: ready %.1f s after it was planned (the head loaded it in "
                  "%.1f s)", group.id, group.model, group.ready_at - group.started,
                  group.load_s or 0.0)
@@ -419,6 +459,7 @@ class GroupService:
         frame = encode(GroupEnd(group=group.id, reason=reason[:400]))
         self._spawn(self._tell_end([w for w in group.parts if not w.closed], frame))
         self._wake.set()
+        self._notify()
 
     async def _tell_end(self, workers: list[Worker], frame: str) -> None:
         for worker in workers:
@@ -498,6 +539,7 @@ class GroupService:
             self.group_only.add(model)
         else:
             self.group_only.discard(model)
+            self._notify()
         for worker in self.registry:
             if model in worker.cached:
                 self.registry.models_changed(worker)
@@ -524,6 +566,3 @@ class GroupService:
 def _part_of(group: Group, worker: Worker) -> bool:
     return worker is group.head or group.members.get(worker.key) is worker
 
-
-def _no_group(_key: str) -> Shares | None:
-    return None

@@ -19,7 +19,6 @@ import math
 import random
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from queen_server.errors import (
@@ -31,15 +30,12 @@ from queen_server.errors import (
 from queen_server.swarm.admission import IN_FLIGHT, Admission, CallerLimits
 from queen_server.swarm.eligibility import Eligibility, Scores
 from queen_server.swarm.elsewhere import REPLICA_PREFIX, Elsewhere, RemoteRun, view_of
-from queen_server.swarm.jobs import (
-    JobEvent,
-    JobHandle,
-    WorkerLost,
-    answer_budget,
-)
+from queen_server.swarm.grouping import GroupJobs, NoGroups
+from queen_server.swarm.jobs import Credit, JobEvent, JobHandle, WorkerLost, answer_budget
 from queen_server.swarm.registry import Registry
+from queen_server.swarm.runs import JobRequest, JobRun, can_fail_over
 from queen_server.swarm.worker import Connection, Worker
-from shared_schema import JobError, Usage
+from shared_schema import Usage
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +43,8 @@ log = logging.getLogger(__name__)
 CANCEL_GRACE_S = 5.0
 # The longest Retry-After a shed request is told (the estimate behind it can be far off).
 MAX_RETRY_AFTER_S = 300
+# How many times one answer may wait for its model group to re-form after losing a part.
+MAX_REGROUPS = 2
 
 
 class DispatchSettings(Protocol):
@@ -72,6 +70,10 @@ class DispatchSettings(Protocol):
     def max_queued_per_key(self) -> int:
         """Jobs one caller may have waiting in the admission queue (0: no limit); read only
         for a job started with an ``Admission``."""
+        ...
+    @property
+    def group_failover_wait_s(self) -> float:
+        """How long an answer whose model group lost a part waits for it to re-form."""
         ...
     @property
     def max_concurrent_per_key(self) -> int:
@@ -114,77 +116,6 @@ class JobStats(Protocol):
         ...
 
 
-@dataclass(slots=True)
-class JobRequest:
-    """What the client asked for, kept for every attempt and every failover of one answer."""
-
-    job_id: str
-    model: str
-    openai_url: str
-    openai_req: dict[str, Any]
-    stream: bool
-    deadline: float  # the loop time by which the whole answer must be done
-    tried: set[str] = field(default_factory=set)  # workers that failed this request
-    attempts: int = 0
-    # False for a billed job when the ``legacy_workers`` setting is "unbilled": no legacy
-    # worker, whose answers the queen cannot verify, may take it (nor a retry or failover of it).
-    legacy_ok: bool = True
-    billed: bool = False  # the caller pays (what another replica is told, to decide the same)
-    # The capabilities a worker needs for this request, each with the field that needs it
-    # (``shared_schema.capabilities.needs``): only such workers take it, retries and twins too.
-    needs: Mapping[str, str] = field(default_factory=dict)
-    # Replicas (issue 18): a job another replica sent here is served here or not at all;
-    # replicas that failed this request; the file a continuation's twin must hold.
-    local_only: bool = False
-    tried_replicas: set[str] = field(default_factory=set)
-    twin_sha256: str | None = None
-
-
-class JobRun:
-    """A job under way on one worker, with its first event already received. ``worker`` is the
-    directory entry of the worker it was leased to (still readable after the worker left)."""
-
-    __slots__ = ("_dispatcher", "first", "handle", "request", "worker")
-
-    def __init__(
-        self,
-        dispatcher: Dispatcher,
-        worker: Worker,
-        handle: JobHandle,
-        first: JobEvent,
-        request: JobRequest,
-    ) -> None:
-        self._dispatcher = dispatcher
-        self.worker = worker
-        self.handle = handle
-        self.first = first
-        self.request = request
-
-    async def next(self) -> JobEvent:
-        """The next event of the job; ``GatewayTimeout`` past the total deadline."""
-        try:
-            return await self.handle.next(self.request.deadline)
-        except TimeoutError:
-            self._dispatcher.record_failure(self.handle, "timeout")
-            raise GatewayTimeout("the worker did not finish the answer in time") from None
-
-    def record_failure(self, outcome: str) -> None:
-        self._dispatcher.record_failure(self.handle, outcome)
-
-    def take_ready(self) -> list[JobEvent]:
-        return self.handle.take_ready()
-
-    async def finish(self, reason: str = "client went away") -> None:
-        """End the lease; if the job has not ended, cancel it on the worker first."""
-        await self._dispatcher.end(self.handle, reason)
-
-
-def can_fail_over(event: JobEvent) -> bool:
-    """Whether a failure mid-answer may be continued on another worker: the worker was lost,
-    or it gave up with an error it marked retryable (not a bad request)."""
-    return isinstance(event, WorkerLost) or (isinstance(event, JobError) and event.retryable)
-
-
 class Dispatcher:
     def __init__(
         self,
@@ -204,6 +135,7 @@ class Dispatcher:
         self.rng = rng or random.Random()
         self.callers = CallerLimits()
         self.elsewhere: Elsewhere | None = None  # the other replicas, when there are any
+        self.groups: GroupJobs = NoGroups()  # model groups (issue 19), when the queen forms them
         self._remote: dict[str, JobHandle] = {}  # handles of jobs on other replicas, by id
         self.eligibility = Eligibility(registry, pinned)
         registry.free.score = Scores(stats.speeds_for, size_class_of).score
@@ -248,7 +180,7 @@ class Dispatcher:
         stream: bool,
         billed: bool = False,
         admission: Admission | None = None,
-        sent: Callable[[str | None], None] | None = None,
+        sent: Callable[[Credit], None] | None = None,
         needs: Mapping[str, str] | None = None,
         local_only: bool = False,
         continuation: str | None = None,
@@ -259,7 +191,7 @@ class Dispatcher:
         the caller pays for it (``Principal.billed``), which may keep it off legacy workers.
         ``admission``: the caller's ticket from ``admit``; while the job waits for a worker it
         holds one of the caller's ``max_queued_per_key`` places (429 when none is left).
-        The ticket stays the caller's to ``leave``. ``sent(earnings key)`` is told each time a
+        The ticket stays the caller's to ``leave``. ``sent(credit)`` is told each time a
         worker is given the job (it reads the prompt from then on), so that a client who
         leaves before the first event still pays for the prompt read for it. ``needs``: the
         capabilities a worker must have (``capabilities.needs``), each with the field that
@@ -280,10 +212,18 @@ class Dispatcher:
         """Continue an answer whose worker failed mid-way on a twin: a worker that holds the same
         model file (same sha256) and can continue another worker's text. Call after ending
         ``run``'s lease. With nothing delivered yet, any worker of the model will do (a plain
-        retry). Raises ``WorkerFailed`` when no twin is left."""
+        retry). Raises ``WorkerFailed`` when no twin is left.
+
+        A model group's head (``handle.group``) that failed has lost a part of its group (or
+        was paused, or crashed): the group is ended, and the answer waits (at most
+        ``group_failover_wait_s``, ``MAX_REGROUPS`` times) for the queen to form another and
+        goes on on its head, which may be the same worker."""
         request = run.request
-        request.tried.add(run.worker.key)
         self.stats.failed_over()
+        if run.handle.group and request.regroups < MAX_REGROUPS:
+            await self._regroup(request, run.handle.group, run.worker)
+        else:
+            request.tried.add(run.worker.key)
         if not delivered_text:
             return await self._launch(request, self.settings.max_attempts)
         descriptor = run.worker.models.get(request.model)
@@ -300,6 +240,18 @@ class Dispatcher:
                                   accept=Eligibility.twin(request.model, sha256),
                                   continuation=delivered_text, openai_req=openai_req)
 
+    async def _regroup(self, request: JobRequest, group: str, head: Worker) -> None:
+        """The head of ``group`` failed ``request``: end the group, and wait for another."""
+        request.regroups += 1
+        self.groups.job_lost(group, head, "its head failed a job")
+        remaining = request.deadline - asyncio.get_running_loop().time()
+        why = await self.groups.regrouped(
+            request.model, max(0.0, min(self.settings.group_failover_wait_s, remaining)))
+        if why is not None:
+            raise WorkerFailed(f"the group of workers serving '{request.model}' lost a worker "
+                               f"mid-answer and no new group took over: {why}",
+                               code="worker_lost")
+
     async def _launch(
         self,
         request: JobRequest,
@@ -309,7 +261,7 @@ class Dispatcher:
         continuation: str | None = None,
         openai_req: dict[str, Any] | None = None,
         admission: Admission | None = None,
-        sent: Callable[[str | None], None] | None = None,
+        sent: Callable[[Credit], None] | None = None,
     ) -> JobRun:
         """Up to ``attempts`` tries on the best acceptable workers not tried yet, until one
         sends the answer's first event. Only a first start passes ``admission``: a failover
@@ -329,12 +281,14 @@ class Dispatcher:
                          handle.worker_id, last_error)
                 self.record_failure(handle, "worker_lost" if isinstance(first, WorkerLost)
                                     else first.code)
-                if isinstance(target, str):
-                    request.tried_replicas.add(target)
-                else:
-                    tried.add(worker.key)
                 await self.end(handle, "retrying elsewhere")
                 self.stats.retried()
+                if isinstance(target, str):
+                    request.tried_replicas.add(target)
+                elif handle.group and request.regroups < MAX_REGROUPS:
+                    await self._regroup(request, handle.group, worker)
+                else:
+                    tried.add(worker.key)
                 continue
             return JobRun(self, worker, handle, first, request)
         raise WorkerFailed(
@@ -347,7 +301,7 @@ class Dispatcher:
         target: tuple[Worker, Connection, bool] | str,
         body: dict[str, Any],
         continuation: str | None = None,
-        sent: Callable[[str | None], None] | None = None,
+        sent: Callable[[Credit], None] | None = None,
     ) -> tuple[JobHandle, JobEvent, Worker]:
         """Give the job to ``target`` and wait for its first event: a local worker (leased
         here, its slot ``reserved`` for the job if it waited for it) or another replica (the
@@ -389,12 +343,13 @@ class Dispatcher:
             handle = JobHandle(job_id, request.model, worker.key, loop.time(),
                                worker_id=worker.public_id, cancel=connection.send_cancel,
                                budget=budget)
+            handle.group, handle.shares = self.groups.credit(worker, request.model)
             self.registry.lease(worker, handle, reserved=reserved)
 
             async def send() -> None:
                 await connection.send_job(handle.id, request.openai_url, body, continuation)
                 if sent is not None:
-                    sent(worker.earnings_key)
+                    sent(Credit(worker.earnings_key, handle.shares))
 
         first_deadline = deadline
         if request.stream:
@@ -419,10 +374,12 @@ class Dispatcher:
             first = WorkerLost(f"sending the job failed: {exc}")
         handle.first_at = loop.time()
         if isinstance(target, str):  # now the serving replica has said whose worker it is
-            worker = view_of(runs[0].worker if runs else None, target, request.model)
+            remote = runs[0].worker if runs else None
+            worker = view_of(remote, target, request.model)
             handle.worker_key, handle.worker_id = worker.key, worker.public_id
+            handle.shares = remote.shares if remote is not None else ()
             if sent is not None and runs and not can_fail_over(first):
-                sent(worker.earnings_key)
+                sent(Credit(worker.earnings_key, handle.shares))
         return handle, first, worker
 
     async def start_on(self, worker: Worker, job_id: str, model: str, openai_url: str,

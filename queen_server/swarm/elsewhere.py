@@ -19,7 +19,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from queen_server.swarm.jobs import JobHandle
+from queen_server.swarm.jobs import JobHandle, Shares
 from queen_server.swarm.worker import Worker
 from shared_schema import CAPABILITY_CONTINUE, ModelDescriptor
 
@@ -29,11 +29,12 @@ REPLICA_PREFIX = "replica:"  # a remote job's handle names its replica until a w
 @dataclass(frozen=True, slots=True)
 class RemoteWorker:
     """The worker another replica gave a job to: its earnings key (None: legacy), public id,
-    and the sha256 of the model file it holds."""
+    the sha256 of the model file it holds, and its model group's shares if it heads one."""
 
     key: str | None
     public_id: str
     sha256: str | None
+    shares: Shares = ()
 
 
 class RemoteRun(Protocol):

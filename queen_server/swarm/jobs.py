@@ -90,15 +90,31 @@ def answer_budget(openai_req: Mapping[str, Any], default_max_tokens: int = DEFAU
     return tokens * per_token + BUDGET_SLACK_CHARS * choices_in(openai_req)
 
 
+# Who shares a model group's answer (issue 19): (worker key, layers held), the head first.
+Shares = tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    """Whom one attempt of a job is credited to: the worker's earnings key (None: not paid)
+    and, when it served as a model group's head, the group's shares as they were when it was
+    given the job (a group that ends or re-forms later does not change who did the work)."""
+
+    key: str | None
+    shares: Shares = ()
+
+
 @dataclass(frozen=True, slots=True)
 class Part:
     """What one worker did for one request. A request that failed over mid-answer has one part
-    per worker; the developer pays for their sum once, and each worker is credited its own."""
+    per worker; the developer pays for their sum once, and each worker is credited its own. A
+    group head's part carries its group's ``shares`` (``billing.shares.split_parts``)."""
 
     worker_key: str | None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     completed: bool = True  # the worker ended the answer (counts as a job for its record)
+    shares: Shares = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,11 +197,13 @@ class JobHandle(Mailbox):
         "chunk_cap",
         "finished",
         "first_at",
+        "group",
         "id",
         "model",
         "on_end",
         "replica",
         "room",
+        "shares",
         "started_at",
         "worker_id",
         "worker_key",
@@ -216,6 +234,8 @@ class JobHandle(Mailbox):
         self.budget = answer_budget({}) if budget is None else budget
         self.room = self.budget  # what is left of the budget (the link takes from it)
         self.chunk_cap = min(self.budget, MAX_CHUNK_CHARS)
+        self.group = ""  # the model group its worker headed when given the job, if any
+        self.shares: Shares = ()  # that group's shares then (``Credit``)
         self._cancel = cancel
         super().__init__()
 

@@ -17,9 +17,10 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from queen_server.errors import ApiError, InvalidRequest, WorkerFailed
-from queen_server.swarm.dispatch import Dispatcher, JobRun, can_fail_over
-from queen_server.swarm.jobs import Part, WorkerLost
+from queen_server.swarm.dispatch import Dispatcher
+from queen_server.swarm.jobs import Credit, Part, WorkerLost
 from queen_server.swarm.metering import UNBOUNDED, Meter, content_text, counted, utf8_bytes
+from queen_server.swarm.runs import JobRun, can_fail_over
 from shared_schema import Chunk, JobError, Result, Usage
 from shared_schema.answers import CHAT_ANSWER, STOP, AnswerStamp, message_choice
 
@@ -67,7 +68,7 @@ class Delivered:
         self.single = True  # only choice 0 seen: a continuation is well defined
         self.finish_reason: str | None = None
         self.started = False  # a worker has the job (it has read the prompt, or is reading it)
-        self.serving: str | None = None  # that worker's earnings key (None: it is not paid)
+        self.serving = Credit(None)  # whom that worker's part is credited to
         # The log probabilities of the text so far, when the answer carries them (a plain
         # answer's checkpoints do): a twin's whole answer only has those of its own text.
         self.logprobs: list[Any] | None = None
@@ -77,9 +78,9 @@ class Delivered:
     def text(self) -> str:
         return "".join(self._text)
 
-    def sent(self, worker_key: str | None) -> None:
+    def sent(self, credit: Credit) -> None:
         """A worker was given the job (``Dispatcher.start``'s ``sent``)."""
-        self.started, self.serving = True, worker_key
+        self.started, self.serving = True, credit
 
     @property
     def delivered_tokens(self) -> int:
@@ -118,10 +119,10 @@ class Delivered:
         """Bytes of the text the current worker has delivered."""
         return utf8_bytes("".join(self._text[self._part_start:]))
 
-    def lost(self, worker_key: str | None) -> None:
+    def lost(self, credit: Credit) -> None:
         """The current worker failed: close its part and continue from the text so far."""
-        self.parts.append(Part(worker_key, 0, min(self.tokens, self._part_bytes()),
-                               completed=False))
+        self.parts.append(Part(credit.key, 0, min(self.tokens, self._part_bytes()),
+                               completed=False, shares=credit.shares))
         self.tokens = 0
         self._part_start = len(self._text)
         self.continuing = True
@@ -129,10 +130,10 @@ class Delivered:
         self.carried_logprobs = None if self.logprobs is None else list(self.logprobs)
 
     def done(
-        self, worker_key: str | None, usage: Usage, final_text: str | None = None
+        self, credit: Credit, usage: Usage, final_text: str | None = None
     ) -> tuple[list[Part], Usage]:
-        """The answer ended on ``worker_key``: every worker's part, and the answer's usage, as
-        the queen bills them (``Meter.bill``: the worker's claim, bounded).
+        """The answer ended on the worker ``credit`` names: every worker's part, and the
+        answer's usage, as the queen bills them (``Meter.bill``: the worker's claim, bounded).
 
         ``final_text`` is what the last worker delivered in its result (a whole answer); None
         when it delivered its text in chunks. The last worker read the continuation as prompt;
@@ -141,16 +142,17 @@ class Delivered:
         delivered = self._part_bytes() if final_text is None else utf8_bytes(final_text)
         if not self.parts:
             billed = self.meter.bill(usage, delivered)
-            return [Part(worker_key, billed.prompt_tokens, billed.completion_tokens)], billed
+            return [Part(credit.key, billed.prompt_tokens, billed.completion_tokens,
+                         shares=credit.shares)], billed
         before = sum(part.completion_tokens for part in self.parts)
         first = self.parts[0]
         last = min(usage.completion_tokens, self.meter.completion_bound(delivered))
         parts = [
             Part(first.worker_key,
                  min(max(0, usage.prompt_tokens - before), self.meter.prompt_bound),
-                 first.completion_tokens, completed=False),
+                 first.completion_tokens, completed=False, shares=first.shares),
             *self.parts[1:],
-            Part(worker_key, 0, last),
+            Part(credit.key, 0, last, shares=credit.shares),
         ]
         prompt = parts[0].prompt_tokens
         completion = sum(part.completion_tokens for part in parts)
@@ -169,17 +171,17 @@ class Delivered:
         prompt = min(claimed.prompt_tokens, self.meter.prompt_bound + before)
         return counted(prompt, completion)
 
-    def broken(self, worker_key: str | None, *, client_left: bool = False) -> list[Part]:
+    def broken(self, credit: Credit, *, client_left: bool = False) -> list[Part]:
         """The parts of an answer that ended early (client gone, no twin, timeout): the tokens
         each worker delivered. A client that left also pays the prompt the swarm read for it
         (no usage came, so the hold's estimate, within the bound), credited to the first worker;
         an answer the swarm failed to finish charges no prompt."""
-        parts = [*self.parts, Part(worker_key, 0, min(self.tokens, self._part_bytes()),
-                                   completed=False)]
+        parts = [*self.parts, Part(credit.key, 0, min(self.tokens, self._part_bytes()),
+                                   completed=False, shares=credit.shares)]
         if client_left:
             first = parts[0]
             parts[0] = Part(first.worker_key, self.meter.prompt_estimate,
-                            first.completion_tokens, completed=False)
+                            first.completion_tokens, completed=False, shares=first.shares)
         return [part for part in parts if part.completion_tokens or part.prompt_tokens]
 
 
@@ -205,7 +207,7 @@ def _tokens_in(data: dict[str, Any], tokens: int) -> int:
 async def hand_over(run: JobRun, answer: Delivered, dispatcher: Dispatcher) -> JobRun:
     """The worker of ``run`` failed mid-answer: close its part, end its lease, and go on with
     the answer on a twin (``Dispatcher.fail_over``, which raises when there is none)."""
-    answer.lost(run.worker.earnings_key)
+    answer.lost(run.credit)
     await run.finish("continuing on another worker")
     return await dispatcher.fail_over(run, answer.text, answer.delivered_tokens)
 
@@ -261,9 +263,9 @@ async def collect(run: JobRun, dispatcher: Dispatcher, meter: Meter,
     event = run.first
     try:
         while True:
-            answer.started, answer.serving = True, run.worker.earnings_key
+            answer.started, answer.serving = True, run.credit
             if isinstance(event, Result):
-                parts, usage = answer.done(run.worker.earnings_key, event.usage,
+                parts, usage = answer.done(run.credit, event.usage,
                                            message_text(event.data))
                 dispatcher.record_result(
                     run.handle, answer.last_worker_usage(event.usage, parts, usage),

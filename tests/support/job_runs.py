@@ -1,6 +1,6 @@
 """A job under way and its dispatcher, as the relay and the SSE body use them, fed by a test.
 
-``FakeRun`` stands in for ``queen_server.swarm.dispatch.JobRun`` with the members the relay
+``FakeRun`` stands in for ``queen_server.swarm.runs.JobRun`` with the members the relay
 reads (``first``, ``take_ready``, ``next``, ``finish``, ``handle``, ``worker.earnings_key``),
 and ``FakeDispatcher`` for the ``Dispatcher`` calls it makes; so the answer's books, its bytes
 and its cleanup can be tested without sockets, workers or a database.
@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from queen_server.errors import NoCapacity
+from queen_server.swarm.jobs import Credit
 from shared_schema import Chunk, JobError, Result, Usage
 
 
@@ -44,6 +45,7 @@ class FakeRun:
         self.first = first
         self.handle = SimpleNamespace(id="job")
         self.worker = SimpleNamespace(earnings_key=worker)
+        self.credit = Credit(worker)
         self._ready = list(ready or ())
         self._frames: asyncio.Queue[Any] = asyncio.Queue()
         self.waiting = asyncio.Event()  # set when ``next`` waits for a frame

@@ -120,7 +120,9 @@ class ScriptedWorker:
     (never answer; record the cancel), ``error`` (a retryable error), ``fatal`` (a non-retryable
     error), ``gated`` (stream the first chunk, or for a plain answer nothing, then wait for
     ``release`` before the rest), ``die_mid`` (stream ``die_after`` chunks, wait for
-    ``release``, then drop the connection; a plain answer sends them as one checkpoint).
+    ``release``, then drop the connection; a plain answer sends them as one checkpoint),
+    ``fail_mid`` (as ``die_mid``, but then a retryable error, as a model group's head that lost
+    a member sends; the worker stays).
 
     ``continues=True`` makes it a twin for failover: it holds the model file ``sha256``
     (default ``ECHO_SHA256``), has the ``continue`` capability, and answers a job with a
@@ -322,9 +324,13 @@ class ScriptedWorker:
             if seq == 0 and behaviour == "gated":
                 await flush()
                 await self.release.wait()
-            if seq + 1 == self.die_after and behaviour == "die_mid":
+            if seq + 1 == self.die_after and behaviour in {"die_mid", "fail_mid"}:
                 await flush()
                 await self.release.wait()
+                if behaviour == "fail_mid":
+                    await self._send(JobError(id=job.id, code="engine_error", retryable=True,
+                                              message="the group's head process ended"))
+                    return
                 assert self._ws is not None
                 self._ws.transport.abort()  # gone, as a sleeping laptop is: no close frame
                 return

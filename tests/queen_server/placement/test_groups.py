@@ -70,11 +70,12 @@ async def test_a_group_forms_and_only_its_ready_head_is_routed(groups: Groups) -
     assert workers[0] == "head"
     assert set(workers) == {"head", "m1", "m2"}
     # The head's part of an answer is credited to the three by layers held.
-    shares = groups.service.credit_of(MODEL)(groups.swarm.workers["head"].key)
-    assert shares is not None
+    head = groups.swarm.workers["head"]
+    group_id, shares = groups.service.credit(head, MODEL)
+    assert group_id == group.id
     assert sum(n for _, n in shares) == 8
-    parts = split_parts([Part(groups.swarm.workers["head"].key, 100, 30)],
-                        groups.service.credit_of(MODEL))
+    assert groups.service.credit(groups.swarm.workers["m1"], MODEL) == ("", ())
+    parts = split_parts([Part(head.key, 100, 30, shares=shares)])
     assert sum(p.prompt_tokens for p in parts) == 100
     assert sum(p.completion_tokens for p in parts) == 30
     assert {p.worker_key for p in parts} == {groups.swarm.workers[n].key
@@ -198,7 +199,7 @@ def test_apportion_keeps_the_sum_and_the_proportions() -> None:
 def test_split_parts_leaves_other_workers_parts_alone() -> None:
     head = hashlib.sha256(b"h").hexdigest()
     parts = [Part("other", 10, 5, completed=False), Part(head, 7, 9)]
-    shares = [(head, 2), ("m1", 1)]
-    out = split_parts(parts, lambda key: shares if key == head else None)
+    parts[1] = Part(head, 7, 9, shares=((head, 2), ("m1", 1)))
+    out = split_parts(parts)
     assert out[0] == parts[0]
     assert out[1:] == [Part(head, 5, 6), Part("m1", 2, 3)]

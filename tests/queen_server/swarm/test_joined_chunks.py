@@ -9,6 +9,7 @@ import asyncio
 
 import orjson
 
+from queen_server.swarm.jobs import Credit
 from queen_server.swarm.metering import Meter
 from queen_server.swarm.relay import Delivered
 from shared_schema import Chunk, encode
@@ -31,7 +32,7 @@ def test_a_joined_frame_counts_its_tokens_and_an_older_one_counts_one() -> None:
     books.take(joined("ij"))  # an older worker's frame: one token
     assert books.tokens == 5
     assert books.delivered_tokens == 5
-    parts, billed = books.done("w", _usage(9, 5))
+    parts, billed = books.done(Credit("w"), _usage(9, 5))
     assert billed.completion_tokens == 5
     assert parts[0].completion_tokens == 5
 
@@ -44,13 +45,13 @@ def test_an_inflated_count_is_bounded_by_the_bytes_delivered() -> None:
     books = Delivered(meter)
     books.take(joined("abc"), 1000)
     assert books.delivered_tokens == 3
-    [part] = books.broken("liar")
+    [part] = books.broken(Credit("liar"))
     assert part.completion_tokens == 3
-    books.lost("liar")
+    books.lost(Credit("liar"))
     assert books.parts[0].completion_tokens == 3
     books = Delivered(meter)
     books.take(joined("abc"), MAX_CHUNK_TOKENS)
-    _, billed = books.done("liar", _usage(9, MAX_CHUNK_TOKENS))
+    _, billed = books.done(Credit("liar"), _usage(9, MAX_CHUNK_TOKENS))
     assert billed.completion_tokens == meter.completion_bound(3) == 4
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from queen_server.swarm.jobs import Credit
 from queen_server.swarm.metering import (
     END_TOKENS,
     PER_INPUT_TOKENS,
@@ -67,10 +68,10 @@ def test_a_lost_workers_checkpoint_claims_are_bounded_by_its_text() -> None:
     checkpoint = {"choices": [{"index": 0, "delta": {"content": "abc"}}],
                   "usage": {"completion_tokens": 900}}
     books.take(checkpoint)
-    books.lost("liar")
+    books.lost(Credit("liar"))
     assert books.parts[0].completion_tokens == 3
     books.take({"choices": [{"index": 0, "delta": {"content": "de"}}]})
-    parts, billed = books.done("twin", usage(10_000, 10_000))
+    parts, billed = books.done(Credit("twin"), usage(10_000, 10_000))
     assert [(p.worker_key, p.prompt_tokens, p.completion_tokens) for p in parts] == [
         ("liar", 50, 3), ("twin", 0, 3)]
     assert billed == usage(50, 6)
@@ -81,7 +82,7 @@ def test_a_whole_answer_is_bounded_by_its_result_text_not_its_checkpoints() -> N
     books = Delivered(Meter(prompt_bound=50, prompt_estimate=10, end_allowance=1))
     books.take({"choices": [{"index": 0, "delta": {"content": "ab"}}],
                 "usage": {"completion_tokens": 2}})
-    parts, billed = books.done("w", usage(9, 500), final_text="abcdefgh")
+    parts, billed = books.done(Credit("w"), usage(9, 500), final_text="abcdefgh")
     assert billed == usage(9, 9)
     assert parts[0].completion_tokens == 9
 
@@ -89,7 +90,7 @@ def test_a_whole_answer_is_bounded_by_its_result_text_not_its_checkpoints() -> N
 def test_a_client_that_left_pays_the_estimated_prompt_but_a_failed_answer_does_not() -> None:
     books = Delivered(Meter(prompt_bound=50, prompt_estimate=13, end_allowance=1))
     books.take({"choices": [{"index": 0, "delta": {"content": "echo:"}}]})
-    [left] = books.broken("w", client_left=True)
+    [left] = books.broken(Credit("w"), client_left=True)
     assert (left.prompt_tokens, left.completion_tokens, left.completed) == (13, 1, False)
-    [failed] = books.broken("w")
+    [failed] = books.broken(Credit("w"))
     assert (failed.prompt_tokens, failed.completion_tokens) == (0, 1)
