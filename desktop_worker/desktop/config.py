@@ -39,6 +39,8 @@ APP_EDITABLE_FIELDS: tuple[str, ...] = (
     "pause_gpu_busy_pct",
     "pause_fullscreen",
     "active_hours",
+    "join_groups",
+    "lan_groups",
     "first_run_done",
 )
 

@@ -75,6 +75,9 @@ class GroupPart:
     group: str
     role: Literal["member", "head"]
     report: Report
+    # The queen's command that made this part (read-only here; the desktop app's status says
+    # from it how many layers of which model, or how many workers, this part serves).
+    command: GroupServe | GroupLead | None = None
     task: asyncio.Task[None] | None = None
     ready: bool = False
     ended: bool = False
@@ -151,7 +154,7 @@ class GroupRoles:
                 message=f"this worker is already in group {current.group}")))
             return
         role: Literal["member", "head"] = "member" if isinstance(message, GroupServe) else "head"
-        part = GroupPart(group=message.group, role=role, report=report)
+        part = GroupPart(group=message.group, role=role, report=report, command=message)
         self.part = part
         setup = (self._serve(part, message) if isinstance(message, GroupServe)
                  else self._lead(part, message))

@@ -9,6 +9,10 @@ The first-run wizard's Finish is ``finish_setup``: save the choices, get the mod
 import), start; a failure goes back to the wizard in plain words. When Start is skipped or
 fails, the header says why and offers the fix (``Header.fix_requested``: Choose a model,
 Retry download, Open Settings).
+
+At launch, whether this build's llama.cpp has its RPC backend is probed in a thread (the same
+``RpcSupport`` every run's worker uses), so the Settings tab can grey out the model-group
+switches with the reason (issue 19).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from PySide6.QtWidgets import QApplication
 
 from desktop_worker import __version__
 from desktop_worker.errors import WorkerError
+from desktop_worker.groups.rpc import LlamaRpc, RpcProbe, RpcSupport
 from desktop_worker.gui.common import Icons, spawn
 from desktop_worker.gui.gui_gc import GuiThreadCollector
 from desktop_worker.gui.notify import Notice, NotificationPolicy
@@ -74,7 +79,11 @@ class ApiaryApp(QObject):
         autostart: AutostartLike | None = None,
         earnings_interval_s: float = 30.0,
         backoff: Callable[[], Backoff] | None = None,
+        rpc: RpcSupport | None = None,
+        group_poll_ms: int = 1000,
     ) -> None:
+        """``rpc``: llama.cpp's RPC backend (None: the real one); ``group_poll_ms``: how often
+        the status reads the worker's part in a model group."""
         super().__init__()
         qt_app = QApplication.instance()
         if isinstance(qt_app, QApplication):
@@ -85,8 +94,11 @@ class ApiaryApp(QObject):
         self.settings_service = SettingsService(settings, autostart)
         self.models = ModelsService(settings, hardware=lambda: self.hardware)
         self.detector = detector
+        self.rpc: RpcSupport = rpc or LlamaRpc()
+        self._rpc_check: asyncio.Task[RpcProbe | None] | None = None
         self.controller = WorkerController(settings, store=lambda: self.models.store,
-                                           detector=detector, backoff=backoff)
+                                           detector=detector, backoff=backoff, rpc=self.rpc,
+                                           group_poll_ms=group_poll_ms)
         self.earnings = EarningsService(lambda: self.settings.queen_url, self.identity,
                                         interval_s=earnings_interval_s,
                                         payout_address=lambda: self.settings.ln_url)
@@ -155,6 +167,7 @@ class ApiaryApp(QObject):
         self.tray.show()
         self.models.refresh()
         spawn(self.detect())
+        self._rpc_check = spawn(self.check_rpc())
         self.earnings.start()
         self._ticker.start()
         if not self.settings.first_run_done:
@@ -168,6 +181,18 @@ class ApiaryApp(QObject):
         except WorkerError as exc:
             self._notify(self.policy.error(str(exc)))
             return None
+
+    async def check_rpc(self) -> RpcProbe | None:
+        """Whether this build can join model groups, shown in the Settings tab."""
+        try:
+            probe = await asyncio.to_thread(self.rpc.probe)
+        except Exception:  # a probe that broke must not stop the app: the switch stays usable
+            log.exception("could not check llama.cpp's RPC backend")
+            return None
+        if not probe.available:
+            log.info("this build cannot join model groups: %s", probe.reason)
+        self.window.settings.show_rpc(probe)
+        return probe
 
     def show_window(self) -> None:
         self.window.bring_up()
@@ -188,6 +213,8 @@ class ApiaryApp(QObject):
 
     async def shutdown(self) -> None:
         self._ticker.stop()
+        if self._rpc_check is not None:  # a probe in its thread: let it land before closing
+            await asyncio.gather(self._rpc_check, return_exceptions=True)
         self.header.ticker.stop()
         await self.controller.stop_and_wait()
         self.header.ticker.stop()

@@ -1,7 +1,9 @@
 """The tray icon: one icon per state, a tooltip with the status and today's sats, and a menu
 (Start/Stop Earning, Open Apiary, today's sats, Quit) rebuilt every time it opens. While the
 owner's controls pause the worker (issue 17), the icon is the paused one and the tooltip and
-the menu say why ("Paused: on battery")."""
+the menu say why ("Paused: on battery"). While the worker serves a model group (issue 19), the
+tooltip and the menu say what it does for it, the queen's model name kept from being read as
+markup (``tooltip_safe``)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 from desktop_worker.gui.common import Icons, notification_text
 from desktop_worker.gui.notify import Notice
 from desktop_worker.gui.services.earnings import EarningsService, today_text
-from desktop_worker.gui.services.worker import STATE_TEXT, TrayState, WorkerController
+from desktop_worker.gui.services.groups import tooltip_safe
+from desktop_worker.gui.services.worker import TrayState, WorkerController, status_text
 
 LEVELS = {
     "info": QSystemTrayIcon.MessageIcon.Information,
@@ -49,6 +52,7 @@ class Tray(QObject):
         self.notices: list[Notice] = []
         controller.state_changed.connect(lambda *_: self.refresh())
         controller.paused_changed.connect(lambda _why: self.refresh())
+        controller.group_changed.connect(lambda _group: self.refresh())
         earnings.updated.connect(lambda _e: self.refresh())
         self.rebuild()
         self.refresh()
@@ -69,7 +73,7 @@ class Tray(QObject):
         self.icon.setToolTip(self.tooltip())
 
     def tooltip(self) -> str:
-        status = STATE_TEXT.get(TrayState(self.state), self.state)
+        status = self.group_text() or status_text(TrayState(self.state))
         why = self.paused_text()
         if why:
             status = why
@@ -81,6 +85,13 @@ class Tray(QObject):
         if self.state != TrayState.PAUSED.value or not reason:
             return ""
         return f"Paused: {reason}"
+
+    def group_text(self) -> str:
+        """What the worker does for a model group, while earning in one, else ""."""
+        group = self.controller.group
+        if group is None or self.state not in (TrayState.IDLE.value, TrayState.WORKING.value):
+            return ""
+        return tooltip_safe(status_text(TrayState(self.state), group))
 
     def today_text(self) -> str:
         return today_text(self.earnings.earnings.today_msat, self.earnings.pays)
@@ -95,6 +106,10 @@ class Tray(QObject):
         open_action.triggered.connect(self.open_window)
         today = self.menu.addAction(self.today_text())
         today.setEnabled(False)
+        group_line = self.group_text()
+        group = self.menu.addAction(group_line) if group_line else None
+        if group is not None:
+            group.setEnabled(False)
         paused = self.paused_text()
         why = self.menu.addAction(paused) if paused else None
         if why is not None:
@@ -106,6 +121,8 @@ class Tray(QObject):
                         "quit": quit_action}
         if why is not None:
             self.actions["paused"] = why
+        if group is not None:
+            self.actions["group"] = group
 
     def notify(self, notice: Notice) -> None:
         self.notices.append(notice)

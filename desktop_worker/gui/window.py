@@ -6,6 +6,10 @@ tray until Quit.
 While the owner's pause settings pause the worker (issue 17), the header says "Paused" and why,
 in violet, and that earning resumes by itself (``paused_detail``).
 
+While the worker serves a model group (issue 19), the status says what it does for it
+("Serving 12 layers of SmolLM2 for a group") and the detail line why no jobs of its own arrive
+(``status_text``, ``group_detail``), unless a pause, an audit flag or an error has more to say.
+
 The header's detail line is always there (one line reserved, even empty), so the header does
 not change height when the worker id or a reason appears."""
 
@@ -28,12 +32,13 @@ from PySide6.QtWidgets import (
 
 from desktop_worker.gui.common import Icons, plain_label
 from desktop_worker.gui.services.earnings import today_text
+from desktop_worker.gui.services.groups import group_detail
 from desktop_worker.gui.services.worker import (
     FIX_LABELS,
-    STATE_TEXT,
     TrayState,
     WorkerController,
     countdown_text,
+    status_text,
 )
 from desktop_worker.gui.views.earnings import EarningsView
 from desktop_worker.gui.views.hardware import HardwareView
@@ -122,6 +127,8 @@ class Header(QFrame):
 
         controller.state_changed.connect(self.show_state)
         controller.running_changed.connect(self.show_running)
+        controller.group_changed.connect(
+            lambda _group: self.show_state(controller.state.value, controller.detail))
         self.show_state(controller.state.value, controller.detail)
         self.show_running(controller.running)
         self.show_queen(controller.settings.queen_url)
@@ -129,13 +136,17 @@ class Header(QFrame):
 
     def show_state(self, state: str, detail: str) -> None:
         self.icon.setPixmap(self.icons.pixmap(state, 44))
-        self.status.setText(STATE_TEXT.get(TrayState(state), state))
+        self.status.setText(status_text(TrayState(state), self.controller.group))
         if self.problem is not None and state == TrayState.STOPPED.value:
             detail = self.problem
         flagged = bool(self.audit_warning) and state != TrayState.ERROR.value and (
             state in (TrayState.IDLE.value, TrayState.WORKING.value) or not detail)
         if flagged:  # nothing more urgent to say (an error, a reconnect): the flag
             detail = self.audit_warning
+        group = self.controller.group
+        if group is not None and not flagged and state in (TrayState.IDLE.value,
+                                                           TrayState.WORKING.value):
+            detail = group_detail(group)  # why no jobs of its own arrive
         paused = state == TrayState.PAUSED.value and bool(self.controller.paused)
         if paused:  # why, whatever the link said last
             detail = paused_detail(self.controller.paused or "")

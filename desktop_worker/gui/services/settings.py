@@ -5,7 +5,9 @@ announced to the rest of the app; "Run at login" goes through ``desktop/autostar
 address apply at once (the app reconnects), the store and engine settings when earning
 restarts, the rest at the next launch or right away (run at login). The owner's pause
 settings and the models opt-ins (issue 17) apply when earning restarts too: the service reads
-them when it is built (the hello carries the opt-ins; the pause watcher starts with it)."""
+them when it is built (the hello carries the opt-ins; the pause watcher starts with it). So
+do the model-group switches (issue 19, ``join_groups`` and ``lan_groups``): the hello says
+``rpc`` and the gates choose where to listen when earning starts."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ LIVE_FIELDS = ("queen_url", "ln_url")
 # Applied when earning restarts: the model store and the engine are built per Start.
 RESTART_FIELDS = ("models_dir", "disk_quota_gb", "vram_cap_mb", "threads",
                   "pause_on_battery", "pause_gpu_busy_pct", "pause_fullscreen", "active_hours",
-                  "accept_fetch", "swarm_models")
+                  "accept_fetch", "swarm_models", "join_groups", "lan_groups")
 # How each field that applies at restart is named to the owner.
 RESTART_NAMES = {
     "models_dir": "the models folder",
@@ -41,6 +43,8 @@ RESTART_NAMES = {
     "active_hours": "your hours",
     "accept_fetch": "models placed by the queen",
     "swarm_models": "models chosen by the swarm",
+    "join_groups": "helping run big models",
+    "lan_groups": "direct connections on your home network",
 }
 
 

@@ -7,6 +7,10 @@ from ``link_probe.explain_connect_error``) and when the next attempt is (``retry
 header can count down each second (``countdown_text``). A failure that the owner can fix names
 the fix (``fix``: a key of ``FIX_LABELS``). Log records from any thread reach the Logs tab
 through ``LogBridge``, a ``logging.Handler`` whose signal Qt queues onto the GUI thread.
+
+While earning, the controller's ``GroupWatch`` reads the worker's part in a model group (issue
+19) each second; ``status_text`` puts it in the status line instead of "waiting for jobs"
+(``group_changed`` tells the header and the tray).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from enum import StrEnum
 from PySide6.QtCore import QObject, Signal
 
 from desktop_worker.errors import HandshakeRefusedError, LinkError, ModelStoreError, WorkerError
+from desktop_worker.groups.rpc import RpcSupport
+from desktop_worker.gui.services.groups import GroupStatus, GroupWatch, group_status, group_text
 from desktop_worker.hardware import HardwareReport
 from desktop_worker.jobs import JobRecord
 from desktop_worker.link.backoff import Backoff
@@ -64,6 +70,15 @@ FIX_LABELS = {
 # Refusals the owner fixes in Settings (the payout address the queen would not take).
 SETTINGS_REFUSALS = frozenset({"invalid_ln_url"})
 _RECONNECT_IN = re.compile(r"reconnecting in ([0-9]+(?:\.[0-9]+)?) s")
+
+
+def status_text(state: TrayState, group: GroupStatus | None = None) -> str:
+    """The status line: the state's words, or, while earning in a model group (issue 19), what
+    this worker does for it ("Serving 12 layers of SmolLM2 for a group"): a member takes no jobs
+    of its own, and "waiting for jobs" would leave its owner wondering why none come."""
+    if group is not None and state in (TrayState.IDLE, TrayState.WORKING):
+        return group_text(group, working=state == TrayState.WORKING)
+    return STATE_TEXT.get(state, state.value)
 
 
 def countdown_text(reason: str, retry_at: float | None, now: float) -> str:
@@ -136,6 +151,7 @@ class WorkerController(QObject):
     welcomed = Signal(object)  # the queen's Welcome, each session (whether it pays, threshold)
     demand_changed = Signal(object)  # shared_schema.Demand: what developers ask the queen for
     paused_changed = Signal(str)  # why the worker paused ("" when it resumes)
+    group_changed = Signal(object)  # GroupStatus | None: this worker's part in a model group
 
     def __init__(
         self,
@@ -145,10 +161,15 @@ class WorkerController(QObject):
         detector: Detector | None = None,
         backoff: Callable[[], Backoff] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        rpc: RpcSupport | None = None,
+        group_poll_ms: int = 1000,
         parent: QObject | None = None,
     ) -> None:
+        """``rpc``: llama.cpp's RPC backend for each run's service (None: the real one);
+        ``group_poll_ms``: how often the group status is read while earning."""
         super().__init__(parent)
         self.settings = settings
+        self.rpc = rpc
         self._store = store
         self._detector = detector
         self._backoff = backoff
@@ -165,6 +186,20 @@ class WorkerController(QObject):
         self.jobs_served = 0
         self.paused: str | None = None
         self._published: tuple[TrayState, str] = (TrayState.STOPPED, "")
+        self.groups = GroupWatch(self._read_group, interval_ms=group_poll_ms, parent=self)
+        self.groups.changed.connect(self.group_changed.emit)
+
+    @property
+    def group(self) -> GroupStatus | None:
+        """This worker's part in a model group now (None: none, or not earning)."""
+        return self.groups.status
+
+    def status_text(self) -> str:
+        return status_text(self.state, self.group)
+
+    def _read_group(self) -> GroupStatus | None:
+        service = self.service
+        return group_status(service.groups) if service is not None and self.running else None
 
     @property
     def running(self) -> bool:
@@ -215,7 +250,8 @@ class WorkerController(QObject):
     # --- running -------------------------------------------------------------------------------
 
     def _build(self) -> WorkerService:
-        service = WorkerService(self.settings, store=self._store(), detector=self._detector)
+        service = WorkerService(self.settings, store=self._store(), detector=self._detector,
+                                rpc=self.rpc)
         if self._backoff is not None:
             service.link.backoff = self._backoff()
         return service
@@ -231,6 +267,7 @@ class WorkerController(QObject):
             service.runner.on_finished.append(self._on_finished)
             service.demand_listeners.append(self.demand_changed.emit)
             service.pause_listeners.append(self._on_paused)
+            self.groups.start()
             if not service.store.list() and not self.settings.models:
                 raise NoModelYet("there is no model to serve yet: add one in the Models tab")
             # Detect first: loading a model plans its GPU layers from the free VRAM detected.
@@ -256,6 +293,7 @@ class WorkerController(QObject):
             self._set_link("stopped", "")
         finally:
             self._task = None
+            self.groups.stop()
             self.running_changed.emit(False)
             self._publish()
 

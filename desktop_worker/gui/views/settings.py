@@ -1,7 +1,10 @@
 """The Settings tab: queen URL, payout address (checked live), models folder, disk quota, VRAM
 cap, CPU threads, start earning at launch, run at login; "When to pause" (on battery, another
 program on the GPU above a share, full-screen apps, active hours checked as the owner types)
-and "Models" (let the queen place models here; let the swarm choose them), issue 17.
+and "Models" (let the queen place models here; let the swarm choose them), issue 17; "Big
+models" (issue 19: help run big models with other workers, and let workers on the home network
+connect directly, which is greyed out while the first is off; both greyed out with the reason
+when this build's llama.cpp cannot join groups, ``show_rpc``).
 
 The queen URL goes through the same normaliser as the wizard, and one it cannot read is refused
 at Save, with the expected form. While the worker earns, a new queen or payout address applies
@@ -23,6 +26,7 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
+    QLabel,
     QLineEdit,
     QMessageBox,
     QPushButton,
@@ -33,7 +37,9 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_worker.errors import WorkerError
+from desktop_worker.groups.rpc import RpcProbe
 from desktop_worker.gui.common import plain_label
+from desktop_worker.gui.services.groups import groups_unavailable
 from desktop_worker.gui.services.settings import (
     RESTART_NAMES,
     SettingsService,
@@ -49,6 +55,23 @@ BAD = "color: #b91c1c;"
 PENDING = "color: #92400e;"
 UNSAVED = "Unsaved changes"
 RESTART_NOTE = "applies when you restart earning"
+NOTE = "QLabel { color: #4b5563; } QLabel:disabled { color: #9ca3af; }"
+JOIN_LABEL = "Help run big models with other workers"
+JOIN_NOTE = ("Your computer may hold part of a large model for another worker. While it does, "
+             "it takes no requests of its own. You are paid for the share of the model you "
+             "hold.")
+LAN_LABEL = "Let workers on my home network connect directly"
+LAN_NOTE = ("Faster, but your computer then accepts connections from your local network; your "
+            "firewall may ask you about it. Off: other workers reach it through the queen.")
+
+
+def note_label(text: str = "") -> QLabel:
+    """A grey, wrapped line of plain text explaining the switch above it."""
+    label = plain_label(text)
+    label.setWordWrap(True)
+    label.setStyleSheet(NOTE)
+    label.setContentsMargins(22, 0, 0, 4)  # under the switch's text, not its box
+    return label
 
 
 def payout_feedback(text: str) -> tuple[bool, str]:
@@ -175,6 +198,16 @@ class SettingsView(QWidget):
             "Let the queen place models on this machine (within the disk quota)")
         self.swarm_models = QCheckBox("Let the swarm choose my models (downloads what is in "
                                       "demand, removes the least recently used)")
+        # Big models: model groups (issue 19).
+        self.join_groups = QCheckBox(JOIN_LABEL)
+        self.join_note = note_label(JOIN_NOTE)
+        self.lan_groups = QCheckBox(LAN_LABEL)
+        self.lan_note = note_label(LAN_NOTE)
+        self.groups_reason = note_label()  # why this build cannot join groups ("": it can)
+        self.groups_reason.setStyleSheet(BAD)
+        self.groups_reason.setVisible(False)
+        self.rpc_problem: str | None = None
+        self.join_groups.toggled.connect(self._groups_enabled)
         self.save = QPushButton("Save")
         self.save.clicked.connect(self.apply)
         self.message = plain_label()  # error messages, in their own words
@@ -202,6 +235,13 @@ class SettingsView(QWidget):
         models_box = QVBoxLayout(self.models_group)
         models_box.addWidget(self.accept_fetch)
         models_box.addWidget(self.swarm_models)
+        self.groups_group = QGroupBox("Big models")
+        groups_box = QVBoxLayout(self.groups_group)
+        groups_box.addWidget(self.join_groups)
+        groups_box.addWidget(self.join_note)
+        groups_box.addWidget(self.lan_groups)
+        groups_box.addWidget(self.lan_note)
+        groups_box.addWidget(self.groups_reason)
         buttons = QHBoxLayout()
         buttons.addWidget(self.message, 1)
         buttons.addWidget(self.restart)
@@ -211,6 +251,7 @@ class SettingsView(QWidget):
         fields.addLayout(form)
         fields.addWidget(self.pause_group)
         fields.addWidget(self.models_group)
+        fields.addWidget(self.groups_group)
         fields.addStretch(1)
         self.scroll = QScrollArea()
         self.scroll.setWidgetResizable(True)
@@ -226,7 +267,7 @@ class SettingsView(QWidget):
         for box in (self.quota, self.vram, self.threads, self.gpu_busy):
             box.valueChanged.connect(self._edited)
         for check in (self.at_launch, self.at_login, self.on_battery, self.fullscreen,
-                      self.accept_fetch, self.swarm_models):
+                      self.accept_fetch, self.swarm_models, self.join_groups, self.lan_groups):
             check.toggled.connect(self._edited)
         self._loading = False
         self._saved_form: dict[str, object] = {}
@@ -251,7 +292,27 @@ class SettingsView(QWidget):
                 "on_battery": self.on_battery.isChecked(), "gpu_busy": self.gpu_busy.value(),
                 "fullscreen": self.fullscreen.isChecked(), "hours": self.hours.edit.text().strip(),
                 "accept_fetch": self.accept_fetch.isChecked(),
-                "swarm_models": self.swarm_models.isChecked()}
+                "swarm_models": self.swarm_models.isChecked(),
+                "join_groups": self.join_groups.isChecked(),
+                "lan_groups": self.lan_groups.isChecked()}
+
+    def show_rpc(self, probe: RpcProbe) -> None:
+        """What this build's llama.cpp can do: without its RPC backend, the group switches are
+        greyed out and say why (what is saved stays as it is)."""
+        self.rpc_problem = groups_unavailable(probe)
+        self.groups_reason.setText(self.rpc_problem or "")
+        self.groups_reason.setVisible(self.rpc_problem is not None)
+        self._groups_enabled()
+
+    def _groups_enabled(self, *_args: object) -> None:
+        """The LAN switch only means something while groups are on; neither can be used by a
+        build that cannot join groups."""
+        able = self.rpc_problem is None
+        self.join_groups.setEnabled(able)
+        self.join_note.setEnabled(able)
+        lan = able and self.join_groups.isChecked()
+        self.lan_groups.setEnabled(lan)
+        self.lan_note.setEnabled(lan)
 
     def _valid_changed(self, *_args: object) -> None:
         self.save.setEnabled(self.payout.valid and self.hours.valid)
@@ -279,6 +340,9 @@ class SettingsView(QWidget):
         self.hours.edit.setText(settings.active_hours or "")
         self.accept_fetch.setChecked(settings.accept_fetch)
         self.swarm_models.setChecked(settings.swarm_models)
+        self.join_groups.setChecked(settings.join_groups)
+        self.lan_groups.setChecked(settings.lan_groups)
+        self._groups_enabled()
 
     def browse(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Models folder", self.models_dir.text())
@@ -313,6 +377,8 @@ class SettingsView(QWidget):
             "active_hours": self.hours.value(),
             "accept_fetch": self.accept_fetch.isChecked(),
             "swarm_models": self.swarm_models.isChecked(),
+            "join_groups": self.join_groups.isChecked(),
+            "lan_groups": self.lan_groups.isChecked(),
         }
         live, on_restart = classify_changes(self.service.settings, changes)
         earning = self.earning()
