@@ -517,8 +517,9 @@ class GroupService:
 
     def _candidates(self, model: str, sha256: str) -> list[Candidate]:
         """Every worker as the planner sees it: its memory budget (a claim; the planner bounds
-        it), LAN, build and ``rpc``; a head only if trusted and holding the pinned file. A
-        worker busy in a group, paused, flagged or cooling down after a failure is left out."""
+        it), LAN, build and ``rpc``, the queen's measured round trip to it; a head only if
+        trusted and holding the pinned file. A worker busy in a group, paused, flagged or
+        cooling down after a failure is left out."""
         heading = self._heading()
         out = []
         for w in self.registry:
@@ -529,7 +530,7 @@ class GroupService:
             out.append(Candidate(
                 key=w.key, free_mb=(float(w.memory_budget_mb or 0),), lan=w.lan,
                 trusted=held is not None and held.sha256 == sha256 and self.may_head(w),
-                build=w.llama_build, rpc=RPC in w.capabilities))
+                build=w.llama_build, rpc=RPC in w.capabilities, rtt_ms=w.rtt_ms))
         return out
 
     def _set_group_only(self, model: str, on: bool) -> None:

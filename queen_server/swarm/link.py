@@ -246,6 +246,8 @@ class QueenLink:
         self.state = State.AWAITING_HELLO
         self.nonce = nonce or secrets.token_hex(32)
         self.last_seen = now  # the loop time of the last frame (for heartbeats)
+        self._opened_at = now  # the challenge goes out now: the hello measures a round trip
+        self._ping_ts: float | None = None  # the last ping's stamp, until its pong
         self.bad_frames = 0
         self.worker: Worker | None = None
         self._jobs: Mapping[str, JobHandle] = NO_LEASES
@@ -285,6 +287,7 @@ class QueenLink:
         if now - self.last_seen > self.settings.heartbeat_timeout_s:
             self.state = State.CLOSED
             return [Close(CLOSE_HEARTBEAT, "missed heartbeats")]
+        self._ping_ts = now
         return [Send(encode(Ping(ts=now)))]
 
     # --- frames from the worker ---------------------------------------------------------------
@@ -350,6 +353,11 @@ class QueenLink:
     def _control(self, message: Message) -> Sequence[Action]:
         """A v1 message that is not a job frame."""
         if isinstance(message, Pong):
+            # Only the pong of the ping just sent measures anything (a stamp it made up would
+            # not match: the worker can delay its answer, never hasten it).
+            if message.ts == self._ping_ts and self.worker is not None:
+                self.worker.note_rtt(self.last_seen - message.ts)
+                self._ping_ts = None
             return NOTHING
         if isinstance(message, Ping):
             return [Send(encode(Pong(ts=message.ts)))]
@@ -411,6 +419,8 @@ class QueenLink:
         try:
             body = loads_object(frame)
             worker = self._v1_worker(body) if self.v1 else self._legacy_worker(body)
+            if self.v1:  # challenge out, hello in: one round trip and the worker's signing
+                worker.note_rtt(self.last_seen - self._opened_at)
         except ProtocolError as exc:
             raise HandshakeRefused(exc.code, exc.message) from exc
         self.worker = worker

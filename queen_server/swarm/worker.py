@@ -25,6 +25,7 @@ from shared_schema import DownloadProgress, ModelDescriptor, Status
 from shared_schema.capabilities import FETCH
 
 CAPABILITY_FETCH = "fetch_models"
+MAX_RTT_S = 60.0  # a longer round trip is counted as this (a worker that stalls its pongs)
 
 NO_LEASES: Mapping[str, JobHandle] = MappingProxyType({})
 
@@ -85,6 +86,7 @@ class Worker:
         "peer_host",
         "public_id",
         "reserved",
+        "rtt_ms",
         "session_id",
         "swarm_models",
         "trust",
@@ -146,6 +148,10 @@ class Worker:
         self.llama_build: str | None = None
         self.lan_hint: str | None = None
         self.peer_host: str | None = None
+        # The queen's own measure of its round trip to the worker (ms; None until measured):
+        # the handshake, then each heartbeat's ping and pong (``note_rtt``). Groups are planned
+        # by it (a relayed member's every token crosses the queen twice).
+        self.rtt_ms: float | None = None
         self.paused: str | None = None  # why its owner paused it; in no routing index then
         self.held_by: str | None = None  # the group it serves as a member; no routing either
         self.downloads: dict[str, DownloadProgress] = {}
@@ -176,6 +182,12 @@ class Worker:
             return None
         joined = f"apiary-lan|{self.peer_host}|{self.lan_hint}".encode()
         return hashlib.sha256(joined).hexdigest()[:16]
+
+    def note_rtt(self, seconds: float) -> None:
+        """One round trip measured by the queen's clock: kept as a moving average (the
+        newest weighing a third), bounded to [0, ``MAX_RTT_S``]."""
+        ms = min(max(0.0, seconds), MAX_RTT_S) * 1000.0
+        self.rtt_ms = ms if self.rtt_ms is None else round(self.rtt_ms + (ms - self.rtt_ms) / 3, 3)
 
     @property
     def earnings_key(self) -> str | None:

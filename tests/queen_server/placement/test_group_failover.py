@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+from queen_server.groups import Route
 from queen_server.placement.groups import Phase
 from shared_schema import GroupEnd, GroupLead, GroupReady, GroupServe
 from tests.queen_server.placement.group_harness import Groups, formed, sizes, up
@@ -102,3 +103,17 @@ async def test_only_the_head_ends_its_group_by_a_lost_job(groups: Groups) -> Non
     assert group.id == first
     assert group.phase is Phase.READY
     assert not groups.frames("head", GroupEnd)
+
+
+async def test_the_queen_s_measured_round_trips_choose_the_nearer_relayed_members(
+        groups: Groups) -> None:
+    """Every token crosses the queen twice per relayed member: of equal workers, those the
+    queen measured nearer are chosen (``Worker.rtt_ms``, from its own pings)."""
+    head, each = sizes(groups)
+    groups.add("head", head, holds=True)
+    for name, rtt_ms in (("far", 400.0), ("m1", 20.0), ("unmeasured", None), ("m2", 35.0)):
+        groups.add(name, each, lan="b" * 32).rtt_ms = rtt_ms
+    await groups.service.tick()
+    group = groups.service.by_model[MODEL]
+    assert {w.public_id for w in group.members.values()} == {"m1", "m2"}
+    assert all(m.route is Route.RELAYED for m in group.plan.members[1:])

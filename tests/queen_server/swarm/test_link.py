@@ -467,6 +467,28 @@ def test_heartbeat_pings_a_live_worker_and_closes_a_silent_one():
     assert legacy.tick(1000.0) == NOTHING  # legacy workers get no heartbeat
 
 
+def test_the_queen_measures_its_round_trip_to_a_worker():
+    """Challenge to hello, then each ping to its pong, by the queen's own clock (issue 19: a
+    group is planned by it). A pong is believed only for the ping just sent: a worker can make
+    itself look farther (answer late), never nearer."""
+    link = QueenLink(Knobs(heartbeat_timeout_s=1000.0), FakeGate(), v1=True, now=100.0,
+                     nonce=NONCE)
+    link.opened()
+    [admit] = link.receive(hello_frame(), 100.05)
+    worker = admit.worker
+    assert worker.rtt_ms == pytest.approx(50.0)
+    link.registered({})
+    sent(link.tick(110.0))
+    link.receive(encode(Pong(ts=110.0)), 110.02)  # 20 ms: the average moves a third of the way
+    assert worker.rtt_ms == pytest.approx(40.0)
+    for forged in (Pong(ts=110.0), Pong(ts=110.019), Pong(ts=-5.0), Pong(ts=1e12)):
+        link.receive(encode(forged), 110.5)  # a pong answered twice, or one no ping asked for
+        assert worker.rtt_ms == pytest.approx(40.0)
+    sent(link.tick(120.0))
+    link.receive(encode(Pong(ts=120.0)), 300.0)  # stalled: counted as at most a minute
+    assert worker.rtt_ms == pytest.approx(40.0 + (60_000.0 - 40.0) / 3)
+
+
 # --- frames to the worker ------------------------------------------------------------------------
 
 
