@@ -12,6 +12,7 @@ anyio) when the client goes away.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -30,6 +31,11 @@ from shared_schema import Chunk, JobError, Result
 from shared_schema.answers import chunks_from_answer
 
 DONE = b"data: [DONE]\n\n"
+# While an answer waits mid-stream (a model group re-forming after losing a member can take a
+# minute or more), a comment line this often keeps proxies and clients from timing the stream
+# out; SSE readers, the OpenAI SDKs' among them, skip comments.
+KEEPALIVE = b": keepalive\n\n"
+KEEPALIVE_S = 10.0
 
 
 def sse(data: dict[str, Any]) -> bytes:
@@ -125,12 +131,20 @@ async def stream_answer(
                         yield b"".join(out)
                         out = []
                     current = None
+                    handing = asyncio.ensure_future(hand_over(run, answer, dispatcher))
                     try:
-                        run = await hand_over(run, answer, dispatcher)
+                        while not (await asyncio.wait({handing}, timeout=KEEPALIVE_S))[0]:
+                            yield KEEPALIVE
+                        run = handing.result()
                     except ApiError as exc:
                         client_left = False
                         yield b"".join(out) + error_event(view, exc)
                         return
+                    finally:
+                        if not handing.done():  # the client left while it waited
+                            handing.cancel()
+                        elif not handing.cancelled() and handing.exception() is None:
+                            current = handing.result()  # whatever happens, its lease ends
                     current = run
                     event = run.first
                     continue

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
+import orjson
+
+from queen_server.http import sse
 from queen_server.swarm.dispatch import MAX_REGROUPS
 from queen_server.swarm.jobs import Shares
 from queen_server.swarm.worker import Worker
@@ -120,3 +124,31 @@ async def test_a_head_that_fails_before_its_first_token_is_retried_on_the_new_gr
     assert text_of(events) == FULL
     assert groups.lost == [("g1", head.pubkey)]
     assert [job.continuation for job in head.jobs] == [None, None]  # a plain retry
+
+
+async def test_a_stream_waiting_for_its_group_is_kept_alive(queen, monkeypatch):
+    """A group re-forming can take minutes (its members load their layers again): the stream
+    sends SSE comments meanwhile, which clients skip, so no proxy or client times it out."""
+    monkeypatch.setattr(sse, "KEEPALIVE_S", 0.01)
+    head, groups = await head_of_group(queen, "fail_mid")
+    groups.then = "echo"
+    lines: list[str] = []
+
+    async def read() -> None:
+        async with httpx.AsyncClient(base_url=queen.base_url, timeout=20) as http, \
+                http.stream("POST", "/v1/chat/completions", json=BODY) as response:
+            async for line in response.aiter_lines():
+                lines.append(line)
+                if line == ": keepalive" and lines.count(line) == 3:
+                    groups.reformed.set()  # three keepalives while it waited
+
+    task = asyncio.create_task(read())
+    async with asyncio.timeout(5):
+        await head.job_arrived.wait()
+    head.release.set()
+    await asyncio.wait_for(task, 15)
+    assert lines.count(": keepalive") >= 3
+    assert lines[-2] == "data: [DONE]"
+    data = [orjson.loads(line[6:]) for line in lines
+            if line.startswith("data: {")]
+    assert text_of(data) == FULL
