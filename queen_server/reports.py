@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from queen_server.billing import ledger
 from queen_server.billing.admin import list_keys
 from queen_server.errors import NotFound
+from queen_server.groups import NoPlanReason
 from queen_server.identity import public_id
 from queen_server.stats import merge
 from queen_server.stats.swarm import BUCKET_S, HISTORY_S
@@ -284,6 +285,102 @@ async def placements(state: QueenState) -> list[dict[str, Any]]:
     return rows
 
 
+# --- model groups (issue 19) ---------------------------------------------------------------
+
+ROUTE_WORDS = {"local": "head", "direct": "direct", "relayed": "relayed"}
+SERVED_BY_NO_ONE = "no one: only a group can hold it"
+SERVED_BY_HOLDERS = "any worker that holds it, alone"
+
+
+def groups_part(state: QueenState) -> dict[str, Any]:
+    """This replica's part of ``groups``: its live groups (``GroupService.rows``) and its
+    models without one (``ungrouped``). Each replica's groups live on that replica only."""
+    service = state.groups
+    return {"groups": service.rows(),
+            "models": ungrouped(service.outcomes, service.group_only, set(service.by_model))}
+
+
+def ungrouped(outcomes: dict[str, str], group_only: set[str],
+              grouped: set[str]) -> list[dict[str, Any]]:
+    """The models the group planner looked at that have no live group: every group-only
+    model (its holders are out of routing, so requests for it fail until a group forms) and
+    every planned model whose last outcome was no group, or a group that ended. A model that
+    one worker holds alone ("fits_one_worker") needs no group and is left out."""
+    rows = []
+    for name in sorted((set(outcomes) | group_only) - grouped):
+        outcome = outcomes.get(name) or "its group is being planned"
+        only = name in group_only
+        if not only and outcome.startswith(f"{NoPlanReason.FITS_ONE_WORKER}:"):
+            continue
+        rows.append({"model": name, "group_only": only, "outcome": outcome})
+    return rows
+
+
+def merge_groups(parts: list[Any]) -> dict[str, Any]:
+    """The replicas' parts of ``groups`` as one answer (see ``groups``). A part that is not
+    the shape ``groups_part`` makes is skipped, row by row."""
+    rows: list[dict[str, Any]] = []
+    models: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        if not isinstance(part, dict):
+            continue
+        rows.extend(row for row in _list(part.get("groups")) if isinstance(row, dict))
+        for row in _list(part.get("models")):
+            if not isinstance(row, dict) or not isinstance(row.get("model"), str):
+                continue
+            seen = models.setdefault(row["model"], {"model": row["model"], "group_only": False,
+                                                    "outcomes": []})
+            seen["group_only"] = seen["group_only"] or bool(row.get("group_only"))
+            if (outcome := str(row.get("outcome") or "")) and outcome not in seen["outcomes"]:
+                seen["outcomes"].append(outcome)
+    grouped = {row.get("model") for row in rows}
+    groups = [group_row(row) for row in rows]
+    groups.sort(key=lambda row: (str(row.get("model")), str(row.get("id"))))
+    waiting = [{"model": name, "group_only": seen["group_only"],
+                "served_by": SERVED_BY_NO_ONE if seen["group_only"] else SERVED_BY_HOLDERS,
+                "outcome": "; ".join(seen["outcomes"])}
+               for name, seen in models.items() if name not in grouped]
+    waiting.sort(key=lambda row: (not row["group_only"], row["model"]))
+    return {"groups": groups, "models": waiting}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def group_row(row: dict[str, Any]) -> dict[str, Any]:
+    """One group as the admin page shows it: ``GroupService.rows``' row, with ``size`` (its
+    workers, the head included) and ``members_text`` ("w_ab12 (12 layers, relayed)", in layer
+    order, the head first)."""
+    members = [m for m in _list(row.get("members")) if isinstance(m, dict)]
+    texts = []
+    for member in members:
+        layers = member.get("layers")
+        route = str(member.get("route", ""))
+        texts.append(f"{member.get('worker')} ({layers} layer{'' if layers == 1 else 's'}, "
+                     f"{ROUTE_WORDS.get(route, route)})")
+    return {**row, "size": len(members), "members_text": texts}
+
+
+async def groups(state: QueenState) -> dict[str, Any]:
+    """``/admin/api/groups``: the model groups (issue 19) on every replica, and the models the
+    planner found no group for, with why. The answer::
+
+        {"groups": [{"id", "model", "phase": "forming" | "loading" | "ready",
+                     "head": public id, "members": [{"worker": public id, "layers": int,
+                     "route": "local" | "direct" | "relayed"}, ...] (the head first),
+                     "members_text": ["w_ab12 (12 layers, relayed)", ...], "size": int,
+                     "since_s": float, "load_s": float | null, "relayed_channels": int,
+                     "relayed_bytes": int}, ...],
+         "models": [{"model", "group_only": bool, "served_by": str,
+                     "outcome": the planner's last outcome in words}, ...]}
+
+    ``groups`` are sorted by model; ``models`` has the group-only ones first (no request for
+    them gets a worker until a group forms), and only models no replica has a group for (each
+    replica's distinct outcomes joined by "; ")."""
+    return merge_groups([groups_part(state), *await _peers(state, "groups")])
+
+
 async def payouts(state: QueenState) -> list[dict[str, Any]]:
     """``/admin/api/payouts``: the latest payouts, newest first (none without a database)."""
     if state.db is None:
@@ -314,6 +411,8 @@ async def part(state: QueenState, what: Query, arg: str | None) -> Any:
         return [job_row(job) for job in state.stats.recent]
     if what == "placements":
         return state.placement.placements()
+    if what == "groups":
+        return groups_part(state)
     raise ValueError(f"no such report: {what}")
 
 

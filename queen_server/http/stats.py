@@ -65,6 +65,11 @@ async def admin_placements(request: Request) -> Response:
     return json_response(await reports.placements(require_admin(request)))
 
 
+@router.get("/admin/api/groups", include_in_schema=False)
+async def admin_groups(request: Request) -> Response:
+    return json_response(await reports.groups(require_admin(request)))
+
+
 @router.get("/admin/api/payouts", include_in_schema=False)
 async def admin_payouts(request: Request) -> Response:
     return json_response(await reports.payouts(require_admin(request)))

@@ -316,6 +316,8 @@ class GroupService:
             self._loop = asyncio.get_running_loop().create_task(self._run(), name="groups")
 
     async def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.cancel()
         for group in list(self.groups.values()):
             self.end(group, "the queen is stopping")
         tasks = [*self._tasks, *([self._loop] if self._loop else [])]
@@ -330,8 +332,11 @@ class GroupService:
             except Exception:  # the loop must outlive any one bad round
                 log.exception("the group loop failed a round")
             self._wake.clear()
+            # Not ``wait_for``: on Python 3.11 it can swallow a cancellation that arrives as the
+            # event is set (``stop`` ends groups, which sets it), and ``stop`` would wait forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.group_interval_s)
+                async with asyncio.timeout(self.settings.group_interval_s):
+                    await self._wake.wait()
 
     async def tick(self) -> None:
         """Plan a group for each group-worthy model that has none."""

@@ -57,6 +57,20 @@ def _sats(msat: Any) -> str:
     return "0" if text in {"-0", ""} else text
 
 
+def _bytes(count: Any) -> str:
+    """Bytes in binary units with one decimal, the tenths rounded half up (as ``app.js``'s
+    ``bytes``: both round the same number, so a tie such as 1,280 bytes reads "1.3 KB" on
+    both sides)."""
+    count = float(count)
+    if count < 1024:
+        return f"{math.floor(count + 0.5):,} B"
+    power = 1
+    while power < 4 and count >= 1024 ** (power + 1):
+        power += 1
+    tenths = math.floor(count / 1024**power * 10 + 0.5) / 10
+    return f"{tenths:,.1f} {'KMGT'[power - 1]}B"
+
+
 def _params(count: Any) -> str:
     count = float(count)
     for size, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
@@ -114,6 +128,10 @@ def fmt(value: Any, kind: str = "text") -> str:
                         else f"{math.floor(value + 0.5):,} MB")
             case "params":
                 return _params(value)
+            case "bytes":
+                return _bytes(value)
+            case "duration":
+                return _duration(float(value))
             case "list" | "models":
                 return ", ".join(str(item) for item in value) if value else DASH
             case "gpus":
@@ -137,7 +155,7 @@ def fmt(value: Any, kind: str = "text") -> str:
 
 
 BADGES = {"online", "revoked", "outcome", "state"}
-GOOD = {"online", "active", "ok", "paid", "settled", "succeeded", "done"}
+GOOD = {"online", "active", "ok", "paid", "settled", "succeeded", "done", "ready"}
 BAD = {"offline", "revoked", "failed", "error", "timeout", "worker_lost", "expired"}
 
 
@@ -210,7 +228,7 @@ def field(data: Any, path: str, kind: str = "text", agg: str | None = None,
 # --- columns ----------------------------------------------------------------------------------
 
 NUMERIC = frozenset({"int", "float1", "float2", "float3", "rate", "seconds", "spt", "pct",
-                     "sats", "price", "mb", "params"})
+                     "sats", "price", "mb", "params", "bytes", "duration"})
 
 
 @dataclass(frozen=True)
@@ -274,6 +292,30 @@ PLACEMENT_COLUMNS = (
     Column("estimated_time", "Ready in", "seconds", "The queen's estimate"),
     Column("since_s", "Since", "seconds", "Since the placement began"),
     Column("failures", "Failed on", "list", "Workers that could not fetch it, and why"),
+)
+GROUP_COLUMNS = (
+    Column("model", "Model", wrap=True),
+    Column("phase", "Phase", "state",
+           "forming: the members start their servers; loading: the head loads the model "
+           "across them; ready: serving requests"),
+    Column("head", "Head", "worker", "The trusted worker that holds the rest of the model and "
+           "answers requests"),
+    Column("members_text", "Members", "list",
+           "Each worker in layer order, the layers it holds, and how the head reaches it "
+           "(direct on its LAN, or relayed through the queen)", wrap=True),
+    Column("size", "Workers", "int", "Workers in the group, the head included"),
+    Column("since_s", "Age", "duration", "Since the group was planned"),
+    Column("load_s", "Load time", "seconds", "How long the head took to load the model"),
+    Column("relayed_channels", "Relayed channels", "int",
+           "Connections between the head and its members carried through this queen now"),
+    Column("relayed_bytes", "Relayed", "bytes",
+           "Bytes this queen carried between the head and its relayed members"),
+)
+UNGROUPED_COLUMNS = (
+    Column("model", "Model", wrap=True),
+    Column("served_by", "Served by", title="Whether requests for the model get a worker now"),
+    Column("outcome", "Why no group", wrap=True,
+           title="The group planner's last outcome for the model, in its words"),
 )
 PUBLIC_MODEL_COLUMNS = (
     Column("id", "Model", wrap=True),

@@ -36,12 +36,14 @@ from queen_server.billing.admin import create_key, credit_key, revoke_key
 from queen_server.errors import ApiError
 from queen_server.web.formatting import (
     AUDIT_COLUMNS,
+    GROUP_COLUMNS,
     JOB_COLUMNS,
     KEY_COLUMNS,
     MODEL_COLUMNS,
     PAYOUT_COLUMNS,
     PLACEMENT_COLUMNS,
     PUBLIC_MODEL_COLUMNS,
+    UNGROUPED_COLUMNS,
     WORKER_COLUMNS,
     WORKER_JOB_COLUMNS,
     cell,
@@ -130,6 +132,7 @@ NAV = (
     ("/admin/workers", "Workers"),
     ("/admin/models", "Models"),
     ("/admin/placements", "Placements"),
+    ("/admin/groups", "Groups"),
     ("/admin/jobs", "Jobs"),
     ("/admin/api-keys", "Keys"),
     ("/admin/payouts", "Payouts"),
@@ -320,6 +323,14 @@ async def placements(request: Request) -> Response:
                              intro="Models being fetched onto workers for developers who asked "
                              "for them (models on demand).",
                              empty="No model is being placed now.")
+
+
+@router.get("/admin/groups", response_class=HTMLResponse)
+async def groups(request: Request) -> Response:
+    """Model groups (issue 19): the live groups, and the models without one and why."""
+    return await _admin_page(request, "admin_groups.html", "/admin/api/groups",
+                             reports.groups, "/admin/groups", columns=GROUP_COLUMNS,
+                             model_columns=UNGROUPED_COLUMNS)
 
 
 @router.get("/admin/jobs", response_class=HTMLResponse)

@@ -15,11 +15,12 @@
   const DASH = "\u2014";
   const intFormat = new Intl.NumberFormat("en-US", { maximumFractionDigits: 0 });
   const BADGES = new Set(["online", "revoked", "outcome", "state"]);
-  const GOOD = new Set(["online", "active", "ok", "paid", "settled", "succeeded", "done"]);
+  const GOOD = new Set(["online", "active", "ok", "paid", "settled", "succeeded", "done",
+    "ready"]);
   const BAD = new Set(["offline", "revoked", "failed", "error", "timeout", "worker_lost",
     "expired"]);
   const NUMERIC = new Set(["int", "float1", "float2", "float3", "rate", "seconds", "spt", "pct",
-    "sats", "price", "mb", "params"]);
+    "sats", "price", "mb", "params", "bytes", "duration"]);
 
   // --- formatting ---------------------------------------------------------------------------
 
@@ -65,6 +66,15 @@
     return String(Math.trunc(count));
   }
 
+  // Bytes in binary units, the tenths rounded half up (formatting.py's _bytes).
+  function bytes(count) {
+    if (count < 1024) return intFormat.format(Math.floor(count + 0.5)) + " B";
+    let power = 1;
+    while (power < 4 && count >= Math.pow(1024, power + 1)) power += 1;
+    const tenths = Math.floor((count / Math.pow(1024, power)) * 10 + 0.5) / 10;
+    return fixed(tenths, 1) + " " + "KMGT"[power - 1] + "B";
+  }
+
   function gpus(names) {
     if (!names || !names.length) return "none";
     const counts = new Map();
@@ -100,6 +110,8 @@
       case "mb": return value >= 1024 ? (value / 1024).toFixed(1) + " GB"
         : intFormat.format(Math.round(value)) + " MB";
       case "params": return params(Number(value));
+      case "bytes": return bytes(Number(value));
+      case "duration": return duration(Number(value));
       case "list": case "models":
         return Array.isArray(value) && value.length ? value.join(", ") : DASH;
       case "gpus": return gpus(value);

@@ -117,3 +117,12 @@ async def test_the_queen_s_measured_round_trips_choose_the_nearer_relayed_member
     group = groups.service.by_model[MODEL]
     assert {w.public_id for w in group.members.values()} == {"m1", "m2"}
     assert all(m.route is Route.RELAYED for m in group.plan.members[1:])
+
+
+async def test_the_service_stops_with_groups_alive(groups: Groups) -> None:
+    """Ending the groups on ``stop`` wakes the planning loop as it is cancelled; the stop must
+    still end (it once waited for ever: ``asyncio.wait_for`` swallowed the cancellation)."""
+    groups.service.start()
+    await ready(groups)
+    await asyncio.wait_for(groups.service.stop(), WAIT)
+    assert groups.service.groups == {}
