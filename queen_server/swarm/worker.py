@@ -187,7 +187,7 @@ class Worker:
         """One round trip measured by the queen's clock: kept as a moving average (the
         newest weighing a third), bounded to [0, ``MAX_RTT_S``]."""
         ms = min(max(0.0, seconds), MAX_RTT_S) * 1000.0
-        self.rtt_ms = ms if self.rtt_ms is None else round(self.rtt_ms + (ms - self.rtt_ms) / 3, 3)
+        self.rtt_ms = ms if self.rtt_ms is None else self.rtt_ms + (ms - self.rtt_ms) / 3
 
     @property
     def earnings_key(self) -> str | None:

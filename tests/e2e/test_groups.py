@@ -84,6 +84,9 @@ async def test_a_model_no_worker_holds_alone_is_served_by_a_group(tmp_path, rout
 
             group = await ready_group(queen)
             names = roles_of(services, group)
+            for part in group.parts:  # planned by the queen's own round trips, on loopback
+                assert part.rtt_ms is not None
+                assert 0 <= part.rtt_ms < 5_000
             assert names[0] == "head"  # the only worker holding the file leads
             assert len(names) == 3  # the fewest that hold it: one worker stays out
             members = names[1:]

@@ -24,7 +24,7 @@ from desktop_worker.gui.services.groups import (
 from desktop_worker.gui.services.worker import TrayState, status_text
 from shared_schema import GroupLead, GroupLink, GroupMemberReady, GroupServe
 from tests.desktop_worker.gui.conftest import open_app, until
-from tests.desktop_worker.gui.test_live_state import TINY, add_tiny_model
+from tests.desktop_worker.gui.test_live_state import add_tiny_model, start_earning
 from tests.support.queen import running_queen
 
 GROUP = "0123456789abcdef"
@@ -179,11 +179,7 @@ async def test_a_real_member_shows_in_the_header_and_the_tray_then_goes_back(
         tmp_path, settings_for, qtbot) -> None:
     async with (running_queen(tmp_path) as queen,
                 open_app(settings_for(queen_url=queen.ws_url), group_poll_ms=50) as app):
-        add_tiny_model(app, tmp_path)
-        app.launch()
-        app.controller.start()
-        await queen.wait_until(lambda: TINY in queen.state.registry.model_names(), 30)
-        await until(lambda: app.controller.state == TrayState.IDLE, 10, "earning")
+        await start_earning(app, queen, tmp_path)
         header, tray = app.header, app.tray
         assert header.status.text() == "Earning: waiting for jobs"
         service = app.controller.service

@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 
 from desktop_worker.gui.services.logs import Append, LogFolder, OncePerRun, RemoveLast
-from desktop_worker.gui.services.worker import countdown_text, reconnect_delay
+from desktop_worker.gui.services.worker import TrayState, countdown_text, reconnect_delay
 from desktop_worker.gui.views.hardware import HardwareView, ram_bar_values
 from desktop_worker.hardware import NullGpuDetector, SystemInfo, detect_hardware
 from desktop_worker.identity import WorkerIdentity
@@ -25,6 +25,16 @@ TINY = "tiny"
 
 def add_tiny_model(app, tmp_path: Path) -> None:
     app.models.store.import_file(make_gguf(tmp_path / "tiny.gguf", name=TINY), TINY)
+
+
+async def start_earning(app, queen, tmp_path: Path) -> None:
+    """Give the app the tiny model, launch it, start earning, and wait until the queen routes
+    the model to it and the app says it is earning."""
+    add_tiny_model(app, tmp_path)
+    app.launch()
+    app.controller.start()
+    await queen.wait_until(lambda: TINY in queen.state.registry.model_names(), 30)
+    await until(lambda: app.controller.state == TrayState.IDLE, 10, "earning")
 
 
 def closed_port() -> int:

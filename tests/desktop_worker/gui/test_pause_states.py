@@ -16,18 +16,14 @@ from desktop_worker.gui.views.settings import SettingsView
 from desktop_worker.gui.window import PAUSED_STYLE
 from desktop_worker.settings import config_path
 from tests.desktop_worker.gui.conftest import open_app, until
-from tests.desktop_worker.gui.test_live_state import TINY, add_tiny_model
+from tests.desktop_worker.gui.test_live_state import start_earning
 from tests.support.queen import running_queen
 
 
 async def test_a_pause_shows_why_in_the_header_and_the_tray(tmp_path, settings_for, qtbot):
     async with (running_queen(tmp_path) as queen,
                 open_app(settings_for(queen_url=queen.ws_url)) as app):
-        add_tiny_model(app, tmp_path)
-        app.launch()
-        app.controller.start()
-        await queen.wait_until(lambda: TINY in queen.state.registry.model_names(), 30)
-        await until(lambda: app.controller.state == TrayState.IDLE, 10, "earning")
+        await start_earning(app, queen, tmp_path)
         header, tray = app.header, app.tray
 
         app.controller.service.pause("on battery")

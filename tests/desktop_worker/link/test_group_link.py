@@ -225,16 +225,8 @@ async def test_relayed_channels_go_both_ways_as_binary_frames_on_the_session(que
             await reports[0](GroupClose(group=GROUP, channel=channel, reason="done"))
 
     queen = RelayQueen()
-    client = client_for(await queen_at(queen), on_group=on_group, on_relay=on_relay)
-    stop = asyncio.Event()
-    task = asyncio.create_task(client.run(stop))
-    try:
-        async with asyncio.timeout(20):
-            await queen.done.wait()
-    finally:
-        stop.set()
-        async with asyncio.timeout(20):
-            await task
+    await serve_once(client_for(await queen_at(queen), on_group=on_group, on_relay=on_relay),
+                     queen)
     assert heard == [GroupOpen(group=GROUP, channel=7, member="w")]
     # the handler gets every well-formed data frame (the channel table drops unknown ones)
     assert data == [(7, b"challenge?"), (8, b"for no channel")]
