@@ -1,5 +1,7 @@
 """The queen's ``fetch`` commands (issue 17): download exactly the file the queen pinned, check
-it, load it, and say so.
+it, load it, and say so. A fetch for a model group (``Fetch.group``, issue 19) is downloaded and
+checked but not loaded: the model does not fit this worker alone, and the group's head process
+loads it across the members once the queen forms the group.
 
 One fetch per model at a time: a second ``fetch`` for a model already under way is ignored (the
 queen may send one again after a reconnect). Progress goes into the worker's ``status``
@@ -119,8 +121,11 @@ class Fetcher:
                 self.store.pull, fetch.name, progress, entry.cancel,
                 protect=self.pool.loaded(), revision=fetch.revision,
                 expect_sha256=fetch.sha256, evict=self.evict())
-            plan = await self.pool.load(fetch.name)
-            log.info("fetched and loaded %s (%s)", fetch.name, plan.reason)
+            if fetch.group:  # too big for this worker alone: the group's head process loads it
+                log.info("fetched %s to lead a model group with it", fetch.name)
+            else:
+                plan = await self.pool.load(fetch.name)
+                log.info("fetched and loaded %s (%s)", fetch.name, plan.reason)
         except (ModelStoreError, EngineError) as exc:
             code = failure_code(exc)
             log.warning("could not fetch %s for the queen (%s): %s", fetch.name, code, exc)

@@ -89,11 +89,12 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
             return 0  # this queen does not pay its workers
         return int(state.price_of(model).completion_msat_per_1k * settings.worker_share)
 
+    groups = GroupService(settings, registry, catalog)
     placement = PlacementService(settings, registry, catalog, speeds_for=stats.speeds_for,
-                                 size_class_of=size_class_of, earn_msat_per_1k=earn_msat_per_1k)
+                                 size_class_of=size_class_of, earn_msat_per_1k=earn_msat_per_1k,
+                                 groups=groups)
     dispatcher = Dispatcher(registry, settings, DispatchStats(stats, metrics), known_size_class,
                             pinned=placement.pinned)
-    groups = GroupService(settings, registry, catalog)
     dispatcher.groups = groups
     audits = AuditService(settings, registry, dispatcher, billing,
                           AuditStore(db.engine) if db is not None else None, metrics)

@@ -74,7 +74,9 @@ class Demand(WireModel):
 
 
 class Fetch(WireModel):
-    """Download this model (exactly this file), check it and load it."""
+    """Download this model (exactly this file), check it and load it. ``group``: only download
+    and check it, for a model group this worker is to lead (the model does not fit it alone;
+    the head process loads it across the group's members)."""
 
     type: Literal["fetch"] = "fetch"
     name: str = Field(min_length=1, max_length=400)
@@ -83,6 +85,7 @@ class Fetch(WireModel):
     paths: list[str] = Field(min_length=1, max_length=256)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Of the first (or only) file.")
     size_bytes: int = Field(ge=0, le=MAX_MODEL_BYTES)
+    group: bool = False
 
 
 class FetchFailed(WireModel):

@@ -305,9 +305,12 @@ class LinkClient:
             if self._link is link:
                 await self._act(link, link.fetch_failed(failure))
 
-        if self.on_fetch is None or self.paused:
+        refused = self.on_fetch is None or (fetch.group and self.on_group is None)
+        if refused or self.paused:
             code = "paused" if self.paused else "not_allowed"
-            why = f"paused: {self.paused}" if self.paused else "this worker takes no fetches"
+            why = (f"paused: {self.paused}" if self.paused
+                   else "this worker takes no fetches" if self.on_fetch is None
+                   else "this worker does not lead model groups")
             await report(FetchFailed(name=fetch.name, code=code, message=why))
             return
         self.on_fetch(fetch, report)

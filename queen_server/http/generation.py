@@ -134,6 +134,7 @@ async def serve(state: QueenState, request: Request, principal: Principal,
         if not await dispatcher.served_elsewhere(gen.model):
             state.groups.prepare(gen.model)  # a model only a group serves: its group's state
             await state.placement.prepare(gen.model)
+            state.groups.prepare(gen.model)  # fetched for a group's head: the group forms now
             dispatcher.require_servable(gen.model, needs)
     answer = Delivered(gen.meter)
     admission, hold = await admit_and_hold(

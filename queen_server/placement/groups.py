@@ -38,15 +38,13 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Protocol
+from collections.abc import Callable, Collection, Iterable
 
 from queen_server.catalog import ModelCatalog
 from queen_server.errors import ModelLoading, NoCapacity
-from queen_server.groups import Candidate, GroupPlan, NoPlan, Route, plan_group
+from queen_server.groups import Candidate, GroupPlan, NoPlan, NoPlanReason, plan_group
 from queen_server.placement.group_relay import GroupRelay
+from queen_server.placement.group_state import Group, GroupSettings, Phase, part_of
 from queen_server.swarm.jobs import Shares
 from queen_server.swarm.registry import Registry
 from queen_server.swarm.worker import Worker
@@ -74,74 +72,10 @@ ASSUMED_LAN_MB_S = 50.0  # for the estimate a request gets while a group loads
 GOOD_STANDING = 1.0  # audits set ``trust`` below this for a worker in good standing
 
 
-class GroupSettings(Protocol):
-    @property
-    def groups(self) -> bool: ...
-    @property
-    def group_heads(self) -> list[str]: ...
-    @property
-    def group_interval_s(self) -> float: ...
-    @property
-    def group_setup_timeout_s(self) -> float: ...
-    @property
-    def group_load_timeout_s(self) -> float: ...
-    @property
-    def group_headroom_fraction(self) -> float: ...
-    @property
-    def group_reserve_mb(self) -> int: ...
-    @property
-    def group_retry_s(self) -> float: ...
-    @property
-    def group_relay(self) -> bool: ...
-    @property
-    def group_relay_channels(self) -> int: ...
-
-
-class Phase(StrEnum):
-    FORMING = "forming"  # members asked to serve
-    LOADING = "loading"  # the head loads the model across them
-    READY = "ready"  # in routing
-    ENDED = "ended"
-
-
 class _SendFailed(Exception):
     def __init__(self, worker: Worker, why: str) -> None:
         super().__init__(why)
         self.worker = worker
-
-
-@dataclass(eq=False)
-class Group:
-    id: str
-    model: str
-    sha256: str
-    size_bytes: int
-    plan: GroupPlan
-    head: Worker
-    members: dict[str, Worker]  # key -> worker, the head left out, in layer order
-    tokens: dict[str, str]  # member key -> its link's token (hex)
-    started: float
-    phase: Phase = Phase.FORMING
-    readies: dict[str, GroupMemberReady] = field(default_factory=dict)
-    members_ready: asyncio.Event = field(default_factory=asyncio.Event)
-    head_ready: asyncio.Event = field(default_factory=asyncio.Event)
-    ready_at: float | None = None
-    load_s: float | None = None
-    reason: str = ""
-    task: asyncio.Task[None] | None = None
-
-    @property
-    def parts(self) -> list[Worker]:
-        return [self.head, *self.members.values()]
-
-    def relayed(self, key: str) -> bool:
-        """Whether the head reaches member ``key`` through the queen."""
-        return any(m.key == key and m.route is Route.RELAYED for m in self.plan.members)
-
-    @property
-    def shares(self) -> Shares:
-        """Who earns what share of an answer: (worker key, layers held), the head first."""
-        return tuple((m.key, m.layers) for m in self.plan.members)
 
 
 class GroupService:
@@ -155,6 +89,10 @@ class GroupService:
         self.by_model: dict[str, Group] = {}
         self.group_only: set[str] = set()  # models only a group serves
         self.outcomes: dict[str, str] = {}  # model -> the last planning's outcome, in words
+        # Models no worker held, whose would-be head downloads them (model -> its key), and
+        # those it now holds, until the next round plans them (``head_to_fetch``).
+        self.fetching: dict[str, str] = {}
+        self.fetched: set[str] = set()
         self._cooldown: dict[str, float] = {}  # worker key -> not in a plan until
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()  # set (and replaced) on every change ``regrouped`` reads
@@ -221,10 +159,20 @@ class GroupService:
         """A request for ``model`` found no worker in routing: while its group forms, a 503
         ``model_loading`` with an estimate; for a group-only model without a group, a 503 that
         says why. Nothing for any other model."""
+        if model in self.fetching:
+            return  # its head downloads it: placement's wait and estimate
         group = self.by_model.get(model)
+        if model in self.fetched and group is None:  # held by its head: planned this round
+            facts = self.catalog.pin(model)
+            estimate = self.load_estimate_s(facts.size_bytes or 0 if facts else 0)
+            raise ModelLoading(
+                f"The model '{model}' is being loaded across a group of workers; it should be "
+                f"ready in about {round(estimate)} s. Try again then.", code="model_loading",
+                headers={"Retry-After": str(round(estimate))},
+                extra={"estimated_time": round(estimate, 1)})
         if group is not None and group.phase is not Phase.READY:
             elapsed = self.clock() - group.started
-            estimate = max(1.0, group.size_bytes / (ASSUMED_LAN_MB_S * MB) + 5.0 - elapsed)
+            estimate = max(1.0, self.load_estimate_s(group.size_bytes) - elapsed)
             seconds = max(1, round(estimate))
             raise ModelLoading(
                 f"The model '{model}' is being loaded across a group of {len(group.parts)} "
@@ -238,12 +186,69 @@ class GroupService:
                              code="group_unavailable",
                              headers={"Retry-After": str(round(self.settings.group_interval_s))})
 
+    @staticmethod
+    def load_estimate_s(size_bytes: int) -> float:
+        """About how long a group takes to form and load a model of ``size_bytes``."""
+        return size_bytes / (ASSUMED_LAN_MB_S * MB) + 5.0
+
+    # --- a model no worker holds yet --------------------------------------------------------
+
+    async def head_to_fetch(self, model: str, exclude: Collection[str] = ()
+                            ) -> Worker | str | None:
+        """For a model no worker holds (``PlacementService``): the worker to download it and
+        lead its group, or why no group could serve it, in words; None when one worker holds
+        it alone by the planner's rule (headroom included), or groups are off. The head is
+        the plan's, as if every trusted ``rpc`` worker with room for the file (``exclude``
+        left out: those that failed it) held it. The model is group-only from now on, so no
+        worker serves it alone, until the download is given up (``fetch_ended``)."""
+        facts = self.catalog.pin(model)
+        if not self.settings.groups or model in self.by_model or facts is None:
+            return None
+        if facts.shape is None:
+            return "the queen could not read the model's layers from its file"
+        candidates = self._candidates(model, facts.sha256, fetch_bytes=facts.size_bytes or 0,
+                                      exclude=exclude)
+        result = await asyncio.to_thread(
+            plan_group, facts.shape, candidates, relayed=self.settings.group_relay,
+            headroom_fraction=self.settings.group_headroom_fraction,
+            reserve_mb=self.settings.group_reserve_mb)
+        if isinstance(result, NoPlan):  # one worker holds it alone: no group's model
+            return (None if result.reason is NoPlanReason.FITS_ONE_WORKER
+                    else f"{result.reason}: {result.detail}")
+        head = self.registry.get(result.head)
+        if head is None or head.closed:
+            return "its planned head left"
+        held = head.models.get(model)
+        if held is not None and held.sha256 == facts.sha256:  # planned at the next round
+            self._wake.set()
+            return f"worker {head.public_id} holds it; its group is being planned"
+        self.fetching[model] = head.key
+        self.fetched.discard(model)
+        self.outcomes[model] = (f"worker {head.public_id} is downloading it to lead a group of "
+                                f"{len(result.members)}")
+        self._set_group_only(model, True)
+        return head
+
+    def fetch_ended(self, model: str, ok: bool, why: str = "") -> None:
+        """The download ``head_to_fetch`` started ended: held (the group is planned now), or
+        given up (the model is no longer group-only, unless a group serves it)."""
+        if self.fetching.pop(model, None) is None:
+            return
+        if ok:
+            self.fetched.add(model)
+            self.outcomes[model] = "its head holds it; its group is being planned"
+            self._wake.set()
+            return
+        self.outcomes[model] = f"its head could not download it: {why}"[:600]
+        if model not in self.by_model:
+            self._set_group_only(model, False)
+
     # --- what workers say -------------------------------------------------------------------
 
     def on_report(self, worker: Worker, message: WireModel) -> None:
         """A ``group_member_ready``, ``group_ready`` or ``group_failed`` from ``worker``."""
         group = self.groups.get(getattr(message, "group", ""))
-        if group is None or group.phase is Phase.ENDED or not _part_of(group, worker):
+        if group is None or group.phase is Phase.ENDED or not part_of(group, worker):
             log.info("ignored a %s from worker %s about a group it is not in",
                      getattr(message, "type", "?"), worker.public_id)
             return
@@ -306,7 +311,7 @@ class GroupService:
     def left(self, worker: Worker) -> None:
         """A worker disconnected: every group it was part of ends."""
         for group in list(self.groups.values()):
-            if _part_of(group, worker):
+            if part_of(group, worker):
                 self.end(group, f"worker {worker.public_id} left")
 
     # --- forming and ending -----------------------------------------------------------------
@@ -345,13 +350,15 @@ class GroupService:
         self._cooldown = {k: t for k, t in self._cooldown.items() if t > now}
         for model, sha256 in sorted(self._models().items()):
             facts = self.catalog.pin(model)
-            if model in self.by_model or facts is None or facts.shape is None:
+            if (model in self.by_model or model in self.fetching or facts is None
+                    or facts.shape is None):
                 continue
             candidates = self._candidates(model, sha256)
             result = await asyncio.to_thread(
                 plan_group, facts.shape, candidates, relayed=settings.group_relay,
                 headroom_fraction=settings.group_headroom_fraction,
                 reserve_mb=settings.group_reserve_mb)
+            self.fetched.discard(model)
             if model in self.by_model:
                 continue  # formed meanwhile
             if isinstance(result, NoPlan):
@@ -520,11 +527,13 @@ class GroupService:
         return ("*" in heads or worker.key in heads or worker.public_id in heads
                 or worker.trust < GOOD_STANDING)
 
-    def _candidates(self, model: str, sha256: str) -> list[Candidate]:
+    def _candidates(self, model: str, sha256: str, *, fetch_bytes: int | None = None,
+                    exclude: Collection[str] = ()) -> list[Candidate]:
         """Every worker as the planner sees it: its memory budget (a claim; the planner bounds
         it), LAN, build and ``rpc``, the queen's measured round trip to it; a head only if
-        trusted and holding the pinned file. A worker busy in a group, paused, flagged or
-        cooling down after a failure is left out."""
+        trusted and holding the pinned file, or, with ``fetch_bytes``, able to fetch that
+        much (not one in ``exclude``). A worker busy in a group, paused, flagged or cooling
+        down after a failure is left out."""
         heading = self._heading()
         out = []
         for w in self.registry:
@@ -532,10 +541,14 @@ class GroupService:
                     or w.key in self._cooldown or AUDITOR in w.capabilities):
                 continue
             held = w.models.get(model)
+            holds = held is not None and held.sha256 == sha256
+            if fetch_bytes is not None and not holds:
+                holds = (w.takes_fetch and w.key not in exclude and model not in w.downloads
+                         and (w.model_room_mb or 0) * MB >= fetch_bytes)
             out.append(Candidate(
                 key=w.key, free_mb=(float(w.memory_budget_mb or 0),), lan=w.lan,
-                trusted=held is not None and held.sha256 == sha256 and self.may_head(w),
-                build=w.llama_build, rpc=RPC in w.capabilities, rtt_ms=w.rtt_ms))
+                trusted=holds and self.may_head(w), build=w.llama_build,
+                rpc=RPC in w.capabilities, rtt_ms=w.rtt_ms))
         return out
 
     def _set_group_only(self, model: str, on: bool) -> None:
@@ -567,8 +580,3 @@ class GroupService:
                 "relayed_channels": relayed.channels,
                 "relayed_bytes": relayed.bytes_to_members + relayed.bytes_to_head})
         return rows
-
-
-def _part_of(group: Group, worker: Worker) -> bool:
-    return worker is group.head or group.members.get(worker.key) is worker
-

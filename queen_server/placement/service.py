@@ -10,6 +10,13 @@ fails a fetch (``fetch_failed``), leaves, or shows no progress for ``fetch_stall
 by the next best, up to ``max_fetch_attempts``. A background loop sends every worker the
 demand (``Demand``) each ``demand_interval_s`` and places one more copy of a model whose
 requests keep finding every holder busy, up to ``max_copies_per_model``.
+
+A model the group planner finds no single worker can hold (issue 19: by the operator's headroom
+for groups) is fetched onto the worker that is to lead its group (``GroupHeads.head_to_fetch``:
+trusted, with the ``rpc`` backend and room for the file):
+a ``fetch`` with ``group`` set, which the worker downloads and checks but does not load. The
+same waits, retries and estimates apply (plus the group's load); once the head holds the file
+the group service forms the group.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -42,7 +49,7 @@ from shared_schema import Demand, DownloadProgress, Fetch, FetchFailed, ModelDem
 from shared_schema.fitting import MB
 from shared_schema.placement import MAX_DEMAND_MODELS
 
-__all__ = ["Loading", "PlacementService", "PlacementSettings", "refusal"]
+__all__ = ["GroupHeads", "Loading", "PlacementService", "PlacementSettings", "refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +87,17 @@ class PlacementSettings(Protocol):
     def demand_interval_s(self) -> float: ...
 
 
+class GroupHeads(Protocol):
+    """Where a model no single worker can hold is fetched (``placement.groups.GroupService``)."""
+
+    async def head_to_fetch(self, model: str, exclude: Collection[str]
+                            ) -> Worker | str | None: ...
+    def fetch_ended(self, model: str, ok: bool, why: str = "") -> None: ...
+    def load_estimate_s(self, size_bytes: int) -> float: ...
+    @property
+    def group_only(self) -> set[str]: ...
+
+
 @dataclass
 class Loading:
     """One model's placement under way: the workers asked, and those that failed it."""
@@ -93,6 +111,8 @@ class Loading:
     done: set[str] = field(default_factory=set)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     error: ApiError | None = None
+    group: bool = False  # fetched onto a group's would-be head (not loaded there)
+    no_group: str | None = None  # why no group could serve it, in words
 
 
 def refusal(model: str, exc: ModelUnverified) -> ApiError:
@@ -131,8 +151,10 @@ class PlacementService:
         size_class_of: Callable[[str], str],
         earn_msat_per_1k: Callable[[str], int],
         clock: Callable[[], float] = time.monotonic,
+        groups: GroupHeads | None = None,
     ) -> None:
         self.settings = settings
+        self.groups = groups
         self.registry = registry
         self.catalog = catalog
         self.speeds_for = speeds_for
@@ -237,7 +259,13 @@ class PlacementService:
         spent = self._spend_placement(model)
         loading = Loading(need_of(model, facts.sha256, size, facts.shape), facts, self.clock())
         self.loading[model] = loading
+        # A model the group planner finds no one worker can hold goes to a group's head;
+        # any other (or one no group can serve either) to the best worker that fits it.
+        loading.group = self.groups is not None
         await self._ask_more(loading, 1)
+        if loading.group and not loading.asked and not loading.failed:
+            loading.group = False
+            await self._ask_more(loading, 1)
         if not loading.asked:  # no fetch went out: no placement spent
             with contextlib.suppress(ValueError):
                 self._placed_at.remove(spent)
@@ -247,14 +275,16 @@ class PlacementService:
                 del self.loading[model]
             if loading.error is not None:
                 raise loading.error
-            raise self._no_worker_fits(loading.need)
+            raise self._no_worker_fits(loading.need, loading.no_group)
         return loading
 
-    def _no_worker_fits(self, need: ModelNeed) -> NoCapacity:
+    def _no_worker_fits(self, need: ModelNeed, no_group: str | None = None) -> NoCapacity:
         """The answer for a model no connected worker can hold, remembered for
         ``UNFIT_RECHECK_S`` (so a flood of requests for it costs one scan, not one each)."""
         now = self.clock()
         message = self._unplaceable(need)
+        if no_group:
+            message += f" No group of workers can serve it together either: {no_group}."
         if len(self._unfit) >= MAX_UNFIT:
             self._unfit = {k: v for k, v in self._unfit.items() if v[0] > now}
         if len(self._unfit) < MAX_UNFIT:
@@ -297,11 +327,14 @@ class PlacementService:
         facts = loading.facts
         frame = encode(Fetch(name=need.name, repo_id=facts.repo_id, revision=facts.commit,
                              paths=list(facts.paths), sha256=need.sha256,
-                             size_bytes=need.size_bytes))
+                             size_bytes=need.size_bytes, group=loading.group))
         while count > 0 and len(loading.failed) < self.settings.max_fetch_attempts:
-            speeds = self.speeds_for(self.size_class_of(need.name))
-            chosen = choose(need, self.registry.takers(), speeds, count,
-                            exclude=loading.failed.keys() | loading.asked.keys() | loading.done)
+            exclude = loading.failed.keys() | loading.asked.keys() | loading.done
+            if loading.group:
+                chosen = await self._group_head(loading, exclude)
+            else:
+                speeds = self.speeds_for(self.size_class_of(need.name))
+                chosen = choose(need, self.registry.takers(), speeds, count, exclude=exclude)
             if not chosen:
                 return
             for worker in chosen:
@@ -326,6 +359,15 @@ class PlacementService:
                     continue
                 count -= 1
 
+    async def _group_head(self, loading: Loading, exclude: Collection[str]) -> list[Worker]:
+        """The worker to fetch ``loading``'s model for a group it is to lead, if any."""
+        assert self.groups is not None
+        found = await self.groups.head_to_fetch(loading.need.name, exclude)
+        if isinstance(found, str):
+            loading.no_group = found
+            return []
+        return [found] if found is not None else []
+
     def estimate_s(self, loading: Loading) -> float:
         """Seconds until the soonest asked worker should have the model loaded."""
         if loading.ready.is_set():
@@ -339,7 +381,10 @@ class PlacementService:
             done = progress.downloaded_bytes if progress is not None else 0
             speed = progress.bytes_per_s if progress is not None and progress.bytes_per_s else None
             seconds = max(total - done, 0) / (speed or assumed)
-            seconds += total / LOAD_BYTES_PER_S + LOAD_FIXED_S
+            if loading.group and self.groups is not None:
+                seconds += self.groups.load_estimate_s(total)
+            else:
+                seconds += total / LOAD_BYTES_PER_S + LOAD_FIXED_S
             best = seconds if best is None else min(best, seconds)
         return best if best is not None else float(self.settings.model_wait_s) + 1
 
@@ -357,8 +402,11 @@ class PlacementService:
                 del loading.asked[worker.key]
                 loading.done.add(worker.key)
                 loading.ready.set()
-                log.info("worker %s now serves %s (%.0f s after it was asked for)",
-                         worker.public_id, name, now - loading.started)
+                log.info("worker %s now %s %s (%.0f s after it was asked for)",
+                         worker.public_id, "holds, to lead a group," if loading.group
+                         else "serves", name, now - loading.started)
+                if loading.group and self.groups is not None:
+                    self.groups.fetch_ended(name, True)
                 if not loading.asked:
                     del self.loading[name]
                 continue
@@ -409,6 +457,8 @@ class PlacementService:
         loading.ready.set()
         if self.loading.get(name) is loading:
             del self.loading[name]
+        if loading.group and self.groups is not None:
+            self.groups.fetch_ended(name, False, reasons)
 
     # --- the background loop ----------------------------------------------------------------
 
@@ -491,6 +541,8 @@ class PlacementService:
         for row in self._demand.models:
             if row.unmet_per_min <= 0 or row.sha256 is None or row.loading:
                 continue
+            if self.groups is not None and row.name in self.groups.group_only:
+                continue  # a lone copy would not be used: its group serves it
             if row.holders >= self.settings.max_copies_per_model:
                 continue
             facts = self.catalog.pin(row.name)
@@ -525,5 +577,6 @@ class PlacementService:
                     "estimated_time": round(self.estimate_s(loading), 1),
                     "since_s": round(self.clock() - loading.started, 1),
                     "failed": dict(loading.failed),
+                    "for_group": loading.group,
                 })
         return out

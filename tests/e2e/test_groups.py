@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import openai
 import pytest
 
 from desktop_worker.earnings import fetch_earnings
@@ -159,3 +160,44 @@ async def test_a_model_no_worker_holds_alone_is_served_by_a_group(tmp_path, rout
             answer = await client.chat.completions.create(
                 model=MODEL, messages=MESSAGES, temperature=0, max_tokens=40)
             assert answer.choices[0].message.content == expected
+
+
+async def test_a_model_no_worker_holds_is_fetched_onto_its_head_and_served_by_a_group(tmp_path):
+    """No worker holds the file, none can hold the model alone: the queen fetches it onto the
+    worker its plan makes the head (downloaded and checked, not loaded), no other worker
+    downloads it, and the group forms once the head holds it. Relayed (the default route).
+    By the queen's rule for groups (its operator keeps 176 MB of each 256 MB free) no worker
+    holds it alone, though the placement's rule for one worker alone would."""
+    with FakeHub(repos()) as hub:
+        async with running_queen(tmp_path, hub_endpoint=hub.url, auth="keys", escrow_jobs=0,
+                                 total_timeout_s=90, model_wait_s=0, **GROUPS) as queen, \
+                contextlib.AsyncExitStack() as stack:
+            services = {name: await stack.enter_async_context(
+                worker(tmp_path, queen, hub, name, **MEMBER)) for name in ("w1", "w2", "w3")}
+            secret, _ = await funded_key(queen, 50)
+            client = queen.client(api_key=secret)
+            with pytest.raises(openai.APIStatusError) as caught:
+                await client.chat.completions.create(model=MODEL, messages=MESSAGES,
+                                                     temperature=0, max_tokens=40)
+            assert caught.value.status_code == 503
+            error = caught.value.response.json()["error"]
+            assert error["code"] == "model_loading"
+            assert error["estimated_time"] > 0
+            [head_key] = queen.state.placement.loading[MODEL].asked
+            assert queen.state.placement.loading[MODEL].group
+            assert MODEL in queen.state.groups.group_only
+
+            group = await ready_group(queen)
+            assert group.head.key == head_key  # the worker that fetched it leads
+            names = roles_of(services, group)
+            head = services[names[0]]
+            assert [m.name for m in head.store.list()] == [MODEL]
+            assert MODEL not in head.pool.loaded() or head.groups.part is not None
+            for name, service in services.items():  # nobody else downloaded it
+                if name != names[0]:
+                    assert service.store.list() == []
+            expected = await asyncio.to_thread(one_process_text, ASK, group.plan.n_ctx)
+            for _ in range(2):  # a worker's first job is its unpaid proof of work
+                answer = await client.chat.completions.create(
+                    model=MODEL, messages=MESSAGES, temperature=0, max_tokens=40)
+                assert answer.choices[0].message.content == expected

@@ -22,6 +22,7 @@ from desktop_worker.link.machine import RelayData
 from shared_schema import (
     SUBPROTOCOL,
     Challenge,
+    Fetch,
     GroupClose,
     GroupEnd,
     GroupFailed,
@@ -127,6 +128,21 @@ async def test_a_worker_that_does_not_join_groups_says_so_at_once(queen_at) -> N
     await serve_once(client_for(await queen_at(queen)), queen)
     assert [(a.type, a.group, a.code) for a in queen.answers] == [
         ("group_failed", SERVE.group, "not_allowed"), ("group_failed", LEAD.group, "not_allowed")]
+
+
+async def test_a_fetch_for_a_group_is_refused_by_a_worker_that_does_not_join_groups(
+        queen_at) -> None:
+    """A worker that takes fetches but not groups refuses to download a model to lead a group
+    (it could not serve it); its ordinary fetches still reach its handler."""
+    fetch = {"name": "org/repo:Q4_0", "repo_id": "org/repo", "revision": "a" * 40,
+             "paths": ["m-Q4_0.gguf"], "sha256": "b" * 64, "size_bytes": 1 << 30}
+    fetched: list[Any] = []
+    queen = ScriptedQueen([Fetch(**fetch, group=True), Fetch(**fetch)], 1)
+    client = client_for(await queen_at(queen), on_fetch=lambda f, report: fetched.append(f))
+    await serve_once(client, queen)
+    assert [(a.type, a.code) for a in queen.answers] == [("fetch_failed", "not_allowed")]
+    assert "model groups" in queen.answers[0].message
+    assert fetched == [Fetch(**fetch)]
 
 
 async def test_a_paused_worker_answers_paused_and_the_handler_hears_only_ends(queen_at) -> None:

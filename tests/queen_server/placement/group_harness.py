@@ -65,7 +65,7 @@ class Groups:
             self.sent.set()
 
         connection.send_frame = send_frame  # type: ignore[method-assign]
-        worker.capabilities = frozenset([RPC]) if rpc else frozenset()
+        worker.capabilities = frozenset(worker.capabilities) | ({RPC} if rpc else set())
         worker.llama_build, worker.lan_hint, worker.peer_host = build, lan, host
         self.swarm.registry.models_changed(worker)
         return worker
