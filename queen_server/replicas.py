@@ -70,7 +70,8 @@ class _Run:
         if assigned is None:
             return None
         return RemoteWorker(assigned.worker_key, assigned.worker_id, assigned.sha256,
-                            tuple((key, layers) for key, layers in assigned.shares))
+                            tuple((key, layers) for key, layers in assigned.shares),
+                            assigned.group or "")
 
     async def cancel(self, reason: str) -> None:
         await self._job.cancel(reason)
@@ -148,12 +149,13 @@ class Replicas:
     async def submit(self, replica: str, handle: JobHandle, *, model: str, openai_url: str,
                      openai_req: Mapping[str, Any], stream: bool, timeout_s: float,
                      continuation: str | None, needs: Mapping[str, str],
-                     billed: bool, sha256: str | None, exclude: Collection[str]) -> _Run:
+                     billed: bool, sha256: str | None, exclude: Collection[str],
+                     regroup: str | None = None) -> _Run:
         job = await self.client.submit(
             replica, job_id=handle.id, model=model, openai_url=openai_url,
             openai_req=dict(openai_req), timeout_s=timeout_s, stream=stream,
             continuation=continuation, needs=needs, billed=billed,
-            sha256=sha256, exclude=list(exclude), sink=handle.feed)
+            sha256=sha256, exclude=list(exclude), sink=handle.feed, regroup=regroup)
         return _Run(job)
 
     def outcome(self, replica: str, job_id: str, *, outcome: str, prompt_tokens: int,
@@ -169,8 +171,12 @@ class Replicas:
     # --- other replicas' jobs, served here ---------------------------------------------------
 
     async def _serve(self, job: ClusterJob, emit: Emitter) -> None:
-        """Run another replica's job on a worker of this one, and send back every event."""
+        """Run another replica's job on a worker of this one, and send back every event. A
+        job whose model group here lost its head's answer (``regroup``) first waits for the
+        group to re-form (``Dispatcher.regroup_here``)."""
         try:
+            if job.regroup is not None:
+                await self.dispatcher.regroup_here(job.model, job.regroup, job.timeout_s)
             run = await self.dispatcher.start(
                 job.job_id, job.model, job.openai_url, job.openai_req, stream=job.stream,
                 billed=job.billed, needs=job.needs, local_only=True,
@@ -185,7 +191,8 @@ class Replicas:
             held = worker.models.get(job.model)
             await emit(Assigned(worker_key=worker.earnings_key, worker_id=worker.public_id,
                                 sha256=held.sha256 if held is not None else None,
-                                shares=list(run.handle.shares)))
+                                shares=list(run.handle.shares),
+                                group=run.handle.group or None))
             event = run.first
             while True:
                 if isinstance(event, WorkerLost):

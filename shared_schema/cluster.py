@@ -25,6 +25,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from shared_schema.base import WireModel
 from shared_schema.errors import ProtocolError
+from shared_schema.groups import GROUP_ID
 from shared_schema.protocol import Chunk, JobError, Result
 
 MAX_GROUP_SHARES = 64  # parts of one model group named in an ``Assigned``
@@ -48,6 +49,9 @@ class Assigned(WireModel):
     # A model group's head (issue 19): its group's (worker key, layers held), the head first,
     # for B's books (``billing.shares.split_parts``).
     shares: list[tuple[str, int]] = Field(default_factory=list, max_length=MAX_GROUP_SHARES)
+    # And the group's id: if the head fails mid-answer, B asks A to wait for the group to
+    # re-form and continue there (``ClusterJob.regroup``).
+    group: str | None = Field(default=None, pattern=GROUP_ID)
 
 
 class KeepAlive(WireModel):
@@ -91,6 +95,10 @@ class ClusterJob(WireModel):
     sha256: str | None = Field(default=None, max_length=64)
     # Workers that already failed this answer (their keys): not given it again.
     exclude: list[str] = Field(default_factory=list, max_length=64)
+    # The model group (issue 19) on the serving replica whose head failed this answer: that
+    # replica ends the group, waits for the next one (its ``group_failover_wait_s``, within
+    # ``timeout_s``) and continues the answer on its head; ``worker_lost`` if none forms.
+    regroup: str | None = Field(default=None, pattern=GROUP_ID)
 
 
 class ClusterEvent(WireModel):

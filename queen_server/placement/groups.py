@@ -120,6 +120,10 @@ class GroupService:
             return "", ()
         return group.id, group.shares
 
+    def head_of(self, group_id: str) -> Worker | None:
+        group = self.groups.get(group_id)
+        return group.head if group is not None else None
+
     def job_lost(self, group_id: str, worker: Worker, reason: str) -> None:
         """The head of ``group_id`` failed a job mid-answer (a part of its group was lost, it
         was paused, or it crashed): end the group now, if it still lives, rather than wait for

@@ -220,8 +220,13 @@ class Dispatcher:
         goes on on its head, which may be the same worker."""
         request = run.request
         self.stats.failed_over()
-        if run.handle.group and request.regroups < MAX_REGROUPS:
-            await self._regroup(request, run.handle.group, run.worker)
+        handle = run.handle
+        if handle.group and request.regroups < MAX_REGROUPS:
+            if handle.replica:  # the group is another replica's: it waits for it there
+                request.regroups += 1
+                request.regroup_at = (handle.replica, handle.group)
+            else:
+                await self._regroup(request, handle.group, run.worker)
         else:
             request.tried.add(run.worker.key)
         if not delivered_text:
@@ -245,10 +250,22 @@ class Dispatcher:
         request.regroups += 1
         self.groups.job_lost(group, head, "its head failed a job")
         remaining = request.deadline - asyncio.get_running_loop().time()
+        await self._await_group(request.model, remaining)
+
+    async def regroup_here(self, model: str, group: str, timeout_s: float) -> None:
+        """Another replica's answer failed on the head of ``group``, a model group here: end
+        the group if it still lives, and wait (within ``timeout_s``) for the next one, whose
+        head then takes the answer's continuation. ``WorkerFailed`` when none forms."""
+        head = self.groups.head_of(group)
+        if head is not None:
+            self.groups.job_lost(group, head, "its head failed another replica's job")
+        await self._await_group(model, timeout_s)
+
+    async def _await_group(self, model: str, timeout_s: float) -> None:
         why = await self.groups.regrouped(
-            request.model, max(0.0, min(self.settings.group_failover_wait_s, remaining)))
+            model, max(0.0, min(self.settings.group_failover_wait_s, timeout_s)))
         if why is not None:
-            raise WorkerFailed(f"the group of workers serving '{request.model}' lost a worker "
+            raise WorkerFailed(f"the group of workers serving '{model}' lost a worker "
                                f"mid-answer and no new group took over: {why}",
                                code="worker_lost")
 
@@ -270,11 +287,13 @@ class Dispatcher:
         body = request.openai_req if openai_req is None else openai_req
         last_error = "no worker answered"
         for _ in range(attempts):
-            target = await self._acquire(
+            regroup, request.regroup_at = request.regroup_at, None
+            target = regroup[0] if regroup is not None else await self._acquire(
                 request.model, tried, last_error, accept, legacy_ok=request.legacy_ok,
                 admission=admission, needs=request.needs, request=request)
-            handle, first, worker = await self._attempt(request, target, body, continuation,
-                                                        sent)
+            handle, first, worker = await self._attempt(
+                request, target, body, continuation, sent,
+                regroup=regroup[1] if regroup is not None else None)
             if can_fail_over(first):
                 last_error = first.reason if isinstance(first, WorkerLost) else first.message
                 log.info("job %s failed on %s before its first token: %s", handle.id,
@@ -283,7 +302,10 @@ class Dispatcher:
                                     else first.code)
                 await self.end(handle, "retrying elsewhere")
                 self.stats.retried()
-                if isinstance(target, str):
+                if isinstance(target, str) and handle.group and request.regroups < MAX_REGROUPS:
+                    request.regroups += 1  # its group there lost it: wait for it there
+                    request.regroup_at = (target, handle.group)
+                elif isinstance(target, str):
                     request.tried_replicas.add(target)
                 elif handle.group and request.regroups < MAX_REGROUPS:
                     await self._regroup(request, handle.group, worker)
@@ -302,13 +324,17 @@ class Dispatcher:
         body: dict[str, Any],
         continuation: str | None = None,
         sent: Callable[[Credit], None] | None = None,
+        *,
+        regroup: str | None = None,
     ) -> tuple[JobHandle, JobEvent, Worker]:
         """Give the job to ``target`` and wait for its first event: a local worker (leased
         here, its slot ``reserved`` for the job if it waited for it) or another replica (the
         job goes over the bus; no lease here, the serving replica holds one). A lost socket,
         or a replica that could not be reached, is a ``WorkerLost``; ``GatewayTimeout`` when
-        no first event comes in time. Also returns the worker's directory entry (for another
-        replica's worker: what that replica said of it, ``elsewhere.view_of``)."""
+        no first event comes in time (for a ``regroup`` there, which first waits for its
+        group to re-form: the answer's own deadline). Also returns the worker's directory
+        entry (for another replica's worker: what that replica said of it,
+        ``elsewhere.view_of``)."""
         loop = asyncio.get_running_loop()
         settings = self.settings
         deadline = request.deadline
@@ -337,7 +363,7 @@ class Dispatcher:
                     openai_req=body, stream=request.stream,
                     timeout_s=max(0.1, deadline - loop.time()), continuation=continuation,
                     needs=request.needs, billed=request.billed, sha256=request.twin_sha256,
-                    exclude=request.tried))
+                    exclude=request.tried, regroup=regroup))
         else:
             worker, connection, reserved = target
             handle = JobHandle(job_id, request.model, worker.key, loop.time(),
@@ -352,7 +378,7 @@ class Dispatcher:
                     sent(Credit(worker.earnings_key, handle.shares))
 
         first_deadline = deadline
-        if request.stream:
+        if request.stream and regroup is None:
             first_deadline = min(deadline, loop.time() + settings.first_token_timeout_s)
         first: JobEvent
         try:
@@ -378,6 +404,7 @@ class Dispatcher:
             worker = view_of(remote, target, request.model)
             handle.worker_key, handle.worker_id = worker.key, worker.public_id
             handle.shares = remote.shares if remote is not None else ()
+            handle.group = remote.group if remote is not None else ""
             if sent is not None and runs and not can_fail_over(first):
                 sent(Credit(worker.earnings_key, handle.shares))
         return handle, first, worker

@@ -29,12 +29,14 @@ REPLICA_PREFIX = "replica:"  # a remote job's handle names its replica until a w
 @dataclass(frozen=True, slots=True)
 class RemoteWorker:
     """The worker another replica gave a job to: its earnings key (None: legacy), public id,
-    the sha256 of the model file it holds, and its model group's shares if it heads one."""
+    the sha256 of the model file it holds, and its model group's shares and id if it heads
+    one."""
 
     key: str | None
     public_id: str
     sha256: str | None
     shares: Shares = ()
+    group: str = ""
 
 
 class RemoteRun(Protocol):
@@ -62,9 +64,11 @@ class Elsewhere(Protocol):
     async def submit(self, replica: str, handle: JobHandle, *, model: str, openai_url: str,
                      openai_req: Mapping[str, Any], stream: bool, timeout_s: float,
                      continuation: str | None, needs: Mapping[str, str], billed: bool,
-                     sha256: str | None, exclude: Collection[str]) -> RemoteRun:
+                     sha256: str | None, exclude: Collection[str],
+                     regroup: str | None = None) -> RemoteRun:
         """Send the job; its events are fed to ``handle``. Raises when nothing was sent (the
-        replica is gone, the bus is down): the job may go elsewhere."""
+        replica is gone, the bus is down): the job may go elsewhere. ``regroup``: the group
+        there whose head failed this answer, to end and wait for again before continuing."""
         ...
 
     def outcome(self, replica: str, job_id: str, *, outcome: str, prompt_tokens: int,

