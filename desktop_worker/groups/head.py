@@ -30,6 +30,7 @@ from typing import Any
 
 from desktop_worker.errors import GroupError, GroupLost, UnsupportedRequest
 from desktop_worker.groups.layout import load_layout
+from desktop_worker.groups.rpc import quiet_aborts
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class _LoadLog:
 def run_head(config: HeadConfig, conn: Connection) -> None:
     """The child process."""
     logging.basicConfig(level=logging.INFO)
+    quiet_aborts()
     try:
         context, report, keep = _load(config)
     except Exception as exc:  # the parent gets every reason a load failed, then we exit

@@ -20,7 +20,7 @@ from multiprocessing.context import SpawnProcess
 
 from desktop_worker.errors import GroupError
 from desktop_worker.groups.gate import LOOPBACK
-from desktop_worker.groups.rpc import LlamaRpc
+from desktop_worker.groups.rpc import LlamaRpc, quiet_aborts
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,7 @@ def serve_member(endpoint: str, n_threads: int, count: int | None = None) -> Non
     """The child process: serve this machine's devices (its first ``count``; None: all) on
     ``endpoint`` until killed."""
     logging.basicConfig(level=logging.INFO)
+    quiet_aborts()
     rpc = LlamaRpc()
     devices = rpc.served_devices()[:count]
     for device in devices:

@@ -37,6 +37,15 @@ log = logging.getLogger(__name__)
 RPC_PROTOCOL = "7.0.0"
 
 
+def quiet_aborts() -> None:
+    """In a head's or member's child process: when llama.cpp aborts it (any RPC failure does,
+    by design), print its one-line reason but no backtrace. ggml's ``ggml_print_backtrace``
+    otherwise attaches gdb, if installed, which takes seconds and fills the owner's log with
+    a stack dump for an expected event (a member leaving). ``GGML_NO_BACKTRACE`` is read at
+    abort time; a value already in the environment is kept (to debug with it on)."""
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+
+
 class DeviceType(IntEnum):
     """``enum ggml_backend_dev_type``."""
 

@@ -70,6 +70,7 @@ log = logging.getLogger(__name__)
 
 ASSUMED_LAN_MB_S = 50.0  # for the estimate a request gets while a group loads
 GOOD_STANDING = 1.0  # audits set ``trust`` below this for a worker in good standing
+OUTCOME_KEEP_S = 3600.0  # the planner's word on a model nobody holds any more, kept this long
 
 
 class _SendFailed(Exception):
@@ -93,6 +94,7 @@ class GroupService:
         # those it now holds, until the next round plans them (``head_to_fetch``).
         self.fetching: dict[str, str] = {}
         self.fetched: set[str] = set()
+        self._unworthy_since: dict[str, float] = {}  # model -> since when (``outcomes``)
         self._cooldown: dict[str, float] = {}  # worker key -> not in a plan until
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()  # set (and replaced) on every change ``regrouped`` reads
@@ -352,7 +354,9 @@ class GroupService:
         settings = self.settings
         now = self.clock()
         self._cooldown = {k: t for k, t in self._cooldown.items() if t > now}
-        for model, sha256 in sorted(self._models().items()):
+        models = self._models()
+        self._forget_outcomes(models.keys() | self.by_model.keys() | self.fetching.keys(), now)
+        for model, sha256 in sorted(models.items()):
             facts = self.catalog.pin(model)
             if (model in self.by_model or model in self.fetching or facts is None
                     or facts.shape is None):
@@ -371,6 +375,17 @@ class GroupService:
                     self._set_group_only(model, False)
                 continue
             self._form(model, sha256, facts.size_bytes or 0, result)
+
+    def _forget_outcomes(self, worth: Collection[str], now: float) -> None:
+        """Drop the outcome of a model no longer worth a group (held by no ``rpc`` worker, not
+        group-only, not served by a group nor fetched for one) for ``OUTCOME_KEEP_S``: the
+        admin page says why a group ended for a while, not for every model ever planned."""
+        for model in list(self.outcomes):
+            if model in worth:
+                self._unworthy_since.pop(model, None)
+            elif now - self._unworthy_since.setdefault(model, now) > OUTCOME_KEEP_S:
+                del self.outcomes[model]
+                del self._unworthy_since[model]
 
     def _form(self, model: str, sha256: str, size_bytes: int, plan: GroupPlan) -> None:
         if any(self._busy(key) for key in plan.keys):

@@ -12,7 +12,7 @@ import pytest
 
 from queen_server.billing.shares import apportion, split_parts
 from queen_server.errors import ModelLoading, NoCapacity
-from queen_server.placement.groups import Phase
+from queen_server.placement.groups import OUTCOME_KEEP_S, Phase
 from queen_server.swarm.jobs import Part
 from shared_schema import (
     GroupEnd,
@@ -172,6 +172,24 @@ async def test_no_group_for_a_model_one_worker_holds_or_without_a_trusted_head(
     await groups.service.tick()
     assert MODEL not in groups.service.by_model
     assert "fits_one_worker" in groups.service.outcomes[MODEL]
+
+
+async def test_the_outcome_of_a_model_nobody_holds_any_more_is_forgotten(
+        groups: Groups) -> None:
+    """The admin page lists models worth a group, and for an hour those no longer worth one
+    (why their group ended), not every model planned since the queen started."""
+    groups.settings.group_heads = []
+    add_three(groups)
+    await groups.service.tick()
+    assert MODEL in groups.service.outcomes
+    head = groups.swarm.workers["head"]
+    groups.swarm.registry.remove(head, "test")  # the only worker holding the file leaves
+    groups.service.left(head)
+    await groups.service.tick()
+    assert MODEL in groups.service.outcomes  # still said, for a while
+    groups.swarm.clock.now += OUTCOME_KEEP_S + 1
+    await groups.service.tick()
+    assert MODEL not in groups.service.outcomes
 
 
 async def test_members_on_another_lan_are_not_grouped_without_a_relay(groups: Groups) -> None:
