@@ -168,22 +168,22 @@ class GroupService:
         if model in self.fetching:
             return  # its head downloads it: placement's wait and estimate
         group = self.by_model.get(model)
-        if model in self.fetched and group is None:  # held by its head: planned this round
-            facts = self.catalog.pin(model)
-            estimate = self.load_estimate_s(facts.size_bytes or 0 if facts else 0)
-            raise ModelLoading(
-                f"The model '{model}' is being loaded across a group of workers; it should be "
-                f"ready in about {round(estimate)} s. Try again then.", code="model_loading",
-                headers={"Retry-After": str(round(estimate))},
-                extra={"estimated_time": round(estimate, 1)})
         if group is not None and group.phase is not Phase.READY:
-            elapsed = self.clock() - group.started
-            estimate = max(1.0, self.load_estimate_s(group.size_bytes) - elapsed)
+            estimate = self.load_estimate_s(group.size_bytes) - (self.clock() - group.started)
+            across = f"a group of {len(group.parts)} workers"
+        elif group is None and model in self.fetched:  # held by its head: planned this round
+            facts = self.catalog.pin(model)
+            estimate = self.load_estimate_s((facts.size_bytes or 0) if facts is not None else 0)
+            across = "a group of workers"
+        else:
+            estimate = None
+        if estimate is not None:
+            estimate = max(1.0, estimate)
             seconds = max(1, round(estimate))
             raise ModelLoading(
-                f"The model '{model}' is being loaded across a group of {len(group.parts)} "
-                f"workers; it should be ready in about {seconds} s. Try again then.",
-                code="model_loading", headers={"Retry-After": str(seconds)},
+                f"The model '{model}' is being loaded across {across}; it should be ready in "
+                f"about {seconds} s. Try again then.", code="model_loading",
+                headers={"Retry-After": str(seconds)},
                 extra={"estimated_time": round(estimate, 1)})
         if model in self.group_only and group is None:
             why = self.outcomes.get(model, "its group is being planned")

@@ -220,14 +220,7 @@ class Dispatcher:
         goes on on its head, which may be the same worker."""
         request = run.request
         self.stats.failed_over()
-        handle = run.handle
-        if handle.group and request.regroups < MAX_REGROUPS:
-            if handle.replica:  # the group is another replica's: it waits for it there
-                request.regroups += 1
-                request.regroup_at = (handle.replica, handle.group)
-            else:
-                await self._regroup(request, handle.group, run.worker)
-        else:
+        if not await self._regrouping(request, run.handle, run.worker):
             request.tried.add(run.worker.key)
         if not delivered_text:
             return await self._launch(request, self.settings.max_attempts)
@@ -244,6 +237,20 @@ class Dispatcher:
         return await self._launch(request, self.settings.max_attempts,
                                   accept=Eligibility.twin(request.model, sha256),
                                   continuation=delivered_text, openai_req=openai_req)
+
+    async def _regrouping(self, request: JobRequest, handle: JobHandle, head: Worker) -> bool:
+        """Whether ``request``, failed by ``handle``'s worker, waits for that worker's model
+        group to re-form (at most ``MAX_REGROUPS`` times): here, now; on another replica, by
+        its next attempt going there (``regroup_at``). False: not a group's head, or too many
+        regroups already, and the worker counts as tried."""
+        if not handle.group or request.regroups >= MAX_REGROUPS:
+            return False
+        if handle.replica:
+            request.regroups += 1
+            request.regroup_at = (handle.replica, handle.group)
+        else:
+            await self._regroup(request, handle.group, head)
+        return True
 
     async def _regroup(self, request: JobRequest, group: str, head: Worker) -> None:
         """The head of ``group`` failed ``request``: end the group, and wait for another."""
@@ -302,15 +309,11 @@ class Dispatcher:
                                     else first.code)
                 await self.end(handle, "retrying elsewhere")
                 self.stats.retried()
-                if isinstance(target, str) and handle.group and request.regroups < MAX_REGROUPS:
-                    request.regroups += 1  # its group there lost it: wait for it there
-                    request.regroup_at = (target, handle.group)
-                elif isinstance(target, str):
-                    request.tried_replicas.add(target)
-                elif handle.group and request.regroups < MAX_REGROUPS:
-                    await self._regroup(request, handle.group, worker)
-                else:
-                    tried.add(worker.key)
+                if not await self._regrouping(request, handle, worker):
+                    if isinstance(target, str):
+                        request.tried_replicas.add(target)
+                    else:
+                        tried.add(worker.key)
                 continue
             return JobRun(self, worker, handle, first, request)
         raise WorkerFailed(

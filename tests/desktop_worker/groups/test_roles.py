@@ -20,7 +20,6 @@ from desktop_worker.errors import EngineError
 from desktop_worker.groups import roles as roles_module
 from desktop_worker.groups.lan import local_address
 from desktop_worker.groups.member import free_port
-from desktop_worker.groups.rpc import LlamaRpc
 from shared_schema import (
     GroupEnd,
     GroupFailed,
@@ -38,11 +37,11 @@ from tests.desktop_worker.groups.roles_support import (
     refused,
     serve_frame,
 )
+from tests.support.rpc import needs_rpc
 
 log = logging.getLogger(__name__)
 
-pytestmark = pytest.mark.skipif(not LlamaRpc().probe().available,
-                                reason="llama.cpp built without its RPC backend")
+pytestmark = needs_rpc
 
 
 

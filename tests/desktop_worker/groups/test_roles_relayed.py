@@ -19,7 +19,6 @@ import psutil
 import pytest
 
 from desktop_worker.groups.dialer import RelayedDialer
-from desktop_worker.groups.rpc import LlamaRpc
 from desktop_worker.link.machine import RelayData
 from shared_schema import (
     GroupClose,
@@ -39,11 +38,11 @@ from tests.desktop_worker.groups.roles_support import (
     children,
     serve_frame,
 )
+from tests.support.rpc import needs_rpc
 
 log = logging.getLogger(__name__)
 
-pytestmark = pytest.mark.skipif(not LlamaRpc().probe().available,
-                                reason="llama.cpp built without its RPC backend")
+pytestmark = needs_rpc
 
 
 

@@ -50,6 +50,13 @@ LEAD = GroupLead(group="12" * 8, head="head1", model="org/repo:Q4_0", n_ctx=512,
                                                       token=TOKEN, device_layers=[20])])
 
 
+async def welcome(ws: ServerConnection) -> None:
+    """The queen's side of the handshake: challenge, the worker's hello, welcome."""
+    await ws.send(encode(Challenge(nonce="ab" * 16)))
+    assert isinstance(decode(await ws.recv()), Hello)
+    await ws.send(encode(Welcome(session_id="s", worker_id="w", heartbeat_interval_s=15)))
+
+
 class ScriptedQueen:
     """Welcomes one worker, sends it ``frames``, reads ``expect`` answers, then sends a ping
     and records anything else it answers before the pong (which must be nothing)."""
@@ -63,9 +70,7 @@ class ScriptedQueen:
         self.done = asyncio.Event()
 
     async def handle(self, ws: ServerConnection) -> None:
-        await ws.send(encode(Challenge(nonce="ab" * 16)))
-        assert isinstance(decode(await ws.recv()), Hello)
-        await ws.send(encode(Welcome(session_id="s", worker_id="w", heartbeat_interval_s=15)))
+        await welcome(ws)
         for frame in self.frames:
             await ws.send(encode(frame))
         async for raw in ws:
@@ -204,9 +209,7 @@ class RelayQueen:
         self.done = asyncio.Event()
 
     async def handle(self, ws: ServerConnection) -> None:
-        await ws.send(encode(Challenge(nonce="ab" * 16)))
-        assert isinstance(decode(await ws.recv()), Hello)
-        await ws.send(encode(Welcome(session_id="s", worker_id="w", heartbeat_interval_s=15)))
+        await welcome(ws)
         await ws.send(encode(GroupOpen(group=GROUP, channel=7, member="w")))
         await ws.send(relay_frame(7, b"challenge?"))
         await ws.send(relay_frame(8, b"for no channel"))

@@ -143,3 +143,5 @@ async def test_a_group_s_head_downloading_is_not_planned_around(groups: Groups) 
     assert MODEL not in groups.service.by_model
     assert "downloading" in groups.service.outcomes[MODEL]
     waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
