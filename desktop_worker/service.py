@@ -19,13 +19,20 @@ import psutil
 
 from desktop_worker import __version__
 from desktop_worker.engine.pool import ModelPool, ServableModel, llama_context
-from desktop_worker.errors import WorkerError
+from desktop_worker.errors import GroupError, WorkerError
 from desktop_worker.fetching import Fetcher
 from desktop_worker.groups.lan import lan_hint
 from desktop_worker.groups.lead import GroupContexts
 from desktop_worker.groups.local import LocalGroup
 from desktop_worker.groups.roles import GroupRoles
-from desktop_worker.groups.rpc import DeviceType, LlamaRpc, RpcProbe, RpcSupport
+from desktop_worker.groups.rpc import (
+    DeviceType,
+    LlamaRpc,
+    RpcProbe,
+    RpcSupport,
+    device_free_mb,
+    group_devices,
+)
 from desktop_worker.hardware import HardwareReport, detect_hardware
 from desktop_worker.identity import WorkerIdentity
 from desktop_worker.jobs import JobRunner
@@ -43,6 +50,8 @@ from shared_schema import (
     Status,
     capabilities,
 )
+from shared_schema.groups import MAX_MEMBER_DEVICES
+from shared_schema.hardware import MAX_VRAM_MB
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +99,8 @@ class WorkerService:
         # llama.cpp's RPC backend (model groups, issue 19), probed once, at the first hello.
         self.rpc: RpcSupport = rpc or LlamaRpc()
         self.rpc_probe: RpcProbe | None = None
+        self.joins_groups = False  # the last hello said ``rpc``: statuses name its devices
+        self._devices_unlisted = False  # llama.cpp's devices could not be listed (logged once)
         # What the owner's pause settings read (issue 17); None: the real machine's probe.
         self.owner_probe: OwnerProbe = owner_probe or default_probe(settings)
         self.detector: Detector = detector or detect_hardware
@@ -125,6 +136,7 @@ class WorkerService:
             lan_groups=settings.lan_groups,
             queen_host=urlsplit(settings.queen_url).hostname or "",
             head_gpus=self._head_gpus,
+            gpus=self._group_gpus,
         )
         self.runner = JobRunner(self.pool, has_model=self.has_model)
         self.fetcher = Fetcher(self.store, self.pool, evict=lambda: self.settings.swarm_models,
@@ -166,13 +178,32 @@ class WorkerService:
         except WorkerError:
             return None
 
+    def _group_gpus(self) -> bool:
+        """Whether a model group gets this worker's GPUs (``rpc.group_devices``), as a member
+        and as a head: not when the owner keeps layers off the GPU (``gpu_layers=0``)."""
+        return self.settings.gpu_layers != 0
+
     def _head_gpus(self) -> int:
-        """How many local GPUs a group's head offloads its own layers to: llama.cpp's GPU
-        devices, none when the owner keeps layers off the GPU (``gpu_layers=0``)."""
-        if self.settings.gpu_layers == 0 or not isinstance(self.rpc, LlamaRpc):
-            return 0
-        return sum(1 for device in self.rpc.devices() if not device.name.startswith("RPC")
-                   and device.type in (DeviceType.GPU, DeviceType.IGPU))
+        """How many local GPUs a group's head offloads its own layers to: the GPUs among the
+        devices it gives a group (none: its own layers stay on its CPU). Blocking."""
+        devices = group_devices(self.rpc.devices(), gpus=self._group_gpus())
+        return sum(1 for device in devices if device.type != DeviceType.CPU)
+
+    def group_memory_mb(self) -> list[int] | None:
+        """``device_free_mb`` for the hello and statuses: the memory of each device a group
+        gets (``rpc.device_free_mb``; the CPU's is the pool's budget), bounded as the wire
+        bounds it. None when llama.cpp's devices cannot be listed (logged once: the queen then
+        plans with the budget alone) or it lists none. Blocking: it asks the GPU driver."""
+        try:
+            devices = self.rpc.devices()
+        except (GroupError, ValueError) as exc:  # ValueError: a device type this ggml adds
+            if not self._devices_unlisted:
+                self._devices_unlisted = True
+                log.warning("llama.cpp's devices could not be listed, so the queen is not told "
+                            "each device's memory for model groups: %s", exc)
+            return None
+        found = device_free_mb(devices, self.pool.budget_mb, gpus=self._group_gpus())
+        return [min(mb, MAX_VRAM_MB) for mb in found[:MAX_MEMBER_DEVICES]] or None
 
     def model_room_mb(self) -> int:
         """Room for one more model (disk and quota), in MB, as the queen is told."""
@@ -281,12 +312,14 @@ class WorkerService:
             self.rpc_probe = await asyncio.to_thread(self.rpc.probe)
         rpc = self.rpc_probe
         joins = capabilities.RPC in worker_capabilities(settings, rpc)
+        self.joins_groups = joins
         self.link.on_group = self.groups.receive if joins else None
         self.link.on_relay = self.groups.relay if joins else None  # relayed channels' bytes
         # A worker that does not listen on its LAN (lan_groups off) cannot be reached directly
         # there, so it names no LAN.
         hint = (await asyncio.to_thread(lan_hint, urlsplit(settings.queen_url).hostname or "")
                 if joins and settings.lan_groups else None)
+        devices = await asyncio.to_thread(self.group_memory_mb) if joins else None
 
         def hello_for(nonce: str, origin: str) -> Hello:  # origin: of the URL dialled
             return Hello(
@@ -303,6 +336,7 @@ class WorkerService:
                 swarm_models=settings.swarm_models,
                 llama_build=rpc.build if joins else None,
                 lan_hint=hint,
+                device_free_mb=devices,
                 **fields,
             )
 
@@ -310,6 +344,8 @@ class WorkerService:
 
     async def status(self) -> Status:
         report = await self.detect()
+        devices = (await asyncio.to_thread(self.group_memory_mb) if self.joins_groups
+                   else None)
         return Status(
             active_jobs=self.runner.active,
             max_jobs=self.settings.max_jobs,
@@ -317,6 +353,7 @@ class WorkerService:
             downloads=self.fetcher.downloads(),
             model_room_mb=await asyncio.to_thread(self.model_room_mb),
             paused=self.paused,
+            device_free_mb=devices,
             **report.status_fields(),
         )
 

@@ -44,6 +44,7 @@ __all__ = [
     "GROUP_FAILURES",
     "MAX_GROUP_LAYERS",
     "MAX_GROUP_MEMBERS",
+    "MAX_MEMBER_DEVICES",
     "MAX_RELAY_CHANNEL",
     "MAX_RELAY_PAYLOAD",
     "RELAY_TAG",
@@ -62,7 +63,7 @@ __all__ = [
 
 MAX_GROUP_MEMBERS = 8  # the head included
 MAX_GROUP_LAYERS = 4096  # per device; no GGUF has more blocks
-MAX_MEMBER_DEVICES = 16
+MAX_MEMBER_DEVICES = 16  # a worker's devices in one group (``Hello.device_free_mb`` too)
 
 GROUP_ID = r"^[0-9a-f]{16,64}$"
 LINK_TOKEN = r"^[0-9a-f]{64}$"

@@ -23,6 +23,7 @@ from shared_schema import capabilities as caps
 from shared_schema.base import WireModel
 from shared_schema.errors import InvalidQueenUrl, ProtocolError
 from shared_schema.groups import (
+    MAX_MEMBER_DEVICES,
     GroupClose,
     GroupEnd,
     GroupFailed,
@@ -67,6 +68,15 @@ CLOSE_POLICY = 1008
 CLOSE_TOO_BIG = 1009
 CLOSE_REPLACED = 4000
 CLOSE_HEARTBEAT = 4001
+
+# The memory of each device a worker gives a model group (issue 19), MB, in llama.cpp's device
+# order: a claim like any other, bounded per device and in count; the queen's planner clamps it.
+DeviceFreeMb = Annotated[list[Annotated[int, Field(ge=0, le=MAX_VRAM_MB, strict=True)]],
+                         Field(min_length=1, max_length=MAX_MEMBER_DEVICES)]
+DEVICE_FREE_MB_HELP = (
+    "The memory, MB, of each device this worker gives a model group (its GPUs; its CPU, at its "
+    "pool's budget, when it has none or its owner keeps layers off them), in llama.cpp's device "
+    "order. None: an older worker, or one that does not join groups.")
 
 
 class Challenge(WireModel):
@@ -147,6 +157,7 @@ class Hello(WireModel):
         default=None, pattern=r"^[0-9a-f]{32}$",
         description="A hash of the worker's local network; the queen joins it to the address "
         "it sees, so only workers behind one address can share a LAN.")
+    device_free_mb: DeviceFreeMb | None = Field(default=None, description=DEVICE_FREE_MB_HELP)
 
 
 class Welcome(WireModel):
@@ -246,6 +257,8 @@ class Status(WireModel):
         default=None, max_length=200, description="Why the owner paused this worker (on "
         "battery, the GPU in use, outside its hours); None: not paused. A paused worker takes "
         "no jobs and no fetches.")
+    device_free_mb: DeviceFreeMb | None = Field(
+        default=None, description=DEVICE_FREE_MB_HELP + " Left out: unchanged.")
 
 
 class Ping(WireModel):

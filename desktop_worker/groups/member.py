@@ -29,13 +29,15 @@ MAX_RESTARTS = 5
 FIRST_PAUSE_S = 0.5
 
 
-def serve_member(endpoint: str, n_threads: int, count: int | None = None) -> None:
+def serve_member(endpoint: str, n_threads: int, count: int | None = None,
+                 gpus: bool = True) -> None:
     """The child process: serve this machine's devices (its first ``count``; None: all) on
-    ``endpoint`` until killed."""
+    ``endpoint`` until killed. ``gpus``: the worker's GPUs may take layers (``group_devices``;
+    False when its owner keeps them off the GPU: its CPU is served)."""
     logging.basicConfig(level=logging.INFO)
     quiet_aborts()
     rpc = LlamaRpc()
-    devices = rpc.served_devices()[:count]
+    devices = rpc.served_devices(gpus)[:count]
     for device in devices:
         log.info("serving %s (%s, %d MiB free) on %s", device.name, device.description,
                  device.free_bytes // (1024 * 1024), endpoint)
@@ -79,9 +81,10 @@ class MemberServer:
 
     def __init__(self, *, n_threads: int = 1, port: int | None = None,
                  max_restarts: int = MAX_RESTARTS, ready_timeout_s: float = READY_TIMEOUT_S,
-                 devices: int | None = None) -> None:
+                 devices: int | None = None, gpus: bool = True) -> None:
         self.n_threads = n_threads
         self.devices = devices  # serve the first this many devices; None: all
+        self.gpus = gpus  # its GPUs, else its CPU (``rpc.group_devices``)
         self.port = port or free_port()
         self.max_restarts = max_restarts
         self.ready_timeout_s = ready_timeout_s
@@ -108,7 +111,7 @@ class MemberServer:
 
     async def _spawn(self) -> None:
         process = self._context.Process(
-            target=serve_member, args=(self.endpoint, self.n_threads, self.devices),
+            target=serve_member, args=(self.endpoint, self.n_threads, self.devices, self.gpus),
             name=f"apiary-rpc-member-{self.port}", daemon=True)
         process.start()
         self._process = process

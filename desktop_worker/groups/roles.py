@@ -108,11 +108,14 @@ class GroupRoles:
         lan_groups: bool = False,
         queen_host: str = "",
         head_gpus: Callable[[], int] = lambda: 0,
+        gpus: Callable[[], bool] = lambda: True,
         relink_s: float = RELINK_S,
         channels: RelayTable | None = None,
     ) -> None:
         """``models(name)``: the model the store holds by that name, else None; ``head_gpus``:
-        how many local GPUs a head offloads to (0: its own layers stay on its CPU);
+        how many local GPUs a head offloads to (0: its own layers stay on its CPU; blocking, it
+        asks llama.cpp); ``gpus``: whether a member serves its GPUs (else its CPU), by the
+        same rule (``rpc.group_devices``);
         ``queen_host``: whom the LAN address is found towards (``lan_groups``); ``channels``:
         this worker's relayed channels (a fresh table by default)."""
         self.pool = pool
@@ -122,6 +125,7 @@ class GroupRoles:
         self.lan_groups = lan_groups
         self.queen_host = queen_host
         self.head_gpus = head_gpus
+        self.gpus = gpus
         self.relink_s = relink_s
         self.channels = channels if channels is not None else RelayTable()
         self.part: GroupPart | None = None
@@ -207,7 +211,8 @@ class GroupRoles:
             if freed:
                 log.info("group %s: unloaded %s to make room for its layers", serve.group,
                          ", ".join(sorted(freed)))
-            server = part.server = MemberServer(n_threads=self.n_threads, devices=serve.devices)
+            server = part.server = MemberServer(n_threads=self.n_threads, devices=serve.devices,
+                                                gpus=self.gpus())
             await server.start()
             if relayed:  # no listener at all: the queen brings the head's channels
                 gate = part.gate = MemberGate(serve.group, serve.head, token, server.port)
@@ -298,7 +303,7 @@ class GroupRoles:
             raise GroupPartFailed("model_missing", f"this worker's {lead.model} is not the file "
                                   f"the queen named (sha256 {str(sha256)[:12]}…)")
         n_layer = model.info.block_count
-        gpus = self.head_gpus()
+        gpus = await asyncio.to_thread(self.head_gpus)  # llama.cpp asks the GPU driver
         head_layers(lead, n_layer, gpus)  # a plan that cannot work fails before any dialling
         part.model = lead.model
         for link in lead.members:

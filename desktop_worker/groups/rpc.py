@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 # ggml-rpc.h's RPC_PROTO_{MAJOR,MINOR,PATCH}_VERSION in the llama.cpp that 0.3.36 vendors
 RPC_PROTOCOL = "7.0.0"
+MIB = 1024 * 1024
 
 
 def quiet_aborts() -> None:
@@ -78,8 +80,34 @@ class RpcProbe:
     reason: str = ""
 
 
+def group_devices(devices: Sequence[Device], *, gpus: bool) -> list[Device]:
+    """The devices a worker gives a model group, out of llama.cpp's ``devices``: its GPUs
+    (GPU and integrated GPU devices) when it has any and its owner lets layers on them
+    (``gpus``: ``gpu_layers`` is not 0), else its CPU. Never an RPC device (a server this
+    process added), so a member can never chain to another server. One rule for what a
+    member's server serves, what a head offloads its own layers to and what the queen is told
+    (``device_free_mb``): the queen's plan has one entry per device listed here."""
+    local = [d for d in devices if not d.name.startswith("RPC")]
+    found = [d for d in local if d.type in (DeviceType.GPU, DeviceType.IGPU)] if gpus else []
+    return found or [d for d in local if d.type == DeviceType.CPU][:1]
+
+
+def device_free_mb(devices: Sequence[Device], budget_mb: int, *, gpus: bool) -> list[int]:
+    """The memory, MB, of each device ``group_devices`` gives a group, as the queen plans with
+    it: a GPU's free memory as llama.cpp reports it (MiB, rounded down); the CPU's is the
+    pool's ``budget_mb`` (RAM the owner lets models use, not all the machine has). Empty when
+    llama.cpp lists no usable device."""
+    return [max(0, budget_mb) if d.type == DeviceType.CPU else max(0, d.free_bytes) // MIB
+            for d in group_devices(devices, gpus=gpus)]
+
+
 class RpcSupport(Protocol):
     def probe(self) -> RpcProbe: ...
+
+    def devices(self) -> list[Device]:
+        """llama.cpp's devices, in its order (blocking: it may load llama.cpp and asks the GPU
+        driver); ``GroupError`` when they cannot be listed."""
+        ...
 
 
 class NullRpc:
@@ -90,6 +118,9 @@ class NullRpc:
 
     def probe(self) -> RpcProbe:
         return RpcProbe(False, None, self.reason)
+
+    def devices(self) -> list[Device]:
+        return []  # nothing a group could use
 
 
 def _bind(lib: Any, name: str, restype: Any, argtypes: list[Any]) -> Any:
@@ -135,6 +166,7 @@ class LlamaRpc:
             "ggml_backend_dev_description": (cp, [vp]),
             "ggml_backend_dev_type": (ctypes.c_int, [vp]),
             "ggml_backend_dev_memory": (None, [vp, ctypes.POINTER(size), ctypes.POINTER(size)]),
+            "ggml_backend_dev_buffer_type": (vp, [vp]),
         }
         functions: dict[str, Any] = {}
         try:
@@ -198,12 +230,20 @@ class LlamaRpc:
             total_bytes=total.value,
         )
 
-    def served_devices(self) -> list[Device]:
-        """What a member serves: its GPUs when it has any, else its CPU (never an RPC device
-        of its own, so a member can never chain to another server)."""
-        local = [d for d in self.devices() if not d.name.startswith("RPC")]
-        gpus = [d for d in local if d.type in (DeviceType.GPU, DeviceType.IGPU)]
-        return gpus or [d for d in local if d.type == DeviceType.CPU][:1]
+    def served_devices(self, gpus: bool = True) -> list[Device]:
+        """What a member serves: ``group_devices`` (its GPUs when it has any and ``gpus``,
+        else its CPU)."""
+        return group_devices(self.devices(), gpus=gpus)
+
+    def cpu_buffer_type(self) -> int:
+        """The CPU device's buffer type (host memory), for llama.cpp's tensor overrides."""
+        functions = self._load()
+        for device in self.devices():
+            if device.type == DeviceType.CPU:
+                buft = functions["ggml_backend_dev_buffer_type"](device.handle)
+                if buft:
+                    return int(buft)
+        raise GroupError("llama.cpp lists no CPU device")
 
     # -- member and head ---------------------------------------------------------------------
 

@@ -10,6 +10,9 @@ pure and runs on recorded hardware in tests. It imports only the standard librar
 The rules, and why:
 
 - A model that fits on one worker is not a group: routing serves it as today (``NoPlan``).
+  One worker holds it on its devices, or in the memory it serves a model with alone
+  (``Candidate.alone_mb``, its pool's budget: a lone worker keeps the layers its GPU cannot
+  hold in RAM, which a group's device never does).
 - Memory claims are claims: each device is clamped to ``max_credible_mb`` (what the queen can
   check) and to zero, then keeps a headroom (``HEADROOM_FRACTION`` plus ``RESERVE_MB``) for
   llama.cpp's compute buffers, which the weights never get.
@@ -34,7 +37,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from itertools import accumulate, combinations
 
@@ -78,7 +81,9 @@ class Candidate:
     """A worker as the planner sees it. ``free_mb`` is per device, in the worker's device order
     (a RAM-only box: one entry). ``lan`` is the worker's opaque LAN hint: equal strings are one
     LAN. ``rtt_ms`` is the queen's measured round trip to it, None when unmeasured. ``trusted``:
-    it may be a head (the queen trusts it, and it holds the model's file)."""
+    it may be a head (the queen trusts it, and it holds the model's file). ``alone_mb``: the
+    memory it serves a model with by itself (its pool's budget), when that is not its devices'
+    (None: they are); a model that fits there is no group's."""
 
     key: str
     free_mb: tuple[float, ...]
@@ -87,6 +92,7 @@ class Candidate:
     trusted: bool = False
     build: str | None = None
     rpc: bool = False
+    alone_mb: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,11 +202,15 @@ def plan_group(shape: ModelShape, candidates: Iterable[Candidate], *, n_ctx: int
         return NoPlan(NoPlanReason.NO_LAYERS, "the model has no layers to split", need_mb)
     entries = sorted((_entry(c, max_credible_mb, headroom_fraction, reserve_mb) for c in pool),
                      key=lambda e: e.key)
-    entries = [e for e in entries if e.total > 0]
     for e in entries:
-        if _layout(model, [e]) is not None:
+        alone = (_entry(replace(e.candidate, free_mb=(e.candidate.alone_mb,)), max_credible_mb,
+                        headroom_fraction, reserve_mb)
+                 if e.candidate.alone_mb is not None else None)
+        if any(one is not None and one.total > 0 and _layout(model, [one]) is not None
+               for one in (e, alone)):
             return NoPlan(NoPlanReason.FITS_ONE_WORKER,
                           f"worker {e.key} holds the model alone", need_mb, worker=e.key)
+    entries = [e for e in entries if e.total > 0]
     able = [e for e in entries if e.candidate.rpc and e.candidate.build]
     if len(able) < 2:
         return NoPlan(NoPlanReason.TOO_FEW_CANDIDATES,

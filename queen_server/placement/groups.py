@@ -548,11 +548,11 @@ class GroupService:
 
     def _candidates(self, model: str, sha256: str, *, fetch_bytes: int | None = None,
                     exclude: Collection[str] = ()) -> list[Candidate]:
-        """Every worker as the planner sees it: its memory budget (a claim; the planner bounds
-        it), LAN, build and ``rpc``, the queen's measured round trip to it; a head only if
-        trusted and holding the pinned file, or, with ``fetch_bytes``, able to fetch that
-        much (not one in ``exclude``). A worker busy in a group, paused, flagged or cooling
-        down after a failure is left out."""
+        """Every worker as the planner sees it: its memory per device and its pool's budget
+        (claims the planner bounds), LAN, build, ``rpc``, the queen's round trip to it; a head
+        only if trusted and holding the pinned file, or, with ``fetch_bytes``, able to fetch
+        that much (not one in ``exclude``). A worker busy in a group, paused, flagged or
+        cooling down after a failure is left out."""
         heading = self._heading()
         out = []
         for w in self.registry:
@@ -565,8 +565,8 @@ class GroupService:
                 holds = (w.takes_fetch and w.key not in exclude and model not in w.downloads
                          and (w.model_room_mb or 0) * MB >= fetch_bytes)
             out.append(Candidate(
-                key=w.key, free_mb=(float(w.memory_budget_mb or 0),), lan=w.lan,
-                trusted=holds and self.may_head(w), build=w.llama_build,
+                key=w.key, free_mb=w.group_free_mb, alone_mb=float(w.memory_budget_mb or 0),
+                lan=w.lan, trusted=holds and self.may_head(w), build=w.llama_build,
                 rpc=RPC in w.capabilities, rtt_ms=w.rtt_ms))
         return out
 

@@ -470,13 +470,7 @@ class QueenLink:
             vram_mb=hello.vram,
             connected_at=self._clock(),
         )
-        worker.memory_budget_mb = hello.memory_budget_mb
-        worker.model_room_mb = hello.model_room_mb
-        worker.swarm_models = hello.swarm_models
-        worker.llama_build = hello.llama_build
-        worker.lan_hint = hello.lan_hint
-        free = [gpu.memory_free_mb for gpu in hello.nv_gpus if gpu.memory_free_mb is not None]
-        worker.vram_free_mb = sum(free) if free else None
+        worker.note_hello(hello)
         return worker
 
     def _legacy_worker(self, body: dict[str, Any]) -> Worker:

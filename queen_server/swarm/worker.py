@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from queen_server.swarm.jobs import JobHandle
-from shared_schema import DownloadProgress, ModelDescriptor, Status
+from shared_schema import DownloadProgress, Hello, ModelDescriptor, Status
 from shared_schema.capabilities import FETCH
 
 CAPABILITY_FETCH = "fetch_models"
@@ -67,6 +67,7 @@ class Worker:
         "capabilities",
         "closed",
         "connected_at",
+        "device_free_mb",
         "downloads",
         "flagged",
         "gpus",
@@ -148,6 +149,9 @@ class Worker:
         self.llama_build: str | None = None
         self.lan_hint: str | None = None
         self.peer_host: str | None = None
+        # The memory of each device it gives a group, MB, in its device order (a claim the
+        # planner clamps), from its hello and statuses; None from older workers.
+        self.device_free_mb: tuple[int, ...] | None = None
         # The queen's own measure of its round trip to the worker (ms; None until measured):
         # the handshake, then each heartbeat's ping and pong (``note_rtt``). Groups are planned
         # by it (a relayed member's every token crosses the queen twice).
@@ -198,8 +202,33 @@ class Worker:
     def free_slots(self) -> int:
         return self.max_jobs - len(self.jobs) - self.reserved
 
+    @property
+    def group_free_mb(self) -> tuple[float, ...]:
+        """Its memory per device as a model group's planner sees it: what it said of each
+        device it gives a group (``device_free_mb``), else, from an older worker, its pool's
+        budget as one device."""
+        if self.device_free_mb:
+            return tuple(float(mb) for mb in self.device_free_mb)
+        return (float(self.memory_budget_mb or 0),)
+
+    def note_hello(self, hello: Hello) -> None:
+        """What a hello says beyond who it is: for placing models (issue 17) and for groups
+        (issue 19). Claims, used only to choose whom to ask."""
+        self.memory_budget_mb = hello.memory_budget_mb
+        self.model_room_mb = hello.model_room_mb
+        self.swarm_models = hello.swarm_models
+        self.llama_build = hello.llama_build
+        self.lan_hint = hello.lan_hint
+        self.device_free_mb = (tuple(hello.device_free_mb) if hello.device_free_mb is not None
+                               else None)
+        free = [gpu.memory_free_mb for gpu in hello.nv_gpus if gpu.memory_free_mb is not None]
+        self.vram_free_mb = sum(free) if free else None
+
     def note_status(self, status: Status) -> None:
-        """What a status says for placing models: room, free VRAM, downloads under way."""
+        """What a status says for placing models and groups: room, free VRAM, each group
+        device's memory, downloads under way."""
+        if status.device_free_mb is not None:
+            self.device_free_mb = tuple(status.device_free_mb)
         if status.model_room_mb is not None:
             self.model_room_mb = status.model_room_mb
         if status.vram_free_mb is not None:

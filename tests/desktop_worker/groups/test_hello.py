@@ -12,12 +12,13 @@ import pytest
 from pydantic import ValidationError
 
 from desktop_worker.groups.lan import lan_hint, network_of
-from desktop_worker.groups.rpc import LlamaRpc, NullRpc, RpcProbe
+from desktop_worker.groups.rpc import Device, LlamaRpc, NullRpc, RpcProbe
 from desktop_worker.service import WorkerService
 from desktop_worker.settings import WorkerSettings
 from queen_server.swarm.worker import Worker
 from shared_schema import Hello
 from shared_schema.capabilities import RPC
+from tests.desktop_worker.groups.device_fakes import NO_GPU
 from tests.support.hardware_fixtures import fixture_path, recorded_machine
 
 
@@ -29,6 +30,9 @@ class FixedRpc:
     def probe(self) -> RpcProbe:
         self.calls += 1
         return self.result
+
+    def devices(self) -> list[Device]:
+        return list(NO_GPU)  # a RAM-only machine (GPU cases: test_service_devices.py)
 
 
 async def hello_of(tmp_path: Path, rpc, **settings) -> Hello:

@@ -11,7 +11,7 @@ import json
 
 from PySide6.QtCore import Qt
 
-from desktop_worker.groups.rpc import NullRpc, RpcProbe
+from desktop_worker.groups.rpc import Device, NullRpc, RpcProbe
 from desktop_worker.gui.services.settings import SettingsService
 from desktop_worker.gui.views.settings import JOIN_LABEL, LAN_LABEL, SettingsView
 from desktop_worker.settings import WorkerSettings, config_path
@@ -29,6 +29,9 @@ class AvailableRpc:
     def probe(self) -> RpcProbe:
         self.probes += 1
         return RpcProbe(True, "ggml-test/rpc-7.0.0")
+
+    def devices(self) -> list[Device]:
+        return []  # none usable: a hello would name none
 
 
 class BrokenRpc:

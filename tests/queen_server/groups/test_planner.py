@@ -284,3 +284,36 @@ def test_without_a_relay_only_one_lan_is_grouped() -> None:
     # Workers with no LAN hint (LAN mode off) are never grouped directly.
     blind = [dataclasses.replace(WORKERS[k], lan=None) for k in keys]
     assert isinstance(plan_group(BIG, blind, relayed=False), NoPlan)
+
+
+# a worker's devices and its pool's budget (``Candidate.alone_mb``)
+
+
+def test_a_worker_whose_budget_holds_the_model_serves_it_alone_whatever_its_gpus() -> None:
+    """A lone worker keeps in RAM the layers its GPU cannot hold: a model within its pool's
+    budget is no group's, though its one GPU is far too small for it."""
+    gamer = dataclasses.replace(WORKERS["ana-3060"], key="gamer", free_mb=(11_500,),
+                                alone_mb=60_000.0)
+    pool = [gamer, WORKERS["ana-4090"], WORKERS["ben-3090x2"]]
+    alone = plan_group(BIG, pool)
+    assert isinstance(alone, NoPlan)
+    assert (alone.reason, alone.worker) == (NoPlanReason.FITS_ONE_WORKER, "gamer")
+    # a budget too small for it (or none said): its GPU is what a group may use of it
+    for budget in (30_000.0, None):
+        planned = [dataclasses.replace(gamer, alone_mb=budget), *pool[1:]]
+        plan = plan_group(BIG, planned)
+        assert isinstance(plan, GroupPlan), plan
+        assert_sound(plan, BIG, planned)  # every device within its own usable memory
+
+
+@pytest.mark.parametrize("budget", [1e12, float(1 << 24), math.inf, math.nan, -1.0, "9e9"])
+def test_an_absurd_budget_is_clamped_like_a_device(budget: object) -> None:
+    """Bounded by ``max_credible_mb`` as a device's claim is; not a finite number: none."""
+    liar = dataclasses.replace(WORKERS["ana-3060"], key="liar", alone_mb=budget)  # type: ignore[arg-type]
+    pool = [liar, WORKERS["ana-4090"], WORKERS["ben-3090x2"]]
+    checked = plan_group(BIG, pool, max_credible_mb=24_576)
+    assert isinstance(checked, GroupPlan), checked  # 24 GB cannot hold 43 GB alone
+    assert_sound(checked, BIG, pool, max_credible_mb=24_576)
+    believed = plan_group(BIG, pool)  # the default bound, 256 GB, would, if it is a number
+    counted = isinstance(budget, float) and math.isfinite(budget) and budget > 0
+    assert isinstance(believed, NoPlan) is counted
