@@ -148,11 +148,12 @@ def gated(loop: Loop, servers: list[MemberServer], tls: bool,
 
 
 def group_row(setup: str, endpoints: list[str], gates: list[MemberGate],
-              args: argparse.Namespace) -> Row:
+              args: argparse.Namespace, *, output_on_cpu: bool = True) -> Row:
     cpu, *shares = even_split(N_LAYER, len(endpoints) + 1)
     head = GroupHead(HeadConfig(name="smol", model_path=str(REAL), n_ctx=1024, n_layer=N_LAYER,
                                 endpoints=tuple(endpoints), cpu_layers=cpu,
-                                device_layers=tuple(shares), n_threads=args.threads))
+                                device_layers=tuple(shares), n_threads=args.threads,
+                                output_on_cpu=output_on_cpu))
     try:
         head.start()
         answer(head, 8)  # warm up: the graphs, the members' compute buffers
@@ -184,6 +185,10 @@ def run(args: argparse.Namespace) -> list[Row]:
                                       [], args))
                 with gated(loop, servers, tls=False) as (endpoints, gates):
                     rows.append(group_row(f"{count} members, gated", endpoints, gates, args))
+                    if args.output_on_member:
+                        rows.append(group_row(f"{count} members, gated, output on the last "
+                                              "member", endpoints, gates, args,
+                                              output_on_cpu=False))
                 if args.tls:
                     with gated(loop, servers, tls=True) as (endpoints, gates):
                         rows.append(group_row(f"{count} members, gated TLS", endpoints, gates,
@@ -214,6 +219,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tls", action="store_true", help="also the gated route over TLS")
+    parser.add_argument("--output-on-member", action="store_true",
+                        help="also the gated route with the output matrix on the last member "
+                        "(llama.cpp's own placement) rather than in the RAM-only head's")
     args = parser.parse_args()
     rows = run(args)
     print(f"SmolLM2-135M Q4_1, {args.tokens} tokens greedy, best of {args.repeat}, "

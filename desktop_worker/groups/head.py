@@ -21,7 +21,8 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.context import SpawnProcess
@@ -43,7 +44,8 @@ class HeadConfig:
     """What the head loads: ``endpoints`` are the members' servers as the head reaches them
     (its dialers' 127.0.0.1 ports), in the plan's order; ``device_layers`` the blocks per
     device (the members' devices in that order, then the head's own GPUs); ``cpu_layers`` the
-    first blocks, on the head's CPU."""
+    first blocks, on the head's CPU. ``output_on_cpu``: the output matrix stays in the head's
+    RAM (a head without a GPU of its own; ``layout``)."""
 
     name: str
     model_path: str
@@ -53,6 +55,7 @@ class HeadConfig:
     cpu_layers: int
     device_layers: tuple[int, ...]
     n_threads: int | None = None
+    output_on_cpu: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +143,8 @@ def _load(config: HeadConfig) -> tuple[Any, HeadReport, Any]:
     from desktop_worker.groups.rpc import LlamaRpc
     from shared_schema.fitting import LoadPlan
 
-    layout = load_layout(config.n_layer, config.cpu_layers, config.device_layers)
+    layout = load_layout(config.n_layer, config.cpu_layers, config.device_layers,
+                         output_on_cpu=config.output_on_cpu)
     rpc = LlamaRpc()
     names: list[str] = []
     for endpoint in config.endpoints:
@@ -152,14 +156,54 @@ def _load(config: HeadConfig) -> tuple[Any, HeadReport, Any]:
     plan = LoadPlan(n_ctx=config.n_ctx, n_gpu_layers=layout.n_gpu_layers,
                     offloaded_layers=sum(config.device_layers), vram_needed_mb=0,
                     reason="a group's head: layers per device from the queen's plan")
-    context = LlamaContext(config.name, Path(config.model_path), plan,
-                           n_threads=config.n_threads, tensor_split=layout.tensor_split)
+    buft = rpc.cpu_buffer_type() if layout.cpu_tensors else 0
+    with tensor_overrides(layout.cpu_tensors, buft) as overrides:
+        context = LlamaContext(config.name, Path(config.model_path), plan,
+                               n_threads=config.n_threads, tensor_split=layout.tensor_split)
     report = HeadReport(buffers=dict(loader_log.buffers), device_ranges=layout.device_ranges,
                         devices=tuple(names), load_s=time.monotonic() - started)
     for buffer, size in report.buffers.items():
         log.info("group %s: %s holds %.1f MiB of weights", config.name, buffer,
                  size / (1024 * 1024))
-    return context, report, callback
+    return context, report, (callback, overrides)
+
+
+class _Override(ctypes.Structure):
+    """``struct llama_model_tensor_buft_override`` (llama.h of the vendored build)."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+@contextmanager
+def tensor_overrides(patterns: Sequence[str], buft: int) -> Iterator[Any]:
+    """While a model loads, put the tensors whose names match ``patterns`` in the buffer type
+    ``buft`` (llama.cpp's ``tensor_buft_overrides``); yields what must stay alive as long as
+    the model does.
+
+    llama-cpp-python's ``Llama`` has no argument for it (its ``llama_model_params`` declares
+    the field, "unused"), so for the load, ``llama_model_default_params`` (which ``Llama``
+    calls first) is wrapped to fill it in. Only in a head's own process, one load at a time."""
+    if not patterns:
+        yield None
+        return
+    import llama_cpp.llama_cpp as bindings
+
+    table = (_Override * (len(patterns) + 1))()  # NULL-terminated
+    for entry, pattern in zip(table, patterns, strict=False):
+        entry.pattern = pattern.encode()
+        entry.buft = buft
+    original = bindings.llama_model_default_params
+
+    def with_overrides() -> Any:
+        params = original()
+        params.tensor_buft_overrides = ctypes.cast(table, ctypes.c_void_p).value
+        return params
+
+    bindings.llama_model_default_params = with_overrides
+    try:
+        yield table
+    finally:
+        bindings.llama_model_default_params = original
 
 
 class GroupHead:

@@ -14,6 +14,15 @@ plus one, for the output layer): every device then holds exactly the queen's cou
 and the output layer lands on the last device, which is the head's own last GPU when it has
 one, else the last member's last device. With integer weights the cumulative shares and the
 offsets are the same float divisions, so no layer falls across a boundary.
+
+A **RAM-only head** (no GPU of its own) would so leave the output matrix on the last member,
+and that member would send the head every token's logits (``n_vocab`` floats: 196 KB for
+SmolLM2's 49,152, 512 KB for a 128k vocabulary), about 85 times the hidden state it returns
+otherwise. With ``output_on_cpu`` the layout names the output tensors for llama.cpp's tensor
+buffer overrides (``cpu_tensors``, regular expressions searched in each tensor's name), which
+keep them in the head's RAM, where the queen's planner counts them (with the embeddings, on
+the head): the last member then returns the hidden state, and the head multiplies it by the
+output matrix itself. The layers stay where they were; only those tensors move.
 """
 
 from __future__ import annotations
@@ -24,6 +33,10 @@ from dataclasses import dataclass
 from desktop_worker.errors import GroupError
 
 MAX_DEVICES = 16  # llama_max_devices() of the vendored build (GGML_RPC_MAX_SERVERS too)
+# The output layer's matrix: ``output.weight``, or with tied embeddings the copy of
+# ``token_embd.weight`` that llama.cpp makes for the output layer (the input one is always on
+# the CPU). ``output_norm`` is one row of floats and stays with the last layer.
+OUTPUT_TENSORS = r"^(output|token_embd)\.weight$"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +48,14 @@ class LoadLayout:
     cpu_layers: tuple[int, int]  # [start, end) on the head's CPU
     device_ranges: tuple[tuple[int, int], ...]  # [start, end) per device, in device order
     output_device: int | None  # index into the devices; None: the head's CPU
+    cpu_tensors: tuple[str, ...] = ()  # tensor name patterns kept in the head's RAM
 
 
-def load_layout(n_layer: int, cpu_layers: int, device_layers: Sequence[int]) -> LoadLayout:
+def load_layout(n_layer: int, cpu_layers: int, device_layers: Sequence[int], *,
+                output_on_cpu: bool = False) -> LoadLayout:
     """``cpu_layers`` on the head's CPU (the first ones), then ``device_layers[i]`` on device
-    ``i`` (members' devices in the plan's order, then the head's own GPUs)."""
+    ``i`` (members' devices in the plan's order, then the head's own GPUs). ``output_on_cpu``:
+    the output matrix stays in the head's RAM (a RAM-only head), not on the last device."""
     if n_layer <= 0:
         raise GroupError("the model has no layers")
     if cpu_layers < 0 or any(count < 0 for count in device_layers):
@@ -66,7 +82,8 @@ def load_layout(n_layer: int, cpu_layers: int, device_layers: Sequence[int]) -> 
         tensor_split=tuple(weights),
         cpu_layers=(0, cpu_layers),
         device_ranges=tuple(ranges),
-        output_device=last,
+        output_device=None if output_on_cpu else last,
+        cpu_tensors=(OUTPUT_TENSORS,) if output_on_cpu else (),
     )
 
 

@@ -64,9 +64,11 @@ def head_config(lead: GroupLead, *, model_path: str, n_layer: int, endpoints: Se
     if len(endpoints) != len(lead.members):
         raise GroupPartFailed("bad_plan", "one endpoint per member is needed")
     cpu, devices = head_layers(lead, n_layer, head_gpus)
+    # A head without a GPU keeps the output matrix in its RAM (where the queen's plan counts
+    # it): the last member then returns the hidden state, not every token's logits.
     return HeadConfig(name=lead.model, model_path=model_path, n_ctx=lead.n_ctx, n_layer=n_layer,
                       endpoints=tuple(endpoints), cpu_layers=cpu, device_layers=devices,
-                      n_threads=n_threads)
+                      n_threads=n_threads, output_on_cpu=head_gpus <= 0)
 
 
 @dataclass

@@ -58,7 +58,8 @@ class LocalGroup:
         cpu, *shares = even_split(n_layer, len(self.members) + 1)
         return HeadConfig(name=name, model_path=path, n_ctx=n_ctx, n_layer=n_layer,
                           endpoints=tuple(member.endpoint for member in self.members),
-                          cpu_layers=cpu, device_layers=tuple(shares), n_threads=n_threads)
+                          cpu_layers=cpu, device_layers=tuple(shares), n_threads=n_threads,
+                          output_on_cpu=True)  # the head is this machine's CPU
 
     def __call__(self, model: Any, plan: LoadPlan, n_threads: int | None,
                  embedding: bool) -> GroupHead:

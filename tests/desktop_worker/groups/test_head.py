@@ -43,10 +43,10 @@ async def stop_all(members: list[MemberServer], head: GroupHead | None = None) -
 
 
 def config(members: list[MemberServer], cpu_layers: int, device_layers: tuple[int, ...],
-           ) -> HeadConfig:
+           *, output_on_cpu: bool = False) -> HeadConfig:
     return HeadConfig(name="smol", model_path=str(REAL), n_ctx=512, n_layer=N_LAYER,
                       endpoints=tuple(m.endpoint for m in members), cpu_layers=cpu_layers,
-                      device_layers=device_layers, n_threads=1)
+                      device_layers=device_layers, n_threads=1, output_on_cpu=output_on_cpu)
 
 
 @pytest.mark.timeout(180)
@@ -87,6 +87,93 @@ async def test_shares_follow_the_plan() -> None:
                           if member.endpoint in name) for member in members)
     assert report.device_ranges == ((0, 10), (10, 30))
     assert 1.6 < second / first < 3.5, report.buffers
+
+
+@pytest.mark.timeout(240)
+async def test_a_ram_only_head_keeps_the_output_matrix_and_gets_no_logits(
+        one_process_text) -> None:
+    """With ``output_on_cpu`` the last member holds only its layers (as much as the first, for
+    as many layers), the answer is one process's, and what the last member sends back per
+    token is the hidden state (576 floats), not the logits (49,152 floats): counted on a
+    byte-counting pipe in front of its server."""
+    members = await start_members(2)
+    taps = [await ByteTap.start(member.port) for member in members]
+    sizes: dict[bool, tuple[int, int]] = {}
+    back: dict[bool, float] = {}
+    try:
+        for on_cpu in (False, True):
+            head = GroupHead(HeadConfig(
+                name="smol", model_path=str(REAL), n_ctx=512, n_layer=N_LAYER,
+                endpoints=tuple(tap.endpoint for tap in taps), cpu_layers=10,
+                device_layers=(10, 10), n_threads=1, output_on_cpu=on_cpu))
+            try:
+                report = await asyncio.to_thread(head.start)
+                before = taps[1].to_head
+                chunks = await asyncio.to_thread(
+                    lambda h=head: list(h.stream("chat", ASK, threading.Event())))
+                tokens = head.usage()["completion_tokens"]
+            finally:
+                await asyncio.to_thread(head.close)
+            assert text_of(chunks) == one_process_text
+            sizes[on_cpu] = tuple(  # type: ignore[assignment]
+                next(size for name, size in report.buffers.items() if tap.endpoint in name)
+                for tap in taps)
+            back[on_cpu] = (taps[1].to_head - before) / tokens
+    finally:
+        await asyncio.gather(*(tap.stop() for tap in taps), return_exceptions=True)
+        await stop_all(members)
+    first, last = sizes[True]
+    assert abs(last - first) < 0.1 * first, sizes  # no output matrix on the last member
+    assert sizes[False][1] - last > 20 * 1024 * 1024, sizes  # SmolLM2's is 28.7 MiB
+    assert back[False] > 49_152 * 4  # every token's logits, as float32
+    assert back[True] < 16 * 1024, back  # the hidden state and the replies
+
+
+class ByteTap:
+    """A loopback pipe before an RPC server that counts the bytes it sends back."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.to_head = 0
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.server: asyncio.Server | None = None
+
+    @classmethod
+    async def start(cls, target: int) -> ByteTap:
+        tap = cls(target)
+        tap.server = await asyncio.start_server(tap._serve, "127.0.0.1", 0)
+        return tap
+
+    @property
+    def endpoint(self) -> str:
+        assert self.server is not None
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        self.writers |= {writer, up_writer}
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter,
+                       counted: bool) -> None:
+            try:
+                while data := await source.read(65536):
+                    if counted:
+                        self.to_head += len(data)
+                    sink.write(data)
+                    await sink.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True))
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for writer in self.writers:
+            writer.close()
+        await self.server.wait_closed()
 
 
 @pytest.mark.timeout(180)

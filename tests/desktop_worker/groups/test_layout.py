@@ -42,6 +42,25 @@ def test_the_real_smollm2_split() -> None:
     assert layout.device_ranges == ((10, 20), (20, 30))
 
 
+def test_a_ram_only_heads_output_matrix_stays_in_its_ram() -> None:
+    """The layers stay where they were; only the output matrix is named for the head's RAM
+    (with tied embeddings, llama.cpp's output copy of ``token_embd``), not the norm."""
+    import re
+
+    kept = load_layout(30, 10, [10, 10], output_on_cpu=True)
+    moved = load_layout(30, 10, [10, 10])
+    assert (kept.n_gpu_layers, kept.tensor_split, kept.device_ranges) == (
+        moved.n_gpu_layers, moved.tensor_split, moved.device_ranges)
+    assert kept.output_device is None
+    assert moved.output_device == 1
+    assert moved.cpu_tensors == ()
+    (pattern,) = kept.cpu_tensors
+    for name in ("output.weight", "token_embd.weight"):
+        assert re.search(pattern, name)
+    for name in ("output_norm.weight", "blk.29.attn_output.weight", "blk.3.ffn_down.weight"):
+        assert not re.search(pattern, name)
+
+
 def test_all_on_the_head() -> None:
     layout = load_layout(30, 30, [0])
     assert layout.n_gpu_layers == 0

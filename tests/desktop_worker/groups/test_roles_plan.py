@@ -55,6 +55,10 @@ def test_the_config_follows_the_member_order_and_the_message() -> None:
     assert config.endpoints == ("127.0.0.1:1", "127.0.0.1:2")
     assert (config.cpu_layers, config.device_layers) == (10, (20, 10))
     assert (config.n_ctx, config.n_layer, config.name, config.n_threads) == (4096, 40, "big", 3)
+    assert config.output_on_cpu  # a RAM-only head keeps the output matrix itself
+    with_gpu = head_config(lead([10], [30]), model_path="/m.gguf", n_layer=40,
+                           endpoints=["127.0.0.1:1"], head_gpus=1, n_threads=3)
+    assert not with_gpu.output_on_cpu  # its last device is its own GPU
     with pytest.raises(GroupPartFailed):
         head_config(lead([10], [30]), model_path="/m.gguf", n_layer=40, endpoints=[],
                     head_gpus=0, n_threads=1)
