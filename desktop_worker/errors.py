@@ -174,8 +174,19 @@ class GroupLost(GroupError):
 
 class GroupPartFailed(GroupError):
     """This worker's part of a queen-formed group cannot start or go on; ``code`` is the
-    ``GroupFailed`` code the queen is told (``shared_schema.groups.GROUP_FAILURES``)."""
+    ``GroupFailed`` code the queen is told (``shared_schema.groups.GROUP_FAILURES``);
+    ``member``: a head's word on which member caused it (its public id), if it can tell."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, member: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.member = member
+
+
+class MemberShort(GroupError):
+    """A head's load failed because the RPC server at ``endpoint`` could not allocate the
+    layers the plan gave it: that member has less memory than it claimed."""
+
+    def __init__(self, endpoint: str, message: str) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint

@@ -220,6 +220,12 @@ class GroupFailed(WireModel):
     group: str = Field(pattern=GROUP_ID)
     code: str = Field(min_length=1, max_length=64)
     message: str = Field(default="", max_length=2000)
+    member: str | None = Field(
+        default=None, pattern=WORKER_ID,
+        description="From the head: the member (public id) whose RPC server could not "
+        "allocate the layers it was given, so claimed more memory than it has. The queen "
+        "leaves that member out of groups for a while rather than the head; from anyone "
+        "else it is ignored.")
 
 
 class GroupOpen(WireModel):

@@ -29,7 +29,7 @@ from multiprocessing.context import SpawnProcess
 from pathlib import Path
 from typing import Any
 
-from desktop_worker.errors import GroupError, GroupLost, UnsupportedRequest
+from desktop_worker.errors import GroupError, GroupLost, MemberShort, UnsupportedRequest
 from desktop_worker.groups.layout import load_layout
 from desktop_worker.groups.rpc import quiet_aborts
 
@@ -70,6 +70,10 @@ class HeadReport:
 
 
 _BUFFER = re.compile(r"load_tensors:\s+(\S.*?) model buffer size =\s+([\d.]+) MiB")
+# llama.cpp's "unable to allocate RPC0[127.0.0.1:port] buffer" (weights) and ggml-alloc's
+# "failed to allocate RPC0[...] buffer of size N" (compute buffers): a member that was given
+# more than it could hold.
+_SHORT = re.compile(r"(?:unable|failed) to allocate RPC\d*\[([^\]\s]+)\] buffer")
 
 
 class _LoadLog:
@@ -77,6 +81,7 @@ class _LoadLog:
 
     def __init__(self) -> None:
         self.buffers: dict[str, int] = {}
+        self.short: str | None = None  # the endpoint of a server that could not allocate
         self._partial = ""
 
     def __call__(self, level: int, text: bytes, _user: Any) -> None:
@@ -88,6 +93,9 @@ class _LoadLog:
         match = _BUFFER.search(line)
         if match:
             self.buffers[match.group(1)] = int(float(match.group(2)) * 1024 * 1024)
+        short = _SHORT.search(line)
+        if short and self.short is None:
+            self.short = short.group(1)
         if level in (3, 4):  # GGML_LOG_LEVEL_WARN, _ERROR (ggml.h of the vendored build)
             log.warning("llama.cpp: %s", line.strip())
 
@@ -99,7 +107,7 @@ def run_head(config: HeadConfig, conn: Connection) -> None:
     try:
         context, report, keep = _load(config)
     except Exception as exc:  # the parent gets every reason a load failed, then we exit
-        conn.send(("error", type(exc).__name__, str(exc)))
+        conn.send(("error", type(exc).__name__, str(exc), getattr(exc, "endpoint", None)))
         return
     conn.send(("ready", report))
     jobs: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
@@ -158,8 +166,14 @@ def _load(config: HeadConfig) -> tuple[Any, HeadReport, Any]:
                     reason="a group's head: layers per device from the queen's plan")
     buft = rpc.cpu_buffer_type() if layout.cpu_tensors else 0
     with tensor_overrides(layout.cpu_tensors, buft) as overrides:
-        context = LlamaContext(config.name, Path(config.model_path), plan,
-                               n_threads=config.n_threads, tensor_split=layout.tensor_split)
+        try:
+            context = LlamaContext(config.name, Path(config.model_path), plan,
+                                   n_threads=config.n_threads, tensor_split=layout.tensor_split)
+        except Exception as exc:
+            if loader_log.short is None:
+                raise
+            raise MemberShort(loader_log.short, f"the RPC server at {loader_log.short} could "
+                              f"not allocate the layers it was given: {exc}") from exc
     report = HeadReport(buffers=dict(loader_log.buffers), device_ranges=layout.device_ranges,
                         devices=tuple(names), load_s=time.monotonic() - started)
     for buffer, size in report.buffers.items():
@@ -246,7 +260,10 @@ class GroupHead:
         message = self._receive()
         if message[0] != "ready":
             self.close()
-            raise GroupError(f"the group's head could not load {self.name}: {message[2]}")
+            why = f"the group's head could not load {self.name}: {message[2]}"
+            if len(message) > 3 and message[3]:
+                raise MemberShort(message[3], why)
+            raise GroupError(why)
         self.report = message[1]
         return message[1]
 

@@ -35,7 +35,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from desktop_worker.engine.pool import ModelPool, ServableModel
-from desktop_worker.errors import GroupError, GroupLinkError, GroupLost, GroupPartFailed
+from desktop_worker.errors import (
+    GroupError,
+    GroupLinkError,
+    GroupLost,
+    GroupPartFailed,
+    MemberShort,
+)
 from desktop_worker.groups.dialer import HeadDialer, RelayedDialer
 from desktop_worker.groups.gate import LOOPBACK, MemberGate
 from desktop_worker.groups.lan import local_address
@@ -335,7 +341,8 @@ class GroupRoles:
             await self.pool.load(lead.model)
         except Exception as exc:  # every reason a head did not load is the queen's to hear
             raise GroupPartFailed("load_failed", f"the head could not load {lead.model} "
-                                  f"across the members: {exc}") from exc
+                                  f"across the members: {exc}",
+                                  member=_short_member(exc, part.dialers, lead)) from exc
         load_s = time.monotonic() - started
         log.info("group %s: head of %s over %d member(s) (%s), loaded in %.1f s", lead.group,
                  lead.model, len(lead.members),
@@ -386,7 +393,7 @@ class GroupRoles:
                 await previous.down.wait()  # the last group's processes are gone first
             await setup
         except GroupPartFailed as exc:
-            await self._fail(part, exc.code, str(exc))
+            await self._fail(part, exc.code, str(exc), member=exc.member)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug must still end the part and tell the queen
@@ -394,12 +401,14 @@ class GroupRoles:
             await self._fail(part, "server_failed" if part.role == "member" else "load_failed",
                              str(exc))
 
-    async def _fail(self, part: GroupPart, code: str, message: str) -> None:
+    async def _fail(self, part: GroupPart, code: str, message: str, *,
+                    member: str | None = None) -> None:
         if part.ended:
             return
         log.warning("group %s: this %s's part failed (%s): %s", part.group, part.role, code,
                     message)
-        await _send(part.report, GroupFailed(group=part.group, code=code, message=message[:2000]))
+        await _send(part.report, GroupFailed(group=part.group, code=code, message=message[:2000],
+                                             member=member))
         await self._end(part, f"{code}: {message}")
 
     async def _end(self, part: GroupPart, why: str) -> None:
@@ -449,3 +458,17 @@ async def _send(report: Report, message: GroupReport) -> None:
         await report(message)
     except Exception:  # the link's own failures are its to handle; the part goes on
         log.exception("could not report %s for group %s", message.type, message.group)
+
+
+def _short_member(exc: BaseException, dialers: list[HeadDialer], lead: GroupLead) -> str | None:
+    """The member (public id) whose server could not allocate its layers, when llama.cpp said
+    so (a ``MemberShort`` anywhere in ``exc``'s causes, naming a dialer's endpoint)."""
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, MemberShort):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return None
+    for dialer, link in zip(dialers, lead.members, strict=False):
+        if dialer.endpoint == seen.endpoint:
+            return link.worker_id
+    return None

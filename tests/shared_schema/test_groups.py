@@ -57,3 +57,14 @@ def test_relay_frames_round_trip_and_bad_ones_are_protocol_errors() -> None:
         assert refused.value.code == "bad_relay_frame"
     with pytest.raises(ValidationError):
         GroupOpen(group=GROUP, channel=0, member="m2")
+
+
+def test_a_failure_may_name_a_member_by_its_public_id_only() -> None:
+    from shared_schema import GroupFailed
+
+    named = GroupFailed(group=GROUP, code="load_failed", member="m1")
+    assert decode(encode(named)) == named
+    assert GroupFailed(group=GROUP, code="lost").member is None
+    for bad in ("", "m 1", "x" * 65, "../m1"):
+        with pytest.raises(ValidationError):
+            GroupFailed(group=GROUP, code="load_failed", member=bad)

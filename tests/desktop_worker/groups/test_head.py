@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from desktop_worker.errors import GroupLost
+from desktop_worker.errors import GroupLost, MemberShort
 from desktop_worker.groups.head import GroupHead, HeadConfig
-from desktop_worker.groups.member import MemberServer
+from desktop_worker.groups.member import MemberServer, free_port, wait_listening
 from tests.support.one_process import ASK, REAL, text_of
 from tests.support.one_process import one_process_text as reference_text
 from tests.support.rpc import needs_rpc
@@ -174,6 +174,50 @@ class ByteTap:
         for writer in self.writers:
             writer.close()
         await self.server.wait_closed()
+
+
+def serve_short(endpoint: str, spare_mb: int) -> None:
+    """A member's RPC server (the real one) in a process that can take only ``spare_mb`` more
+    memory: a member that claimed more than it has."""
+    import resource
+
+    from desktop_worker.groups.rpc import LlamaRpc, quiet_aborts
+
+    quiet_aborts()
+    rpc = LlamaRpc()
+    devices = rpc.served_devices()  # llama.cpp loaded before the limit
+    with open("/proc/self/status") as status:
+        vm_kb = next(int(line.split()[1]) for line in status if line.startswith("VmSize"))
+    limit = vm_kb * 1024 + spare_mb * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    rpc.serve(endpoint, devices, 1)
+
+
+@pytest.mark.timeout(180)
+async def test_a_member_short_of_memory_is_named_by_its_endpoint() -> None:
+    """The member given 25 layers (about 60 MiB) can allocate 24 MiB: llama.cpp's load fails
+    with "unable to allocate RPC0[endpoint] buffer", and the head says which server it was, so
+    the worker can name that member to the queen (``GroupFailed.member``)."""
+    import multiprocessing
+
+    honest = await start_members(1)
+    port = free_port()
+    short = multiprocessing.get_context("spawn").Process(
+        target=serve_short, args=(f"127.0.0.1:{port}", 24), daemon=True)
+    short.start()
+    try:
+        await wait_listening(port, short, 60)
+        head = GroupHead(HeadConfig(
+            name="smol", model_path=str(REAL), n_ctx=512, n_layer=N_LAYER,
+            endpoints=(honest[0].endpoint, f"127.0.0.1:{port}"), cpu_layers=1,
+            device_layers=(4, 25), n_threads=1, output_on_cpu=True))
+        with pytest.raises(MemberShort) as failed:
+            await asyncio.to_thread(head.start)
+    finally:
+        short.kill()
+        await stop_all(honest)
+    assert failed.value.endpoint == f"127.0.0.1:{port}"
+    assert "could not allocate" in str(failed.value)
 
 
 @pytest.mark.timeout(180)

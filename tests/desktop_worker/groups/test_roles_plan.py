@@ -99,3 +99,24 @@ def test_the_factory_serves_other_models_as_before_and_groups_no_embeddings() ->
     contexts.close("big", "0" * 16)
     assert contexts.binding("big") is None
     assert contexts(Model("big"), PLAN, 1, False) == "plain"
+
+
+@dataclass(frozen=True)
+class Dialer:
+    endpoint: str
+
+
+def test_the_member_short_of_memory_is_found_by_its_dialers_endpoint() -> None:
+    """A head's load that failed on a member's allocation (a ``MemberShort`` somewhere in the
+    causes, as the pool wraps it) names that member's public id; any other failure none."""
+    from desktop_worker.errors import GroupError, MemberShort
+    from desktop_worker.groups.roles import _short_member
+
+    message = lead([2], [3], [3])
+    dialers = [Dialer("127.0.0.1:5001"), Dialer("127.0.0.1:5002")]
+    wrapped = GroupError("the pool could not load big")
+    wrapped.__cause__ = MemberShort("127.0.0.1:5002", "could not allocate")
+    assert _short_member(wrapped, dialers, message) == "m1"  # type: ignore[arg-type]
+    assert _short_member(MemberShort("127.0.0.1:9", "x"), dialers,  # type: ignore[arg-type]
+                         message) is None  # not one of this head's dialers
+    assert _short_member(GroupError("other"), dialers, message) is None  # type: ignore[arg-type]

@@ -121,6 +121,44 @@ async def test_a_member_that_fails_is_left_out_of_the_next_plan(groups: Groups) 
     assert set(group.members) == {groups.swarm.workers[n].key for n in ("m2", "m3")}
 
 
+async def test_the_member_the_head_names_short_of_memory_is_left_out_not_the_head(
+        groups: Groups) -> None:
+    """A member that claimed more memory than it has fails the head's load; the head (a
+    worker the queen trusts) names it, so the next plan keeps the head and drops that member."""
+    serve, _, _ = await formed(groups)
+    groups.add("m3", sizes(groups)[1])
+    head = groups.swarm.workers["head"]
+    groups.service.on_report(head, GroupFailed(
+        group=serve.group, code="load_failed", member="m1",
+        message="the RPC server at 127.0.0.1:40001 could not allocate the layers it was given"))
+    assert (await groups.frame("m2", GroupEnd)).group == serve.group  # type: ignore[attr-defined]
+    await groups.service.tick()
+    group = groups.service.by_model[MODEL]
+    assert group.head is head
+    assert set(group.members) == {groups.swarm.workers[n].key for n in ("m2", "m3")}
+
+
+@pytest.mark.parametrize(("reporter", "named", "left_out"), [
+    ("m2", "m1", "m2"),  # a member cannot get another one left out: it is blamed itself
+    ("head", "eve", "head"),  # a head naming a worker not in its group blames itself
+    ("head", "head", "head"),  # nor can it name itself as a member
+])
+async def test_only_the_head_names_a_member_and_only_one_of_its_own(
+        groups: Groups, reporter: str, named: str, left_out: str) -> None:
+    serve, _, _ = await formed(groups)
+    groups.add("m3", sizes(groups)[1])
+    groups.add("eve", 1)
+    groups.service.on_report(groups.swarm.workers[reporter], GroupFailed(
+        group=serve.group, code="load_failed", member=named, message="out of memory"))
+    assert MODEL not in groups.service.by_model
+    await groups.service.tick()
+    group = groups.service.by_model.get(MODEL)
+    taken = set() if group is None else {w.public_id for w in group.parts}
+    assert left_out not in taken
+    if left_out != "head":
+        assert named in taken  # the worker it named was not punished
+
+
 async def test_frames_from_outsiders_and_out_of_turn_change_nothing(groups: Groups) -> None:
     serve, _, lead = await formed(groups)
     group = groups.service.by_model[MODEL]
