@@ -203,11 +203,11 @@ def plan_group(shape: ModelShape, candidates: Iterable[Candidate], *, n_ctx: int
     entries = sorted((_entry(c, max_credible_mb, headroom_fraction, reserve_mb) for c in pool),
                      key=lambda e: e.key)
     for e in entries:
-        alone = (_entry(replace(e.candidate, free_mb=(e.candidate.alone_mb,)), max_credible_mb,
-                        headroom_fraction, reserve_mb)
-                 if e.candidate.alone_mb is not None else None)
-        if any(one is not None and one.total > 0 and _layout(model, [one]) is not None
-               for one in (e, alone)):
+        alone = e.candidate.alone_mb
+        ways = [e] if alone is None else [e, _entry(replace(e.candidate, free_mb=(alone,)),
+                                                    max_credible_mb, headroom_fraction,
+                                                    reserve_mb)]
+        if any(way.total > 0 and _layout(model, [way]) is not None for way in ways):
             return NoPlan(NoPlanReason.FITS_ONE_WORKER,
                           f"worker {e.key} holds the model alone", need_mb, worker=e.key)
     entries = [e for e in entries if e.total > 0]

@@ -261,9 +261,11 @@ class GroupService:
         if isinstance(message, GroupFailed):
             # The head (a worker the queen trusts) may name the member whose server could not
             # hold its layers: that member claimed memory it has not, so it is left out.
-            short = next((m for m in group.members.values() if worker is group.head
-                          and m.public_id == message.member), None)
-            blame = [short] if short else [] if message.code == "paused" else [worker]
+            named = [m for m in group.members.values() if m.public_id == message.member]
+            if worker is group.head and named:
+                blame = named
+            else:
+                blame = [] if message.code == "paused" else [worker]
             self.end(group, f"worker {worker.public_id} failed ({message.code}): "
                      f"{message.message[:200]}", blame=blame)
         elif isinstance(message, GroupMemberReady):
