@@ -104,6 +104,26 @@ class UnsupportedRequest(EngineError):
     """The request asks for something this worker cannot do (e.g. embeddings on a chat model)."""
 
 
+class EngineCrashed(EngineError):
+    """An engine child process ended while it worked (a segfault, an abort in llama.cpp, a
+    CUDA error, or the worker killed it for breaking its protocol). Only that child ended: the
+    job fails with a retryable ``engine_error`` and the next job gets a new child. ``reason``
+    says what happened in plain words (the signal, llama.cpp's last words)."""
+
+    def __init__(self, message: str, *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message
+
+
+class EngineProtocolError(EngineCrashed):
+    """An engine child broke the engine protocol (a malformed, oversized or out-of-turn
+    message): the worker ends it, as if it had crashed."""
+
+
+class SandboxError(EngineError):
+    """An engine child could not be started or confined as the owner's settings require."""
+
+
 # --- the link to the queen ----------------------------------------------------------------------
 
 
@@ -190,3 +210,18 @@ class MemberShort(GroupError):
     def __init__(self, endpoint: str, message: str) -> None:
         super().__init__(message)
         self.endpoint = endpoint
+
+
+class RpcRefused(GroupLinkError):
+    """A member's gate ended a connection over a llama.cpp RPC message it would not pass
+    (issue 34): ``command`` names it (``GRAPH_COMPUTE``, ``ALLOC_BUFFER``, ...), ``code`` says
+    why in one word (``over_share``, ``out_of_bounds``, ``forbidden_op``, ...), ``by`` who sent
+    it: ``"head"`` (the head broke the protocol; the queen is told) or ``"member"`` (this
+    worker's own RPC server answered out of turn)."""
+
+    def __init__(self, command: str, code: str, detail: str, *, by: str = "head") -> None:
+        super().__init__(f"{command}: {detail} ({code})")
+        self.command = command
+        self.code = code
+        self.detail = detail
+        self.by = by

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from desktop_worker.engine.pool import ModelPool
-from desktop_worker.engine.scoring import SCORE_URL, read_score_request
+from desktop_worker.engine.scores import read_score_request
 from desktop_worker.errors import EngineError, ModelStoreError, UnsupportedRequest, WorkerError
 from shared_schema import Job, Usage
 from shared_schema.answers import answer_from_chunks, checkpoint_chunk, embedding_list
+from shared_schema.audits import SCORE_URL
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import psutil
 
 from desktop_worker import __version__
-from desktop_worker.engine.pool import ModelPool, ServableModel, llama_context
+from desktop_worker.engine.pool import ModelPool, ServableModel
 from desktop_worker.errors import GroupError, WorkerError
 from desktop_worker.fetching import Fetcher
 from desktop_worker.groups.lan import lan_hint
@@ -27,7 +27,6 @@ from desktop_worker.groups.local import LocalGroup
 from desktop_worker.groups.roles import GroupRoles
 from desktop_worker.groups.rpc import (
     DeviceType,
-    LlamaRpc,
     RpcProbe,
     RpcSupport,
     device_free_mb,
@@ -38,6 +37,8 @@ from desktop_worker.identity import WorkerIdentity
 from desktop_worker.jobs import JobRunner
 from desktop_worker.link.client import LinkClient
 from desktop_worker.owner import OwnerProbe, PauseWatcher, controls_on, default_probe
+from desktop_worker.sandbox.context import SandboxedContexts
+from desktop_worker.sandbox.probe import SandboxedRpc
 from desktop_worker.settings import WorkerSettings
 from desktop_worker.store import LocalModel, ModelStore
 from desktop_worker.store.names import validate_local_name
@@ -97,7 +98,9 @@ class WorkerService:
     ) -> None:
         self.settings = settings
         # llama.cpp's RPC backend (model groups, issue 19), probed once, at the first hello.
-        self.rpc: RpcSupport = rpc or LlamaRpc()
+        # asked of a confined engine child: this process never loads llama.cpp (issue 34)
+        self._own_rpc = rpc is None  # closed with the service; one given is its giver's
+        self.rpc: RpcSupport = rpc or SandboxedRpc()
         self.rpc_probe: RpcProbe | None = None
         self.joins_groups = False  # the last hello said ``rpc``: statuses name its devices
         self._devices_unlisted = False  # llama.cpp's devices could not be listed (logged once)
@@ -115,7 +118,10 @@ class WorkerService:
                             if settings.local_group else None)
         # The pool's contexts: a model with a queen-formed group (issue 19) gets its head,
         # every other model the usual context (or the local group's head under --local-group).
-        self.group_contexts = GroupContexts(self.local_group or llama_context)
+        # Every context is a confined engine child (issue 34); ``engines.on_crash`` hears of
+        # one that ended mid-work.
+        self.engines = SandboxedContexts()
+        self.group_contexts = GroupContexts(self.local_group or self.engines)
         self.pool = ModelPool(
             self.store.get,
             max_jobs=settings.max_jobs,
@@ -380,3 +386,5 @@ class WorkerService:
             await self.pool.close()
             if self.local_group is not None:
                 await self.local_group.stop()
+            if self._own_rpc and isinstance(self.rpc, SandboxedRpc):
+                await asyncio.to_thread(self.rpc.close)

@@ -233,3 +233,18 @@ class LlamaContext:
             llama._ctx.kv_cache_clear()
             llama.reset()
         return vectors, sum(len(tokens) for tokens in inputs)
+
+
+def check_before_load(path: str) -> None:
+    """Refuse a model file whose header or tensor table is not sound, before llama.cpp opens
+    it (issue 34): it runs in the engine child, inside the sandbox, like the load itself."""
+    if not Path(path).is_file():
+        raise ModelLoadError(f"{path} is not a file")
+
+
+def llama_context(model: Any, plan: LoadPlan, n_threads: int | None,
+                  embedding: bool) -> LlamaContext:
+    """A context in this process: what an engine child makes, and what the benchmarks and
+    the engine's own tests compare against. The worker's pool makes its contexts in engine
+    children (``sandbox.context.SandboxedContexts``)."""
+    return LlamaContext(model.name, model.path, plan, n_threads=n_threads, embedding=embedding)

@@ -1,6 +1,11 @@
 """Loaded models and their contexts: load on demand, hand a free context to each job, run the
-blocking llama.cpp work in threads, and unload idle models (least recently used first) to stay
-within the memory budget. ``choose_evictions`` is the pure deciding part."""
+blocking work in threads, and unload idle models (least recently used first) to stay within
+the memory budget. ``choose_evictions`` is the pure deciding part.
+
+Each context is made by the pool's factory. The worker's is ``SandboxedContexts`` (issue 34):
+every context is a confined engine child, so this process never loads llama.cpp. A context
+whose ``alive`` turns false (its child crashed, or a group's head ended) is dropped after its
+job and the next job gets a new one."""
 
 from __future__ import annotations
 
@@ -8,13 +13,13 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from desktop_worker.engine.llama_model import LlamaContext
-from desktop_worker.engine.scoring import Score, ScoreRequest
+from desktop_worker.engine.scores import Score, ScoreRequest
+from desktop_worker.sandbox.context import SandboxedContexts
 from shared_schema.fitting import (
     MB,
     LoadPlan,
@@ -27,15 +32,26 @@ from shared_schema.fitting import (
 log = logging.getLogger(__name__)
 
 
+class EngineContext(Protocol):
+    """What the pool needs of a context (``LlamaContext`` in an engine child, a
+    ``SandboxedContext`` here, a group's ``GroupHead``). Blocking; one job at a time."""
+
+    busy: threading.Lock
+
+    def stream(self, kind: str, request: dict[str, Any], cancel: threading.Event,
+               continuation: str | None = None) -> Iterator[dict[str, Any]]: ...
+    def usage(self) -> dict[str, int]: ...
+    def score(self, job: ScoreRequest, cancel: threading.Event) -> Score | None: ...
+    def embed(self, inputs: list[str] | list[list[int]]
+              ) -> tuple[list[list[float]], int]: ...
+    def close(self) -> None: ...
+
+
 # Makes a context of a model: ``(model, plan, n_threads, embedding)``, blocking (it runs in the
-# pool's threads). The default loads a ``LlamaContext``; a model group's (issue 19) starts a
-# head process instead, which has the same ``stream``/``usage``/``busy``/``close``.
+# pool's threads). The default starts a confined engine child (``SandboxedContexts``); a model
+# group's (issue 19) starts a head instead, which has the same ``stream``/``usage``/``busy``/
+# ``close``.
 ContextFactory = Callable[["ServableModel", LoadPlan, "int | None", bool], Any]
-
-
-def llama_context(model: ServableModel, plan: LoadPlan, n_threads: int | None,
-                  embedding: bool) -> LlamaContext:
-    return LlamaContext(model.name, model.path, plan, n_threads=n_threads, embedding=embedding)
 
 
 class ServableModel(Protocol):
@@ -79,8 +95,8 @@ def choose_evictions(residents: Sequence[Resident], need_mb: int, budget_mb: int
 class _Loaded:
     model: ServableModel
     plan: LoadPlan
-    contexts: list[LlamaContext] = field(default_factory=list)
-    embedder: LlamaContext | None = None
+    contexts: list[EngineContext] = field(default_factory=list)
+    embedder: EngineContext | None = None
     last_used: float = field(default_factory=time.monotonic)
     active: int = 0
     making: int = 0  # chat contexts being made now (counted against the limit)
@@ -105,14 +121,14 @@ class ModelPool:
         n_threads: int | None = None,
         free_vram_mb: Callable[[], int | None] = lambda: None,
         budget_mb: int = 8192,
-        contexts: ContextFactory = llama_context,
+        contexts: ContextFactory | None = None,
         max_contexts: Callable[[str], int | None] | None = None,
     ) -> None:
         """``max_contexts(name)``: the most chat contexts of ``name`` at once, below
         ``max_jobs`` (None: ``max_jobs``); a model group's head is one (each head would upload
         every weight to the members again)."""
         self.resolve = resolve
-        self.contexts = contexts
+        self.contexts: ContextFactory = contexts or SandboxedContexts()
         self.max_contexts = max_contexts
         self.max_jobs = max_jobs
         self.gpu_layers = gpu_layers
@@ -166,7 +182,7 @@ class ModelPool:
         info = entry.model.info
         return kv_bytes_per_layer(info, entry.plan.n_ctx) * info.block_count // MB
 
-    async def _new_context(self, entry: _Loaded, *, embedding: bool) -> LlamaContext:
+    async def _new_context(self, entry: _Loaded, *, embedding: bool) -> EngineContext:
         await self._make_room(self._context_mb(entry), exclude=entry.model.name)
         started = time.perf_counter()
         context = await self._run(
@@ -175,7 +191,7 @@ class ModelPool:
                  entry.model.name, time.perf_counter() - started)
         return context
 
-    async def _add_context(self, entry: _Loaded, *, take: bool) -> LlamaContext:
+    async def _add_context(self, entry: _Loaded, *, take: bool) -> EngineContext:
         """A new chat context in ``entry`` (busy already when ``take``), counted in ``making``
         meanwhile, so jobs arriving during a slow load (a group's head uploads its members'
         weights) wait for it rather than make more than the limit."""
@@ -222,7 +238,7 @@ class ModelPool:
 
     # --- serving ------------------------------------------------------------------------------
 
-    async def _acquire(self, name: str) -> tuple[_Loaded, LlamaContext]:
+    async def _acquire(self, name: str) -> tuple[_Loaded, EngineContext]:
         """A free chat context of ``name``, counted as active (so it is never evicted)."""
         entry = await self._entry(name)
         entry.active += 1
@@ -239,8 +255,8 @@ class ModelPool:
             entry.active -= 1
             raise
 
-    async def _release(self, entry: _Loaded, context: LlamaContext) -> None:
-        if not getattr(context, "alive", True):  # a group's head that ended: make a new one
+    async def _release(self, entry: _Loaded, context: EngineContext) -> None:
+        if not getattr(context, "alive", True):  # its engine child ended: the next job makes one
             if context in entry.contexts:
                 entry.contexts.remove(context)
             await self._run(context.close)
@@ -340,6 +356,9 @@ class ModelPool:
             try:
                 return await self._run(embedder.embed, inputs)
             finally:
+                if not getattr(embedder, "alive", True) and entry.embedder is embedder:
+                    entry.embedder = None  # its child ended: the next input makes another
+                    await self._run(embedder.close)
                 embedder.busy.release()
         finally:
             entry.active -= 1
@@ -354,7 +373,7 @@ class ModelPool:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _close_when_idle(context: LlamaContext) -> None:
+def _close_when_idle(context: EngineContext) -> None:
     """Free a context, but only once no generation is using it: freeing llama.cpp's memory
     under a running generation crashes the process. A job being stopped ends within a token."""
     with context.busy:

@@ -35,8 +35,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import llama_cpp
 import numpy as np
@@ -45,26 +44,20 @@ from llama_cpp import Llama
 
 from desktop_worker.engine.logprobs import log_softmax
 from desktop_worker.engine.sampler import MIN_P, TOP_K
+from desktop_worker.engine.scores import (
+    KINDS,
+    MAX_ANSWER_CHARS,
+    Score,
+    ScoreRequest,
+    read_score_request,
+)
 from desktop_worker.errors import EngineError, UnsupportedRequest
 from shared_schema.audits import SCORE_OBJECT, SCORE_URL
 
-__all__ = ["SCORE_OBJECT", "SCORE_URL", "Sampling", "Score", "ScoreRequest", "check_fits",
+__all__ = ["KINDS", "MAX_ANSWER_CHARS", "SCORE_OBJECT", "SCORE_URL", "Sampling", "Score",
+           "ScoreRequest", "check_fits",
            "end_score", "end_tokens", "read_score_request", "sampling_support",
            "teacher_forced", "tempered_stats", "token_score"]
-
-KINDS = ("chat", "completions")
-# The longest answer text read (characters): far above any context this worker loads, so a
-# hostile job cannot make the tokenizer chew on megabytes before the length check refuses it.
-MAX_ANSWER_CHARS = 4_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class ScoreRequest:
-    """What a score job asks: the original request, its kind and the delivered answer."""
-
-    kind: str  # "chat" or "completions"
-    request: dict[str, Any]
-    answer: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,74 +67,6 @@ class Sampling:
 
     temperature: float
     top_p: float = 1.0
-
-
-@dataclass(slots=True)
-class Score:
-    """The scores of one answer: per answer token, its log-probability and whether it was the
-    model's top choice, and the top choice's log-probability (``best_logprobs``: a delivered
-    token a hair below the top is a near-tie that another machine's arithmetic may flip, which
-    the queen can tell from a real miss); ``end_logprob``: the log-probability of the model
-    ending right after the answer (its end-of-generation tokens; a truncated answer scores low
-    here), ``None`` when the model names no such token; ``end_best_logprob``: the top
-    choice's there. For a sampled request (``temperature`` > 0), ``sampled_logprobs``,
-    ``expected`` and ``variances`` are ``lp``, ``mu`` and ``var`` per token, and ``sampled_end``
-    the three for the end (see the module's docstring)."""
-
-    prompt_tokens: int
-    temperature: float = 0.0
-    logprobs: list[float] = field(default_factory=list)
-    argmax: list[bool] = field(default_factory=list)
-    best_logprobs: list[float] = field(default_factory=list)
-    end_logprob: float | None = None
-    end_best_logprob: float | None = None
-    sampled_logprobs: list[float] = field(default_factory=list)
-    expected: list[float] = field(default_factory=list)
-    variances: list[float] = field(default_factory=list)
-    sampled_end: tuple[float, float, float] | None = None
-
-    @property
-    def answer_tokens(self) -> int:
-        return len(self.logprobs)
-
-    def data(self) -> dict[str, Any]:
-        """The Result's ``data``: a ``shared_schema.audits.ScoreData``, built as a plain dict
-        (an answer of thousands of tokens is lists of thousands of floats)."""
-        sampled = None
-        if self.temperature > 0:
-            sampled = {"logprobs": self.sampled_logprobs, "expected": self.expected,
-                       "variances": self.variances,
-                       "end": list(self.sampled_end) if self.sampled_end else None}
-        return {"object": SCORE_OBJECT, "prompt_tokens": self.prompt_tokens,
-                "answer_tokens": self.answer_tokens, "logprobs": self.logprobs,
-                "argmax": self.argmax, "best_logprobs": self.best_logprobs,
-                "end_logprob": self.end_logprob, "end_best_logprob": self.end_best_logprob,
-                "temperature": self.temperature, "sampled": sampled}
-
-    def usage(self) -> dict[str, int]:
-        """Every token evaluated is prompt work; nothing is generated."""
-        evaluated = self.prompt_tokens + self.answer_tokens
-        return {"prompt_tokens": evaluated, "completion_tokens": 0, "total_tokens": evaluated}
-
-
-def read_score_request(raw: dict[str, Any]) -> ScoreRequest:
-    """A score job's fields, checked: a bad one is the queen's mistake, refused by name."""
-    kind = raw.get("kind")
-    if kind not in KINDS:
-        raise UnsupportedRequest(f"a score job's 'kind' must be one of {', '.join(KINDS)}, "
-                                 f"not {str(kind)[:40]!r}")
-    request = raw.get("request")
-    if not isinstance(request, dict):
-        raise UnsupportedRequest("a score job's 'request' must be the original request object")
-    answer = raw.get("answer")
-    if not isinstance(answer, str):
-        raise UnsupportedRequest("a score job's 'answer' must be the delivered text")
-    if not answer:
-        raise UnsupportedRequest("a score job's 'answer' is empty: there is nothing to score")
-    if len(answer) > MAX_ANSWER_CHARS:
-        raise UnsupportedRequest(f"a score job's 'answer' is {len(answer)} characters, over "
-                                 f"the {MAX_ANSWER_CHARS} this worker reads")
-    return ScoreRequest(kind, request, answer)
 
 
 def check_fits(prompt_tokens: int, answer_tokens: int, n_ctx: int) -> None:

@@ -1,42 +1,45 @@
-"""A group's head: a child process that adds the members' RPC servers as devices, loads the
-model with the queen's layer counts per device, and generates like any context.
+"""A group's head: an engine child (``sandbox/``, role ``head``) that adds the members' RPC
+servers as devices, loads the model with the queen's layer counts per device, and generates
+like any context.
 
 It is a child process because llama.cpp aborts the process on any RPC failure (a member that
-went away mid-token): the worker survives it, sees the pipe close, and fails the job over
+went away mid-token), and because a head reads a model file and its members' replies, which
+are strangers' bytes: the worker survives an abort, sees the child end, and fails the job over
 (``GroupLost``). ``GroupHead`` is the worker's handle; its ``stream`` has ``LlamaContext``'s
-shape, so a group serves through the same code as one model.
-
-The pipe carries tuples: parent to child ``("stream", kind, request, continuation)``,
-``("cancel",)``, ``("stop",)``; child to parent ``("ready", report)`` once, then per job
-``("chunk", dict)``..., ending ``("done", usage)`` or ``("error", kind, message)``.
+shape, so a group serves through the same code as one model. ``load_head`` is what the child
+runs to load.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
-import multiprocessing
-import queue
 import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
-from multiprocessing.context import SpawnProcess
 from pathlib import Path
 from typing import Any
 
-from desktop_worker.errors import GroupError, GroupLost, MemberShort, UnsupportedRequest
+from desktop_worker.errors import (
+    EngineCrashed,
+    EngineError,
+    GroupError,
+    GroupLost,
+    MemberShort,
+    UnsupportedRequest,
+)
 from desktop_worker.groups.layout import load_layout
-from desktop_worker.groups.rpc import quiet_aborts
+from desktop_worker.sandbox.context import SandboxedContext, head_load
+from desktop_worker.sandbox.policy import policy_for, split_parts
+from desktop_worker.sandbox.process import EngineProcess
+from shared_schema.engine_ipc import HeadLoaded, Load
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 600.0  # uploading a big share of weights over a LAN takes minutes
-POLL_S = 0.05  # how often a waiting stream looks at its cancel event
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +70,17 @@ class HeadReport:
     device_ranges: tuple[tuple[int, int], ...] = ()
     devices: tuple[str, ...] = ()
     load_s: float = 0.0
+
+    def wire(self) -> HeadLoaded:
+        """As the engine protocol carries it from the head's child."""
+        return HeadLoaded(buffers={name[:128]: size for name, size in self.buffers.items()},
+                          device_ranges=list(self.device_ranges),
+                          devices=[name[:128] for name in self.devices], load_s=self.load_s)
+
+    @classmethod
+    def from_wire(cls, loaded: HeadLoaded) -> HeadReport:
+        return cls(buffers=dict(loaded.buffers), device_ranges=tuple(loaded.device_ranges),
+                   devices=tuple(loaded.devices), load_s=loaded.load_s)
 
 
 _BUFFER = re.compile(r"load_tensors:\s+(\S.*?) model buffer size =\s+([\d.]+) MiB")
@@ -100,51 +114,9 @@ class _LoadLog:
             log.warning("llama.cpp: %s", line.strip())
 
 
-def run_head(config: HeadConfig, conn: Connection) -> None:
-    """The child process."""
-    logging.basicConfig(level=logging.INFO)
-    quiet_aborts()
-    try:
-        context, report, keep = _load(config)
-    except Exception as exc:  # the parent gets every reason a load failed, then we exit
-        conn.send(("error", type(exc).__name__, str(exc), getattr(exc, "endpoint", None)))
-        return
-    conn.send(("ready", report))
-    jobs: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
-    cancel = threading.Event()
-
-    def read() -> None:
-        while True:
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                jobs.put(None)
-                return
-            if message[0] == "cancel":
-                cancel.set()
-            elif message[0] == "stop":
-                jobs.put(None)
-                return
-            else:
-                jobs.put(message)
-
-    threading.Thread(target=read, name="head-pipe", daemon=True).start()
-    while (job := jobs.get()) is not None:
-        _, kind, request, continuation = job
-        cancel.clear()
-        try:
-            for chunk in context.stream(kind, request, cancel, continuation):
-                conn.send(("chunk", chunk))
-            conn.send(("done", context.usage()))
-        except UnsupportedRequest as exc:
-            conn.send(("error", "UnsupportedRequest", str(exc)))
-    context.close()
-    del keep
-
-
-def _load(config: HeadConfig) -> tuple[Any, HeadReport, Any]:
-    """The loaded context, what went where, and the log callback (which must outlive every
-    call llama.cpp makes to it)."""
+def load_head(config: HeadConfig) -> tuple[Any, HeadReport, Any]:
+    """In the head's engine child: the loaded context, what went where, and the log callback
+    (which must outlive every call llama.cpp makes to it)."""
     import llama_cpp
 
     from desktop_worker.engine.llama_model import LlamaContext
@@ -221,95 +193,64 @@ def tensor_overrides(patterns: Sequence[str], buft: int) -> Iterator[Any]:
 
 
 class GroupHead:
-    """The worker's handle on a head process. Blocking, like ``LlamaContext``: its methods
-    run in worker threads, one stream at a time."""
+    """The worker's handle on a head's engine child. Blocking, like ``LlamaContext``: its
+    methods run in worker threads, one stream at a time."""
 
-    def __init__(self, config: HeadConfig, *, ready_timeout_s: float = READY_TIMEOUT_S) -> None:
+    def __init__(self, config: HeadConfig, *, ready_timeout_s: float = READY_TIMEOUT_S,
+                 memory_mb: int | None = None) -> None:
         self.config = config
         self.name = config.name
         self.ready_timeout_s = ready_timeout_s
+        self.memory_mb = memory_mb  # the model's cost here: the child's data limit
         self.report: HeadReport | None = None
-        self._usage: dict[str, int] = {}
-        self._context = multiprocessing.get_context("spawn")
-        self._conn: Connection | None = None
-        self._process: SpawnProcess | None = None
+        self._context: SandboxedContext | None = None
         self.busy = threading.Lock()
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid if self._process else None
+        return self._context.pid if self._context else None
 
     @property
     def alive(self) -> bool:
-        """False once the process ended: the pool then drops this context for a new one."""
-        return (self._conn is not None and self._process is not None
-                and self._process.is_alive())
+        """False once the child ended: the pool then drops this context for a new one."""
+        return self._context is not None and self._context.alive
 
     def start(self) -> HeadReport:
-        """Start the process and wait until the model is loaded (or it failed)."""
-        parent, child = self._context.Pipe()
-        process = self._context.Process(target=run_head, args=(self.config, child),
-                                        name=f"apiary-group-head-{self.name}", daemon=True)
-        process.start()
-        child.close()
-        self._conn, self._process = parent, process
-        if not parent.poll(self.ready_timeout_s):
-            self.close()
-            raise GroupError(f"the group's head did not load {self.name} within "
-                             f"{self.ready_timeout_s:.0f} s")
-        message = self._receive()
-        if message[0] != "ready":
-            self.close()
-            why = f"the group's head could not load {self.name}: {message[2]}"
-            if len(message) > 3 and message[3]:
-                raise MemberShort(message[3], why)
-            raise GroupError(why)
-        self.report = message[1]
-        return message[1]
-
-    def _receive(self) -> tuple[Any, ...]:
-        assert self._conn is not None
-        assert self._process is not None
+        """Start the child and wait until the model is loaded (or it failed)."""
+        config = self.config
+        ports = [int(endpoint.rpartition(":")[2]) for endpoint in config.endpoints]
+        policy = policy_for("head", model_files=split_parts(config.model_path),
+                            memory_mb=self.memory_mb, connect_ports=ports)
+        process = EngineProcess("head", policy, label=f"group head {config.name}")
+        load = Load(name=config.name, model_path=config.model_path, n_ctx=config.n_ctx,
+                    n_gpu_layers=-1, n_threads=config.n_threads,
+                    head=head_load(config.endpoints, config.n_layer, config.cpu_layers,
+                                   config.device_layers, config.output_on_cpu))
         try:
-            return self._conn.recv()
-        except (EOFError, OSError) as exc:
-            self._process.join(5)
-            raise GroupLost(f"the group's head process ended (exit code "
-                            f"{self._process.exitcode}): a member is gone or the head "
-                            f"crashed") from exc
+            self._context = SandboxedContext(config.name, process, load,
+                                             ready_timeout_s=self.ready_timeout_s)
+        except MemberShort:
+            raise
+        except EngineError as exc:
+            raise GroupError(f"the group's head could not load {config.name}: {exc}") from exc
+        loaded = self._context.head_report
+        self.report = HeadReport.from_wire(loaded) if loaded is not None else HeadReport()
+        return self.report
 
     def stream(self, kind: str, request: dict[str, Any], cancel: threading.Event,
                continuation: str | None = None) -> Iterator[dict[str, Any]]:
-        """``LlamaContext.stream`` through the head process; raises ``GroupLost`` when the
-        process ends mid-answer."""
-        if self._conn is None:
+        """``LlamaContext.stream`` through the head's child; raises ``GroupLost`` when the
+        child ends mid-answer."""
+        if self._context is None:
             raise GroupError("the group's head is not running")
-        conn = self._conn
-        self._usage = {}
         try:
-            conn.send(("stream", kind, request, continuation))
-        except OSError as exc:
-            raise GroupLost("the group's head process is gone") from exc
-        told = False
-        while True:
-            if cancel.is_set() and not told:
-                conn.send(("cancel",))
-                told = True
-            if not conn.poll(POLL_S):
-                if self._process is not None and not self._process.is_alive():
-                    self._receive()  # raises GroupLost, unless a last message is buffered
-                continue
-            message = self._receive()
-            if message[0] == "chunk":
-                yield message[1]
-            elif message[0] == "done":
-                self._usage = message[1]
-                return
-            else:
-                raise UnsupportedRequest(message[2])
+            yield from self._context.stream(kind, request, cancel, continuation)
+        except EngineCrashed as exc:
+            raise GroupLost(f"the group's head process ended ({exc.reason}): a member is gone "
+                            f"or the head crashed") from exc
 
     def usage(self) -> dict[str, int]:
-        return self._usage
+        return self._context.usage() if self._context else {}
 
     def score(self, *_args: Any, **_kwargs: Any) -> None:
         raise UnsupportedRequest("a model group does not score answers")
@@ -318,14 +259,5 @@ class GroupHead:
         raise UnsupportedRequest("a model group does not embed")
 
     def close(self) -> None:
-        conn, process = self._conn, self._process
-        self._conn = None
-        if conn is not None:
-            with contextlib.suppress(OSError):
-                conn.send(("stop",))
-            conn.close()
-        if process is not None:
-            process.join(10)
-            if process.is_alive():
-                process.kill()
-                process.join(5)
+        if self._context is not None:
+            self._context.close()  # its last usage stays readable

@@ -20,11 +20,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from desktop_worker.engine.pool import ContextFactory, llama_context
+from desktop_worker.engine.pool import ContextFactory
 from desktop_worker.errors import GroupError, GroupPartFailed, UnsupportedRequest
 from desktop_worker.groups.head import GroupHead, HeadConfig
 from desktop_worker.groups.layout import load_layout
-from shared_schema.fitting import LoadPlan
+from desktop_worker.sandbox.context import SandboxedContexts
+from shared_schema.fitting import LoadPlan, memory_cost_mb
 from shared_schema.groups import GroupLead
 
 log = logging.getLogger(__name__)
@@ -87,10 +88,11 @@ class GroupBinding:
 
 class GroupContexts:
     """``ModelPool``'s context factory: a model with a group gets a ``GroupHead``, every other
-    model ``fallback``'s context (``llama_context``, or ``LocalGroup`` under --local-group)."""
+    model ``fallback``'s context (an engine child, or ``LocalGroup``'s head under
+    --local-group)."""
 
-    def __init__(self, fallback: ContextFactory = llama_context) -> None:
-        self.fallback = fallback
+    def __init__(self, fallback: ContextFactory | None = None) -> None:
+        self.fallback: ContextFactory = fallback or SandboxedContexts()
         self._groups: dict[str, GroupBinding] = {}
         self._lock = threading.Lock()  # the pool calls from its threads
 
@@ -122,7 +124,9 @@ class GroupContexts:
             return self.fallback(model, plan, n_threads, embedding)
         if embedding:
             raise UnsupportedRequest("a model group serves chat and completions, not embeddings")
-        head = GroupHead(binding.config)
+        info = getattr(model, "info", None)  # the head's memory limit: the model's cost here
+        head = GroupHead(binding.config, memory_mb=memory_cost_mb(
+            info, model.size_bytes, plan.n_ctx, 1) if info is not None else None)
         try:
             binding.prepare()
             report = head.start()

@@ -1,10 +1,13 @@
 """A group member's RPC server: this worker's devices, served to one head through llama.cpp's
-RPC backend, in a child process the worker supervises.
+RPC backend, in an engine child the worker supervises (``sandbox/``, role ``member``).
 
 The server is llama.cpp's own (``ggml_backend_rpc_start_server``). It has no authentication
 and has had remote-code-execution bugs, so it is bound to **127.0.0.1 only** and reached from
 outside through the member's gate (``groups.gate``), which lets in only the head the queen
-named. It runs in a child process because it never returns and a crash in it must not take the
+named. Its child is confined like every engine child (no files but its libraries, no process,
+no socket but listening on its one port, never dialling out; its data memory at most its share
+plus the runtime's allowance), so a head that breaks in reaches nothing of the volunteer's. It
+runs in a child process also because it never returns and a crash in it must not take the
 worker down; if it dies while the group lives it is started again on the same port (a few
 times, with a pause that doubles), and stopped when the group ends.
 """
@@ -14,13 +17,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing
 import socket
-from multiprocessing.context import SpawnProcess
+from collections.abc import Callable
 
-from desktop_worker.errors import GroupError
+from desktop_worker.errors import GroupError, SandboxError
 from desktop_worker.groups.gate import LOOPBACK
-from desktop_worker.groups.rpc import LlamaRpc, quiet_aborts
+from desktop_worker.groups.rpc import LlamaRpc
+from desktop_worker.sandbox.policy import policy_for
+from desktop_worker.sandbox.process import EngineProcess, describe_exit
+from shared_schema.engine_ipc import Serve
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +36,9 @@ FIRST_PAUSE_S = 0.5
 
 def serve_member(endpoint: str, n_threads: int, count: int | None = None,
                  gpus: bool = True) -> None:
-    """The child process: serve this machine's devices (its first ``count``; None: all) on
-    ``endpoint`` until killed. ``gpus``: the worker's GPUs may take layers (``group_devices``;
-    False when its owner keeps them off the GPU: its CPU is served)."""
-    logging.basicConfig(level=logging.INFO)
-    quiet_aborts()
+    """In the member's engine child: serve this machine's devices (its first ``count``; None:
+    all) on ``endpoint`` until killed. ``gpus``: the worker's GPUs may take layers
+    (``group_devices``; False when its owner keeps them off the GPU: its CPU is served)."""
     rpc = LlamaRpc()
     devices = rpc.served_devices(gpus)[:count]
     for device in devices:
@@ -45,22 +48,40 @@ def serve_member(endpoint: str, n_threads: int, count: int | None = None,
     raise SystemExit(f"llama.cpp's RPC server could not start on {endpoint}")
 
 
+def start_member(endpoint: str, n_threads: int, count: int | None = None, gpus: bool = True,
+                 memory_mb: int | None = None) -> EngineProcess:
+    """A confined engine child running ``serve_member`` until stopped; its data memory at most
+    ``memory_mb`` (its share) plus the runtime's allowance. Blocking: it waits for the child's
+    hello."""
+    port = int(endpoint.rpartition(":")[2])
+    policy = policy_for("member", memory_mb=memory_mb, bind_ports=[port], gpus=gpus)
+    process = EngineProcess("member", policy, label=f"group member {endpoint}")
+    try:
+        process.start()
+        process.send(process.link.serve(Serve(endpoint=endpoint, n_threads=max(1, n_threads),
+                                              devices=count, gpus=gpus)))
+    except Exception:
+        process.close()
+        raise
+    return process
+
+
 def free_port(host: str = LOOPBACK) -> int:
     with socket.socket() as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])
 
 
-async def wait_listening(port: int, process: SpawnProcess, timeout_s: float) -> None:
+async def wait_listening(port: int, alive: Callable[[], bool], timeout_s: float) -> None:
     """Until something accepts on 127.0.0.1:``port`` (the server answers a closed connection
-    by waiting for the next), or the process ends, or ``timeout_s``."""
+    by waiting for the next), or the process ends (``alive`` turns false), or ``timeout_s``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     pause = 0.02
     while True:
-        if not process.is_alive():
-            raise GroupError(f"the RPC server process ended (exit code {process.exitcode}) "
-                             f"before listening on {LOOPBACK}:{port}")
+        if not alive():
+            raise GroupError(f"the RPC server process ended before listening on "
+                             f"{LOOPBACK}:{port}")
         try:
             _, writer = await asyncio.open_connection(LOOPBACK, port)
         except OSError:
@@ -81,8 +102,10 @@ class MemberServer:
 
     def __init__(self, *, n_threads: int = 1, port: int | None = None,
                  max_restarts: int = MAX_RESTARTS, ready_timeout_s: float = READY_TIMEOUT_S,
-                 devices: int | None = None, gpus: bool = True) -> None:
+                 devices: int | None = None, gpus: bool = True,
+                 memory_mb: int | None = None) -> None:
         self.n_threads = n_threads
+        self.memory_mb = memory_mb  # its share (the queen's grant): the child's data limit
         self.devices = devices  # serve the first this many devices; None: all
         self.gpus = gpus  # its GPUs, else its CPU (``rpc.group_devices``)
         self.port = port or free_port()
@@ -90,12 +113,11 @@ class MemberServer:
         self.ready_timeout_s = ready_timeout_s
         self.restarts = 0
         self.failed: str | None = None  # why it was given up, once it is
-        self._process: SpawnProcess | None = None
+        self._process: EngineProcess | None = None
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
         self.restarted = asyncio.Event()  # set each time a restarted server listens again
         self.gave_up = asyncio.Event()  # set once ``failed`` says why it was given up
-        self._context = multiprocessing.get_context("spawn")
 
     @property
     def endpoint(self) -> str:
@@ -110,15 +132,16 @@ class MemberServer:
         self._watch = asyncio.create_task(self._supervise(), name=f"rpc-member-{self.port}")
 
     async def _spawn(self) -> None:
-        process = self._context.Process(
-            target=serve_member, args=(self.endpoint, self.n_threads, self.devices, self.gpus),
-            name=f"apiary-rpc-member-{self.port}", daemon=True)
-        process.start()
+        try:
+            process = await asyncio.to_thread(start_member, self.endpoint, self.n_threads,
+                                              self.devices, self.gpus, self.memory_mb)
+        except SandboxError as exc:
+            raise GroupError(f"the RPC server could not start: {exc}") from exc
         self._process = process
         try:
-            await wait_listening(self.port, process, self.ready_timeout_s)
+            await wait_listening(self.port, lambda: process.alive, self.ready_timeout_s)
         except GroupError:
-            process.kill()
+            await asyncio.to_thread(process.close)
             raise
         log.info("RPC server for a group listening on %s (pid %s)", self.endpoint, process.pid)
 
@@ -127,18 +150,19 @@ class MemberServer:
         while True:
             process = self._process
             assert process is not None
-            await asyncio.to_thread(process.join)
+            code = await asyncio.to_thread(process.wait)
             if self._stopping:
                 return
+            await asyncio.to_thread(process.close)
             if self.restarts >= self.max_restarts:
                 self.failed = (f"the RPC server died {self.restarts + 1} times "
-                               f"(last exit code {process.exitcode})")
+                               f"(last: {describe_exit(code)})")
                 log.error("group member on %s given up: %s", self.endpoint, self.failed)
                 self.gave_up.set()
                 return
             self.restarts += 1
-            log.warning("the RPC server on %s died (exit code %s); starting it again (%d/%d)",
-                        self.endpoint, process.exitcode, self.restarts, self.max_restarts)
+            log.warning("the RPC server on %s died (%s); starting it again (%d/%d)",
+                        self.endpoint, describe_exit(code), self.restarts, self.max_restarts)
             await asyncio.sleep(pause)  # a pause between restarts, not a wait for an event
             pause *= 2
             try:
@@ -150,11 +174,7 @@ class MemberServer:
     async def stop(self) -> None:
         self._stopping = True
         process = self._process
-        if process is not None and process.is_alive():
-            process.terminate()
-            await asyncio.to_thread(process.join, 5)
-            if process.is_alive():
-                process.kill()
-                await asyncio.to_thread(process.join, 5)
+        if process is not None:
+            await asyncio.to_thread(process.close, timeout_s=0)
         if self._watch is not None:
             await self._watch

@@ -32,7 +32,7 @@ from PySide6.QtWidgets import QApplication
 
 from desktop_worker import __version__
 from desktop_worker.errors import WorkerError
-from desktop_worker.groups.rpc import LlamaRpc, RpcProbe, RpcSupport
+from desktop_worker.groups.rpc import RpcProbe, RpcSupport
 from desktop_worker.gui.common import Icons, spawn
 from desktop_worker.gui.gui_gc import GuiThreadCollector
 from desktop_worker.gui.notify import Notice, NotificationPolicy
@@ -56,6 +56,7 @@ from desktop_worker.hardware import HardwareReport
 from desktop_worker.identity import WorkerIdentity
 from desktop_worker.link.backoff import Backoff
 from desktop_worker.link_probe import ProbeResult, probe_queen
+from desktop_worker.sandbox.probe import SandboxedRpc
 from desktop_worker.service import Detector, WorkerService
 from desktop_worker.settings import WorkerSettings, config_dir
 from shared_schema import Demand, WorkerEarnings
@@ -94,7 +95,7 @@ class ApiaryApp(QObject):
         self.settings_service = SettingsService(settings, autostart)
         self.models = ModelsService(settings, hardware=lambda: self.hardware)
         self.detector = detector
-        self.rpc: RpcSupport = rpc or LlamaRpc()
+        self.rpc: RpcSupport = rpc or SandboxedRpc()
         self._rpc_check: asyncio.Task[RpcProbe | None] | None = None
         self.controller = WorkerController(settings, store=lambda: self.models.store,
                                            detector=detector, backoff=backoff, rpc=self.rpc,

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from desktop_worker.engine.llama_model import llama_context
 from desktop_worker.engine.pool import ModelPool
 from desktop_worker.jobs import JobRunner
 from desktop_worker.settings import WorkerSettings
@@ -55,7 +56,8 @@ def requant(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def pool(tmp_path: Path):
     store = ModelStore(tmp_path / "models")
     store.import_file(SMOLLM2, "smol")
-    pool = ModelPool(store.get, max_jobs=1, n_ctx=1024, n_threads=2, budget_mb=4096)
+    pool = ModelPool(store.get, max_jobs=1, n_ctx=1024, n_threads=2, budget_mb=4096,
+                     contexts=llama_context)
     yield pool
     await pool.close()
 
@@ -82,7 +84,8 @@ async def test_the_requantized_model_answers_differently(tmp_path: Path, requant
                                                          pool: ModelPool) -> None:
     store = ModelStore(tmp_path / "requant-models")
     store.import_file(requant, "smol")
-    smaller = ModelPool(store.get, max_jobs=1, n_ctx=1024, n_threads=2, budget_mb=4096)
+    smaller = ModelPool(store.get, max_jobs=1, n_ctx=1024, n_threads=2, budget_mb=4096,
+                        contexts=llama_context)
     try:
         theirs, _, _ = await chat(smaller, FRANCE)
     finally:

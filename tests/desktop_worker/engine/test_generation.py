@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from desktop_worker.engine.llama_model import llama_context
 from desktop_worker.engine.pool import ModelPool
 from desktop_worker.jobs import JobRunner
 from desktop_worker.store import ModelStore
@@ -37,7 +38,8 @@ SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "c", "schema": S
 async def runner(tmp_path):
     store = ModelStore(tmp_path / "models")
     store.import_file(REAL, "smol")
-    pool = ModelPool(store.get, max_jobs=1, n_ctx=1024, n_threads=2, budget_mb=4096)
+    pool = ModelPool(store.get, max_jobs=1, n_ctx=1024, n_threads=2, budget_mb=4096,
+                     contexts=llama_context)
     yield JobRunner(pool, has_model=lambda name: name == "smol", checkpoint_s=3600)
     await pool.close()
 

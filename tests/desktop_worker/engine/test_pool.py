@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from desktop_worker.engine.llama_model import llama_context
 from desktop_worker.engine.pool import ModelPool
 from desktop_worker.errors import UnsupportedRequest
 from desktop_worker.store import ModelStore
@@ -24,7 +25,8 @@ ASK = {"messages": [{"role": "user", "content": "Name three colours."}], "temper
 async def pool(tmp_path):
     store = ModelStore(tmp_path / "models")
     store.import_file(REAL, "smol")
-    pool = ModelPool(store.get, max_jobs=1, n_ctx=1024, n_threads=1, budget_mb=4096)
+    pool = ModelPool(store.get, max_jobs=1, n_ctx=1024, n_threads=1, budget_mb=4096,
+                     contexts=llama_context)
     yield pool
     await pool.close()
 

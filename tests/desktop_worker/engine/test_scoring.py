@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from desktop_worker.engine.llama_model import llama_context
 from desktop_worker.engine.pool import ModelPool
 from desktop_worker.engine.sampler import MIN_P, TOP_K, SamplerChain
 from desktop_worker.engine.scoring import (
@@ -48,7 +49,8 @@ COMPLETION = {"model": "smol", "prompt": "The three primary colours are", "tempe
 async def runner(tmp_path):
     store = ModelStore(tmp_path / "models")
     store.import_file(REAL, "smol")
-    pool = ModelPool(store.get, max_jobs=1, n_ctx=N_CTX, n_threads=2, budget_mb=4096)
+    pool = ModelPool(store.get, max_jobs=1, n_ctx=N_CTX, n_threads=2, budget_mb=4096,
+                     contexts=llama_context)
     yield JobRunner(pool, has_model=lambda name: name == "smol", checkpoint_s=3600)
     await pool.close()
 

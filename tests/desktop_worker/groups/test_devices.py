@@ -6,11 +6,9 @@ has no GPU."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
-from desktop_worker.errors import GroupError
+from desktop_worker.errors import GroupError, SandboxError
 from desktop_worker.groups import member as member_module
 from desktop_worker.groups.rpc import Device, LlamaRpc, device_free_mb, group_devices
 from shared_schema import GroupMemberReady
@@ -81,37 +79,22 @@ def test_the_members_child_serves_what_the_rule_gives(monkeypatch, gpus: bool,
     assert ListedRpc.served == [served]
 
 
-class NotStarted:
-    """A child process that records its arguments and ends at once (nothing is spawned)."""
-
+@pytest.mark.parametrize("gpus", [True, False])
+async def test_the_member_server_hands_its_child_the_rule(monkeypatch, gpus: bool) -> None:
+    """``MemberServer(gpus=)`` (what ``GroupRoles`` passes from the worker's rule) reaches
+    the engine child that runs ``serve_member``, with its share as the memory limit."""
     made: list[tuple[object, ...]] = []
 
-    def __init__(self, *, target: object, args: tuple[object, ...], name: str,
-                 daemon: bool) -> None:
-        NotStarted.made.append(args)
-        self.exitcode = 1
-        self.pid = None
+    def not_started(*args: object) -> None:
+        made.append(args)
+        raise SandboxError("not started in this test")
 
-    def start(self) -> None:
-        pass
-
-    def is_alive(self) -> bool:
-        return False
-
-    def kill(self) -> None:
-        pass
-
-
-@pytest.mark.parametrize("gpus", [True, False])
-async def test_the_member_server_hands_its_child_the_rule(gpus: bool) -> None:
-    """``MemberServer(gpus=)`` (what ``GroupRoles`` passes from the worker's rule) reaches
-    ``serve_member`` in the child's arguments."""
-    NotStarted.made = []
-    server = member_module.MemberServer(devices=2, gpus=gpus, port=40_123, n_threads=3)
-    server._context = SimpleNamespace(Process=NotStarted)  # type: ignore[assignment]
-    with pytest.raises(GroupError, match="ended"):
+    monkeypatch.setattr(member_module, "start_member", not_started)
+    server = member_module.MemberServer(devices=2, gpus=gpus, port=40_123, n_threads=3,
+                                        memory_mb=700)
+    with pytest.raises(GroupError, match="could not start"):
         await server.start()
-    assert NotStarted.made == [(server.endpoint, 3, 2, gpus)]
+    assert made == [(server.endpoint, 3, 2, gpus, 700)]
 
 
 @needs_rpc

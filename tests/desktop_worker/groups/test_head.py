@@ -206,7 +206,7 @@ async def test_a_member_short_of_memory_is_named_by_its_endpoint() -> None:
         target=serve_short, args=(f"127.0.0.1:{port}", 24), daemon=True)
     short.start()
     try:
-        await wait_listening(port, short, 60)
+        await wait_listening(port, short.is_alive, 60)
         head = GroupHead(HeadConfig(
             name="smol", model_path=str(REAL), n_ctx=512, n_layer=N_LAYER,
             endpoints=(honest[0].endpoint, f"127.0.0.1:{port}"), cpu_layers=1,

@@ -1,0 +1,235 @@
+"""A llama.cpp context in a sandboxed engine child, behind ``LlamaContext``'s own interface
+(``stream``, ``usage``, ``score``, ``embed``, ``busy``, ``alive``, ``close``), so the pool and a
+group's head serve through it unchanged.
+
+``SandboxedContexts`` is the pool's context factory: each context (and each group head) is one
+child, confined by ``policy.policy_for`` to its model's files and its share of memory. When a
+child ends mid-job, the job raises ``EngineCrashed`` (retryable: the queen fails the answer
+over), ``alive`` turns false, the pool drops the context and the next job gets a new child;
+``on_crash`` listeners hear what happened in plain words (the app tells its owner).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from desktop_worker.engine.scores import Score, ScoreRequest
+from desktop_worker.errors import (
+    EngineCrashed,
+    MemberShort,
+    ModelLoadError,
+    UnsupportedRequest,
+)
+from desktop_worker.sandbox.policy import policy_for
+from desktop_worker.sandbox.process import EngineProcess
+from shared_schema.engine_ipc import (
+    Chunk,
+    Done,
+    Embed,
+    Embedded,
+    Failed,
+    HeadLoad,
+    HeadLoaded,
+    Load,
+    Loaded,
+    Scored,
+    ScoreJob,
+    Stream,
+)
+from shared_schema.fitting import LoadPlan, memory_cost_mb
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.05  # how often a waiting job looks at its cancel event
+
+CrashListener = Callable[[str, str], None]  # (the model's name, what happened)
+
+
+def raise_failure(failed: Failed, *, loading: bool = False) -> None:
+    """A child's ``error`` reply as the worker's own error."""
+    if failed.code == "member_short" and failed.endpoint:
+        raise MemberShort(failed.endpoint, failed.message)
+    if failed.code == "unsupported":
+        raise UnsupportedRequest(failed.message)
+    if loading or failed.code in ("load_failed", "invalid_model"):
+        raise ModelLoadError(failed.message)
+    raise EngineCrashed(failed.message, reason=failed.message)
+
+
+class SandboxedContext:
+    """One model (or one group head) loaded in its own engine child."""
+
+    def __init__(self, name: str, process: EngineProcess, load: Load, *,
+                 ready_timeout_s: float | None = None,
+                 on_crash: Sequence[CrashListener] = ()) -> None:
+        self.name = name
+        self.embedding = load.embedding
+        self.process = process
+        self.on_crash = list(on_crash)
+        self.busy = threading.Lock()
+        self._usage: dict[str, int] = {}
+        self._crashed = False
+        self.head_report: HeadLoaded | None = None
+        process.start()
+        try:
+            process.send(process.link.load(load))
+            reply = process.wait_for(ready_timeout_s)
+        except EngineCrashed as exc:
+            process.close()
+            raise ModelLoadError(f"llama.cpp could not load {name}: {exc.reason}") from exc
+        if reply is None:
+            process.close()
+            raise ModelLoadError(f"the engine did not load {name} within "
+                                 f"{ready_timeout_s:.0f} s")
+        if isinstance(reply, Failed):
+            process.close()
+            raise_failure(reply, loading=reply.code != "member_short")
+        assert isinstance(reply, Loaded)
+        self.n_ctx = reply.n_ctx
+        self.head_report = reply.head
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        """False once the child ended: the pool then drops this context for a new one."""
+        return not self._crashed and self.process.alive
+
+    def _next(self, cancel: threading.Event | None) -> Any:
+        """The child's next reply, telling it to stop when ``cancel`` is set."""
+        process = self.process
+        while True:
+            if cancel is not None and cancel.is_set():
+                stop = process.link.cancel()
+                if stop is not None:
+                    process.send(stop)
+            try:
+                reply = process.wait_for(POLL_S if cancel is not None else None)
+            except EngineCrashed as exc:
+                self._lost(exc)
+                raise
+            if reply is not None:
+                return reply
+
+    def _lost(self, exc: EngineCrashed) -> None:
+        if self._crashed:
+            return
+        self._crashed = True
+        log.error("the engine for %s ended: %s", self.name, exc.reason)
+        for listener in list(self.on_crash):
+            try:
+                listener(self.name, exc.reason)
+            except Exception:  # a broken listener must not hide the crash
+                log.exception("an engine crash listener failed")
+
+    def stream(self, kind: str, request: dict[str, Any], cancel: threading.Event,
+               continuation: str | None = None) -> Iterator[dict[str, Any]]:
+        """``LlamaContext.stream`` in the child: chat.completion.chunk dicts as they come."""
+        self._usage = {}
+        process = self.process
+        try:
+            process.send(process.link.stream(Stream(
+                kind="chat" if kind == "chat" else "completion", request=request,
+                continuation=continuation)))
+        except EngineCrashed as exc:
+            self._lost(exc)
+            raise
+        while True:
+            reply = self._next(cancel)
+            if isinstance(reply, Chunk):
+                yield reply.data
+            elif isinstance(reply, Done):
+                self._usage = reply.usage()
+                return
+            else:
+                raise_failure(reply)
+
+    def usage(self) -> dict[str, int]:
+        return self._usage
+
+    def score(self, job: ScoreRequest, cancel: threading.Event) -> Score | None:
+        process = self.process
+        if job.kind not in ("chat", "completions"):
+            raise UnsupportedRequest(f"a score job's kind is {job.kind!r}")
+        try:
+            process.send(process.link.score(ScoreJob(kind=job.kind,  # type: ignore[arg-type]
+                                                     request=job.request, answer=job.answer)))
+        except EngineCrashed as exc:
+            self._lost(exc)
+            raise
+        reply = self._next(cancel)
+        if isinstance(reply, Failed):
+            raise_failure(reply)
+        assert isinstance(reply, Scored)
+        if reply.data is None:
+            return None
+        try:
+            return Score.from_data(reply.data)
+        except ValueError as exc:
+            self.process.kill()
+            crash = EngineCrashed(f"the engine sent {exc}", reason=f"it sent {exc}")
+            self._lost(crash)
+            raise crash from exc
+
+    def embed(self, inputs: list[str] | list[list[int]]) -> tuple[list[list[float]], int]:
+        if not self.embedding:
+            raise UnsupportedRequest("this context was not loaded for embeddings")
+        process = self.process
+        try:
+            process.send(process.link.embed(Embed(inputs=inputs)))
+        except EngineCrashed as exc:
+            self._lost(exc)
+            raise
+        reply = self._next(None)
+        if isinstance(reply, Failed):
+            raise_failure(reply)
+        assert isinstance(reply, Embedded)
+        if len(reply.vectors) != len(inputs):
+            self.process.kill()
+            crash = EngineCrashed("the engine answered the wrong number of vectors",
+                                  reason="it answered the wrong number of vectors")
+            self._lost(crash)
+            raise crash
+        return reply.vectors, reply.tokens
+
+    def close(self) -> None:
+        self.process.close()
+
+
+@dataclass
+class SandboxedContexts:
+    """The pool's context factory: every context in its own confined engine child.
+    ``extra_read``: more paths a child may read (tests); ``memory_limits``: a child's data
+    memory limited to its model's cost plus the runtime's allowance (``policy``)."""
+
+    memory_limits: bool = True
+    extra_read: tuple[str, ...] = ()
+    load_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        self.on_crash: list[CrashListener] = []
+
+    def __call__(self, model: Any, plan: LoadPlan, n_threads: int | None,
+                 embedding: bool) -> SandboxedContext:
+        files = [str(path) for path in getattr(model, "paths", None) or (model.path,)]
+        cost = memory_cost_mb(model.info, model.size_bytes, plan.n_ctx, 1)
+        policy = policy_for("context", model_files=files,
+                            memory_mb=cost if self.memory_limits else None,
+                            extra_read=self.extra_read, gpus=plan.n_gpu_layers != 0)
+        process = EngineProcess("context", policy, label=f"engine {model.name}")
+        load = Load(name=model.name, model_path=str(model.path), n_ctx=plan.n_ctx,
+                    n_gpu_layers=plan.n_gpu_layers, n_threads=n_threads, embedding=embedding)
+        return SandboxedContext(model.name, process, load, ready_timeout_s=self.load_timeout_s,
+                                on_crash=self.on_crash)
+
+
+def head_load(endpoints: Sequence[str], n_layer: int, cpu_layers: int,
+              device_layers: Sequence[int], output_on_cpu: bool) -> HeadLoad:
+    return HeadLoad(endpoints=list(endpoints), n_layer=n_layer, cpu_layers=cpu_layers,
+                    device_layers=list(device_layers), output_on_cpu=output_on_cpu)

@@ -1,0 +1,229 @@
+"""The engine protocol's core, without I/O (``shared_schema.engine_ipc`` has its messages).
+
+``FrameDecoder`` cuts a byte stream into length-prefixed frames, each at most ``max_bytes``.
+``EngineLink`` is the worker's side of one engine child as a state machine: the worker asks it
+for the bytes of each command (``start``, ``load``, ``stream`` ...), feeds it whatever the
+socket gave (``receive``), and gets the child's messages back, each checked against what was
+asked. A message out of turn, a malformed or oversized frame, or another protocol version is an
+``EngineProtocolError``: the worker then ends the child, as it would a crashed one.
+``ChildLink`` is the child's side: frames in, commands out, replies encoded.
+
+The adapters are ``sandbox/process.py`` (the worker's, blocking, in the pool's threads) and
+``sandbox/child.py`` (the child's).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from desktop_worker.errors import EngineProtocolError
+from shared_schema.engine_ipc import (
+    ENGINE_IPC_VERSION,
+    HEADER_BYTES,
+    MAX_FROM_CHILD_BYTES,
+    MAX_TO_CHILD_BYTES,
+    Cancel,
+    Chunk,
+    Done,
+    Embed,
+    Embedded,
+    Failed,
+    Hello,
+    ListDevices,
+    Load,
+    Loaded,
+    Probed,
+    Role,
+    SandboxPolicy,
+    Scored,
+    ScoreJob,
+    Serve,
+    Start,
+    Stop,
+    Stream,
+    decode_from_child,
+    decode_to_child,
+    encode,
+)
+from shared_schema.errors import ProtocolError
+
+
+def frame(payload: bytes) -> bytes:
+    """A message's payload with its length prefix."""
+    return len(payload).to_bytes(HEADER_BYTES, "big") + payload
+
+
+class FrameTooLarge(ProtocolError):
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__("frame_too_large", f"a frame of {size} bytes, over the {limit} allowed")
+
+
+class FrameDecoder:
+    """Length-prefixed frames out of a stream of bytes. A length past ``max_bytes`` raises
+    ``FrameTooLarge`` before any of its body is kept."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._buffer = bytearray()
+        self._need: int | None = None  # the body length of the frame being read
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buffer += data
+        frames: list[bytes] = []
+        while True:
+            if self._need is None:
+                if len(self._buffer) < HEADER_BYTES:
+                    return frames
+                size = int.from_bytes(self._buffer[:HEADER_BYTES], "big")
+                if size > self.max_bytes:
+                    raise FrameTooLarge(size, self.max_bytes)
+                del self._buffer[:HEADER_BYTES]
+                self._need = size
+            if len(self._buffer) < self._need:
+                return frames
+            frames.append(bytes(self._buffer[:self._need]))
+            del self._buffer[:self._need]
+            self._need = None
+
+
+class State(enum.Enum):
+    NEW = "new"  # nothing sent yet
+    STARTING = "starting"  # start sent, waiting for the hello
+    IDLE = "idle"  # confined, nothing loaded (or a probe, or a member serving)
+    LOADING = "loading"
+    READY = "ready"  # a model loaded, no command in flight
+    STREAMING = "streaming"
+    SCORING = "scoring"
+    EMBEDDING = "embedding"
+    PROBING = "probing"
+    SERVING = "serving"  # a member: its RPC server runs until the child ends
+    CLOSED = "closed"
+
+
+# What each waiting state accepts, and where each message leads.
+_REPLIES: dict[State, dict[type, State]] = {
+    State.STARTING: {Hello: State.IDLE},
+    State.LOADING: {Loaded: State.READY, Failed: State.CLOSED},
+    State.STREAMING: {Chunk: State.STREAMING, Done: State.READY, Failed: State.READY},
+    State.SCORING: {Scored: State.READY, Failed: State.READY},
+    State.EMBEDDING: {Embedded: State.READY, Failed: State.READY},
+    State.PROBING: {Probed: State.IDLE, Failed: State.IDLE},
+}
+
+
+class EngineLink:
+    """The worker's side of one engine child."""
+
+    def __init__(self, role: Role, *, max_frame_bytes: int = MAX_FROM_CHILD_BYTES) -> None:
+        self.role = role
+        self.state = State.NEW
+        self.hello: Hello | None = None
+        self._frames = FrameDecoder(max_frame_bytes)
+        self._cancelled = False
+
+    @property
+    def busy(self) -> bool:
+        return self.state in _REPLIES
+
+    # --- commands --------------------------------------------------------------------------
+
+    def _send(self, message: Any, expect: set[State], then: State) -> bytes:
+        if self.state not in expect:
+            raise EngineProtocolError(f"cannot send {message.type!r} to an engine child that "
+                                      f"is {self.state.value}")
+        self.state = then
+        return frame(encode(message))
+
+    def start(self, policy: SandboxPolicy) -> bytes:
+        return self._send(Start(version=ENGINE_IPC_VERSION, role=self.role, policy=policy),
+                          {State.NEW}, State.STARTING)
+
+    def load(self, message: Load) -> bytes:
+        if self.role not in ("context", "head"):
+            raise EngineProtocolError(f"a {self.role} child loads no model")
+        return self._send(message, {State.IDLE}, State.LOADING)
+
+    def stream(self, message: Stream) -> bytes:
+        self._cancelled = False
+        return self._send(message, {State.READY}, State.STREAMING)
+
+    def cancel(self) -> bytes | None:
+        """The cancel frame, once per command in flight; None when there is nothing to stop."""
+        if self.state not in (State.STREAMING, State.SCORING) or self._cancelled:
+            return None
+        self._cancelled = True
+        return frame(encode(Cancel()))
+
+    def score(self, message: ScoreJob) -> bytes:
+        self._cancelled = False
+        return self._send(message, {State.READY}, State.SCORING)
+
+    def embed(self, message: Embed) -> bytes:
+        return self._send(message, {State.READY}, State.EMBEDDING)
+
+    def serve(self, message: Serve) -> bytes:
+        if self.role != "member":
+            raise EngineProtocolError(f"a {self.role} child serves no RPC server")
+        return self._send(message, {State.IDLE}, State.SERVING)
+
+    def devices(self) -> bytes:
+        if self.role != "probe":
+            raise EngineProtocolError(f"a {self.role} child lists no devices")
+        return self._send(ListDevices(), {State.IDLE}, State.PROBING)
+
+    def stop(self) -> bytes:
+        self.state = State.CLOSED
+        return frame(encode(Stop()))
+
+    # --- the child's messages ---------------------------------------------------------------
+
+    def receive(self, data: bytes) -> list[Any]:
+        """The child's messages in ``data`` (and what earlier calls left), each checked against
+        the command in flight."""
+        try:
+            payloads = self._frames.feed(data)
+        except ProtocolError as exc:
+            self.state = State.CLOSED
+            raise EngineProtocolError(f"the engine sent {exc.message}") from exc
+        return [self._accept(payload) for payload in payloads]
+
+    def _accept(self, payload: bytes) -> Any:
+        try:
+            message = decode_from_child(payload)
+        except ProtocolError as exc:
+            self.state = State.CLOSED
+            raise EngineProtocolError(f"the engine sent {exc.message}") from exc
+        allowed = _REPLIES.get(self.state, {})
+        then = allowed.get(type(message))
+        if then is None:
+            state = self.state
+            self.state = State.CLOSED
+            raise EngineProtocolError(f"the engine sent {message.type!r} out of turn (while "
+                                      f"{state.value})")
+        if isinstance(message, Hello):
+            if message.version != ENGINE_IPC_VERSION:
+                self.state = State.CLOSED
+                raise EngineProtocolError(f"the engine speaks protocol {message.version}, not "
+                                          f"{ENGINE_IPC_VERSION}: reinstall the worker")
+            self.hello = message
+        self.state = then
+        return message
+
+
+class ChildLink:
+    """The child's side: the worker's commands out of the socket's bytes, replies encoded."""
+
+    def __init__(self) -> None:
+        self._frames = FrameDecoder(MAX_TO_CHILD_BYTES)
+
+    def receive(self, data: bytes) -> list[Any]:
+        return [decode_to_child(payload) for payload in self._frames.feed(data)]
+
+    @staticmethod
+    def reply(message: Any) -> bytes:
+        return frame(encode(message))

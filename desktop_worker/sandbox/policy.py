@@ -1,0 +1,120 @@
+"""What an engine child may touch: ``policy_for`` decides it from the role and the model's files.
+
+Read-only: the Python that runs the child (its standard library and packages, this project's
+own packages), the system's libraries (``/usr``, ``/lib*``), the few files in ``/etc`` the
+dynamic loader and the C library read, ``/proc`` and ``/sys`` (Landlock keeps other processes'
+private files out of reach there), GPU runtimes' usual homes, and the model's files. Read-write
+with ioctls: the GPU device files. Everything: one scratch folder of its own, removed when it
+ends. Never: the owner's home (the worker's key and settings, the keyring, browser profiles),
+the rest of the model store, other temporary files. Pure but for listing which of these paths
+exist on this machine.
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+import site
+import sys
+import sysconfig
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from shared_schema.engine_ipc import MAX_PATHS, Role, SandboxPolicy
+
+# What the child's Python, numpy, jinja2 and llama.cpp use at run time beyond a model's memory
+# (imports, numpy's and OpenMP's buffers, compute buffers): its data limit is the model's cost
+# plus this.
+RUNTIME_ALLOWANCE_MB = 1536
+
+SYSTEM_READ = (
+    "/usr", "/lib", "/lib64", "/lib32", "/libx32",
+    "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
+    "/etc/nsswitch.conf", "/etc/hosts", "/etc/gai.conf", "/etc/host.conf", "/etc/resolv.conf",
+    "/etc/vulkan", "/etc/OpenCL", "/etc/glvnd", "/etc/nvidia", "/etc/alternatives",
+    "/proc", "/sys", "/opt/cuda", "/opt/rocm", "/opt/intel",
+    "/dev/urandom", "/dev/random", "/dev/zero",
+)
+DEVICE_GLOBS = ("/dev/nvidia*", "/dev/dri", "/dev/kfd", "/dev/dxg")
+
+
+def python_paths() -> list[str]:
+    """The folders the child's Python imports from: the standard library and site-packages of
+    this interpreter and its base, the user's site-packages when it is on the path, a frozen
+    app's bundle, and the folders of this project's own packages (an editable install maps
+    them outside site-packages)."""
+    import desktop_worker
+    import shared_schema
+
+    found: list[str] = []
+    for scheme_vars in ({"base": sys.prefix, "platbase": sys.exec_prefix},
+                        {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}):
+        paths = sysconfig.get_paths(vars=scheme_vars)
+        found += [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    found += site.getsitepackages() if hasattr(site, "getsitepackages") else []
+    if site.ENABLE_USER_SITE and site.getusersitepackages() in sys.path:
+        found.append(site.getusersitepackages())
+    bundle = getattr(sys, "_MEIPASS", None)
+    if bundle:
+        found.append(bundle)
+    found += [str(Path(desktop_worker.__file__).parent), str(Path(shared_schema.__file__).parent)]
+    found += [str(Path(sys.executable).resolve().parent)]
+    return found
+
+
+_SPLIT = re.compile(r"^(?P<stem>.*)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def split_parts(path: str) -> list[str]:
+    """Every file llama.cpp opens for the model at ``path``: itself, and for the first part of
+    a split model (``name-00001-of-00003.gguf``) the other parts beside it."""
+    match = _SPLIT.match(Path(path).name)
+    if match is None:
+        return [path]
+    count = int(match["count"])
+    folder = Path(path).parent
+    return [str(folder / f"{match['stem']}-{part:05d}-of-{count:05d}.gguf")
+            for part in range(1, min(count, 256) + 1)]
+
+
+def device_paths() -> list[str]:
+    return sorted({path for pattern in DEVICE_GLOBS for path in glob.glob(pattern)})
+
+
+def _unique(paths: Iterable[str]) -> list[str]:
+    seen: dict[str, None] = {}
+    for path in paths:
+        seen.setdefault(path, None)
+    return list(seen)
+
+
+def policy_for(
+    role: Role,
+    *,
+    scratch: str | None = None,
+    model_files: Sequence[str] = (),
+    memory_mb: int | None = None,
+    bind_ports: Sequence[int] = (),
+    connect_ports: Sequence[int] = (),
+    extra_read: Sequence[str] = (),
+    gpus: bool = True,
+) -> SandboxPolicy:
+    """The policy of one child. ``model_files``: every file of the model it loads (a context
+    or a head; a member and a probe read none); ``memory_mb``: the model's cost on this worker
+    (``fitting.memory_cost_mb``), to which ``RUNTIME_ALLOWANCE_MB`` is added (None: no limit);
+    ``bind_ports``: a member's RPC port; ``connect_ports``: a head's dialers; ``gpus``: whether
+    it may open the GPU devices (not when the owner keeps layers off the GPU); ``scratch``:
+    its folder (None: ``EngineProcess`` makes one)."""
+    read = _unique([*python_paths(), *SYSTEM_READ, *model_files, *extra_read])[:MAX_PATHS]
+    return SandboxPolicy(
+        read_paths=read,
+        device_paths=device_paths() if gpus else [],
+        scratch=scratch,
+        bind_ports=list(bind_ports),
+        connect_ports=list(connect_ports),
+        memory_mb=memory_mb + RUNTIME_ALLOWANCE_MB if memory_mb is not None else None,
+    )
+
+
+def role_reads_model(role: Role) -> bool:
+    return role in ("context", "head")

@@ -1,0 +1,299 @@
+"""The engine protocol (issue 34): the worker and its sandboxed engine processes.
+
+llama.cpp runs only in child processes of the worker (``desktop_worker/sandbox/``): one per
+context, per group head, per group member's RPC server, and one that lists llama.cpp's devices.
+The worker's own process, which holds its key, settings and queen connection, never loads
+llama.cpp. Between the two, one socket carries length-prefixed frames: four bytes of big-endian
+length, then one JSON message tagged by ``type``. Nothing is pickled: a child that a hostile
+model file took over can send only these messages, each bounded and checked like any frame
+from a stranger (``decode_from_child``).
+
+The sequence (``docs/ARCHITECTURE.md``, "The engine boundary")::
+
+    worker                                         engine child
+      | -- start {version, role, policy} ------------> |  confines itself (policy), then
+      | <-------------- hello {version, pid, confinement} |
+      | -- load {name, model_path, n_ctx, ...} -------> |  context and head roles
+      | <----------------------- loaded {n_ctx, head} -- |  or error {code, message}
+      | -- stream {kind, request, continuation} ------> |
+      | <-------------------------------- chunk {data} . |  ... then done {usage} or error
+      | -- cancel -----------------------------------> |  at any time during a stream
+      | -- score {kind, request, answer} ------------> |  <- scored {data} or error
+      | -- embed {inputs} ---------------------------> |  <- embedded {vectors, tokens}
+      | -- serve {endpoint, n_threads, devices, gpus} -> |  member role: llama.cpp's RPC server
+      | -- devices {gpus} ---------------------------> |  probe role: <- probed {...}
+      | -- stop --------------------------------------> |  the child exits
+
+``ENGINE_IPC_VERSION`` counts changes to these messages: a child of another version is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import Field, TypeAdapter, ValidationError
+
+from shared_schema.base import WireModel
+from shared_schema.errors import ProtocolError
+
+ENGINE_IPC_VERSION = 1
+HEADER_BYTES = 4
+# A job's request as the queen sent it (its frames are at most 16 MiB), with room to spare.
+MAX_TO_CHILD_BYTES = 32 * 1024 * 1024
+# The largest answer a child sends in one frame: an embeddings answer (inputs x dimensions as
+# JSON floats). A chunk of generated text is far below it.
+MAX_FROM_CHILD_BYTES = 64 * 1024 * 1024
+MAX_PATHS = 256
+MAX_PORTS = 64
+MAX_MESSAGE_CHARS = 4096
+
+Role = Literal["context", "head", "member", "probe"]
+Path_ = Annotated[str, Field(min_length=1, max_length=4096)]
+Port = Annotated[int, Field(ge=1, le=65535, strict=True)]
+Text = Annotated[str, Field(max_length=MAX_MESSAGE_CHARS)]
+Count = Annotated[int, Field(ge=0, le=2**53, strict=True)]
+
+
+class SandboxPolicy(WireModel):
+    """What one engine child may touch, decided by the worker (``sandbox/policy.py``) and
+    applied by the child before it reads a single model or peer byte.
+
+    ``read_paths``: folders and files it may read (Python, its libraries, the model's files);
+    ``device_paths``: device files it may open read-write with ioctls (GPUs); ``scratch``: the
+    one folder it may write; ``bind_ports``/``connect_ports``: TCP ports on which it may
+    listen (a member's RPC server) or which it may dial (a head, its dialers on 127.0.0.1);
+    any other socket is refused. ``memory_mb``: its data memory on top of what it uses when
+    confined (None: no limit); ``max_open_files``, ``max_file_mb``: rlimits."""
+
+    read_paths: list[Path_] = Field(default_factory=list, max_length=MAX_PATHS)
+    device_paths: list[Path_] = Field(default_factory=list, max_length=MAX_PATHS)
+    scratch: Path_ | None = None
+    bind_ports: list[Port] = Field(default_factory=list, max_length=MAX_PORTS)
+    connect_ports: list[Port] = Field(default_factory=list, max_length=MAX_PORTS)
+    memory_mb: Annotated[int, Field(ge=1, le=2**31)] | None = None
+    max_open_files: Annotated[int, Field(ge=16, le=65536)] = 256
+    max_file_mb: Annotated[int, Field(ge=1, le=2**20)] = 512
+
+
+class Confinement(WireModel):
+    """What holds around one engine child, as the child found it after confining itself: the
+    worker shows it (the Hardware tab, the log) and decides by it whether to join groups.
+    ``landlock_abi`` is 0 where the kernel has no Landlock; ``notes`` say in plain words what
+    could not be applied and why."""
+
+    os: Annotated[str, Field(max_length=32)]
+    no_new_privs: bool = False
+    seccomp: bool = False
+    landlock_abi: Annotated[int, Field(ge=0, le=1000)] = 0
+    filesystem: bool = False  # reads and writes limited to the policy's paths
+    network: bool = False  # TCP limited to the policy's ports (Landlock ABI 4+)
+    signals: bool = False  # no signals to processes outside the sandbox (Landlock ABI 6+)
+    memory_limit_mb: Annotated[int, Field(ge=0)] | None = None
+    rlimits: bool = False
+    capabilities_dropped: bool = False
+    notes: list[Text] = Field(default_factory=list, max_length=32)
+
+    @property
+    def holds(self) -> bool:
+        """The whole sandbox holds: no new privileges, the system call filter, and files,
+        network and signals confined."""
+        return (self.no_new_privs and self.seccomp and self.filesystem and self.network
+                and self.signals and self.rlimits)
+
+
+# --- the worker to its child -------------------------------------------------------------------
+
+
+class Start(WireModel):
+    type: Literal["start"] = "start"
+    version: int
+    role: Role
+    policy: SandboxPolicy
+
+
+class HeadLoad(WireModel):
+    """A group head's load (issue 19): the members' RPC servers as the head reaches them (its
+    dialers' 127.0.0.1 ports), in the plan's order, and the layers per device."""
+
+    endpoints: list[Annotated[str, Field(max_length=64)]] = Field(max_length=16)
+    n_layer: Annotated[int, Field(ge=1, le=4096)]
+    cpu_layers: Annotated[int, Field(ge=0, le=4096)]
+    device_layers: list[Annotated[int, Field(ge=0, le=4096)]] = Field(max_length=32)
+    output_on_cpu: bool = False
+
+
+class Load(WireModel):
+    type: Literal["load"] = "load"
+    name: Annotated[str, Field(max_length=512)]
+    model_path: Path_
+    n_ctx: Annotated[int, Field(ge=1, le=2**24)]
+    n_gpu_layers: Annotated[int, Field(ge=-1, le=100_000)]
+    n_threads: Annotated[int, Field(ge=1, le=4096)] | None = None
+    embedding: bool = False
+    head: HeadLoad | None = None
+
+
+class Stream(WireModel):
+    type: Literal["stream"] = "stream"
+    kind: Literal["chat", "completion"]
+    request: dict[str, Any]
+    continuation: str | None = None
+
+
+class Cancel(WireModel):
+    type: Literal["cancel"] = "cancel"
+
+
+class ScoreJob(WireModel):
+    type: Literal["score"] = "score"
+    kind: Literal["chat", "completions"]
+    request: dict[str, Any]
+    answer: str
+
+
+class Embed(WireModel):
+    type: Literal["embed"] = "embed"
+    inputs: list[str] | list[list[int]]
+
+
+class Serve(WireModel):
+    type: Literal["serve"] = "serve"
+    endpoint: Annotated[str, Field(max_length=64)]
+    n_threads: Annotated[int, Field(ge=1, le=4096)]
+    devices: Annotated[int, Field(ge=1, le=64)] | None = None
+    gpus: bool = True
+
+
+class ListDevices(WireModel):
+    type: Literal["devices"] = "devices"
+
+
+class Stop(WireModel):
+    type: Literal["stop"] = "stop"
+
+
+ToChild = Annotated[Start | Load | Stream | Cancel | ScoreJob | Embed | Serve | ListDevices | Stop,
+                    Field(discriminator="type")]
+
+
+# --- the child to the worker -------------------------------------------------------------------
+
+
+class Hello(WireModel):
+    type: Literal["hello"] = "hello"
+    version: int
+    pid: Annotated[int, Field(ge=1, strict=True)]
+    confinement: Confinement
+
+
+class HeadLoaded(WireModel):
+    """What a head loaded where, from llama.cpp's own log (``groups.head.HeadReport``)."""
+
+    buffers: dict[Annotated[str, Field(max_length=128)], Count] = Field(max_length=64)
+    device_ranges: list[tuple[Count, Count]] = Field(max_length=64)
+    devices: list[Annotated[str, Field(max_length=128)]] = Field(max_length=64)
+    load_s: Annotated[float, Field(ge=0)]
+
+
+class Loaded(WireModel):
+    type: Literal["loaded"] = "loaded"
+    n_ctx: Annotated[int, Field(ge=1, le=2**24, strict=True)]
+    head: HeadLoaded | None = None
+
+
+class Chunk(WireModel):
+    type: Literal["chunk"] = "chunk"
+    data: dict[str, Any]
+
+
+class Done(WireModel):
+    type: Literal["done"] = "done"
+    prompt_tokens: Count
+    completion_tokens: Count
+    total_tokens: Count
+
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.total_tokens}
+
+
+class Scored(WireModel):
+    type: Literal["scored"] = "scored"
+    data: dict[str, Any] | None  # None: cancelled
+
+
+class Embedded(WireModel):
+    type: Literal["embedded"] = "embedded"
+    vectors: list[list[float]]
+    tokens: Count
+
+
+class DeviceInfo(WireModel):
+    """One ggml device as llama.cpp lists it (``groups.rpc.Device``, less its handle)."""
+
+    name: Annotated[str, Field(max_length=128)]
+    description: Annotated[str, Field(max_length=256)]
+    type: Annotated[int, Field(ge=0, le=16, strict=True)]
+    free_bytes: Count
+    total_bytes: Count
+
+
+class Probed(WireModel):
+    type: Literal["probed"] = "probed"
+    available: bool
+    build: Annotated[str, Field(max_length=256)] | None = None
+    reason: Text = ""
+    devices: list[DeviceInfo] = Field(default_factory=list, max_length=64)
+
+
+# Why a command failed: ``unsupported`` (the request cannot be served here: the job's fault),
+# ``load_failed`` (llama.cpp could not load the model), ``member_short`` (a head's member could
+# not allocate its share; ``endpoint`` names it), ``engine_error`` (anything else in llama.cpp),
+# ``invalid_model`` (the file failed its checks before llama.cpp opened it).
+FailureCode = Literal["unsupported", "load_failed", "member_short", "engine_error",
+                      "invalid_model"]
+
+
+class Failed(WireModel):
+    type: Literal["error"] = "error"
+    code: FailureCode
+    message: Text
+    endpoint: Annotated[str, Field(max_length=64)] | None = None
+
+
+FromChild = Annotated[Hello | Loaded | Chunk | Done | Scored | Embedded | Probed | Failed,
+                      Field(discriminator="type")]
+
+_to_child: TypeAdapter[Any] = TypeAdapter(ToChild)
+_from_child: TypeAdapter[Any] = TypeAdapter(FromChild)
+
+
+def encode(message: WireModel) -> bytes:
+    """One message as a frame's payload (the length prefix is the framing's: ``sandbox.ipc``)."""
+    return orjson.dumps(message.model_dump(mode="json"))
+
+
+def _decode(adapter: TypeAdapter[Any], payload: bytes, side: str) -> Any:
+    try:
+        return adapter.validate_json(payload)
+    except ValidationError as exc:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ())) or "message"
+        raise ProtocolError("invalid_message",
+                            f"a malformed {side} message ({where}: {first.get('msg', '')})"
+                            ) from exc
+    except ValueError as exc:
+        raise ProtocolError("invalid_json", f"a {side} frame is not JSON: {exc}") from exc
+
+
+def decode_to_child(payload: bytes) -> Any:
+    """A frame's payload from the worker, as its message."""
+    return _decode(_to_child, payload, "worker")
+
+
+def decode_from_child(payload: bytes) -> Any:
+    """A frame's payload from an engine child, as its message; ``ProtocolError`` otherwise
+    (the worker then ends that child)."""
+    return _decode(_from_child, payload, "engine")
