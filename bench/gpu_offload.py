@@ -98,6 +98,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     from desktop_worker.engine.pool import ModelPool
     from desktop_worker.hardware import detect_hardware
+    from desktop_worker.sandbox.context import SandboxedContexts
     from desktop_worker.store import ModelStore
 
     tmp = Path(tempfile.mkdtemp(prefix="apiary-gpu-bench-"))
@@ -110,7 +111,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     name = model_path.stem
     if name not in store:
         store.import_file(model_path, name)
-    pool = ModelPool(store.get, gpu_layers=args.gpu_layers, n_ctx=args.ctx,
+    pool = ModelPool(store.get, SandboxedContexts(), gpu_layers=args.gpu_layers, n_ctx=args.ctx,
                      n_threads=args.threads, free_vram_mb=lambda: report.free_vram_mb,
                      budget_mb=64 * 1024)
     used_before = vram.used_mb()

@@ -172,8 +172,8 @@ def batch_size(n_batch: int) -> Iterator[None]:
 
 
 async def loaded_pool(store: ModelStore, engine: Engine) -> ModelPool:
-    pool = ModelPool(store.get, max_jobs=1, n_ctx=N_CTX, n_threads=engine.threads,
-                     budget_mb=4096)
+    pool = ModelPool(store.get, llama_model.llama_context, max_jobs=1, n_ctx=N_CTX,
+                     n_threads=engine.threads, budget_mb=4096)  # in this process: batch_size
     with batch_size(engine.n_batch):
         await pool.load(NAME)
     return pool

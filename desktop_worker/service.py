@@ -32,13 +32,13 @@ from desktop_worker.groups.rpc import (
     device_free_mb,
     group_devices,
 )
+from desktop_worker.groups.rpc_probe import SandboxedRpc
 from desktop_worker.hardware import HardwareReport, detect_hardware
 from desktop_worker.identity import WorkerIdentity
 from desktop_worker.jobs import JobRunner
 from desktop_worker.link.client import LinkClient
 from desktop_worker.owner import OwnerProbe, PauseWatcher, controls_on, default_probe
 from desktop_worker.sandbox.context import SandboxedContexts
-from desktop_worker.sandbox.probe import SandboxedRpc
 from desktop_worker.settings import WorkerSettings
 from desktop_worker.store import LocalModel, ModelStore
 from desktop_worker.store.names import validate_local_name

@@ -74,3 +74,8 @@ class IncompleteSplitModel(ModelNameError):
 class InvalidScoreData(SchemaError, ValueError):
     """An auditor's score result that is not a well-formed ``ScoreData`` (``audits.py``): the
     message says which field was wrong."""
+
+
+class GgufInvalid(InvalidGgufFile):
+    """A GGUF header that contradicts itself or its file, or claims more than the limits allow
+    (``gguf.GgufLimits``, ``gguf_check``): the message names what is wrong (a key, a tensor)."""

@@ -68,6 +68,11 @@ def lint_imports(tree: Path, contract: str) -> subprocess.CompletedProcess[str]:
             "desktop_worker.service", "PySide6.QtCore",
             "desktop_worker.service -> PySide6", id="worker-headless"),
         pytest.param(
+            "worker-no-llama", "the worker's own process never loads llama.cpp",
+            "desktop_worker.engine.pool", "desktop_worker.engine.llama_model",
+            "desktop_worker.engine.pool -> desktop_worker.engine.llama_model",
+            id="worker-no-llama"),
+        pytest.param(
             "acyclic", "no import cycles inside the queen or the worker",
             "desktop_worker.errors", "desktop_worker.store",
             ".errors -> .store", id="acyclic"),

@@ -15,8 +15,9 @@ from typing import Any
 
 import llama_cpp
 from llama_cpp import Llama
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter, format_llama2
+from llama_cpp.llama_chat_format import format_llama2
 
+from desktop_worker.engine.chat_template import ChatTemplate
 from desktop_worker.engine.generation import Counts, Generation, Pieces, Prompt
 from desktop_worker.engine.grammar import grammar_text
 from desktop_worker.engine.logprobs import Bias
@@ -35,6 +36,7 @@ from desktop_worker.engine.settings import (
     read_settings,
 )
 from desktop_worker.errors import ModelLoadError, UnsupportedRequest
+from desktop_worker.store.gguf_info import check_model_file
 from shared_schema.fitting import LoadPlan
 
 log = logging.getLogger(__name__)
@@ -42,8 +44,8 @@ log = logging.getLogger(__name__)
 
 def chat_prompt(llama: Llama, messages: list[dict[str, str]], continuation: str | None) -> str:
     """The prompt text of a conversation, ending with the assistant's turn opened, in the
-    model's own Jinja2 chat template (llama.cpp's Llama-2 format for a model without one, as
-    llama-cpp-python falls back to)."""
+    model's own Jinja2 chat template, rendered in the sandbox of ``engine.chat_template``
+    (llama.cpp's Llama-2 format for a model without one, as llama-cpp-python falls back to)."""
     template = llama.metadata.get("tokenizer.chat_template")
     if not template:
         if continuation:
@@ -52,16 +54,11 @@ def chat_prompt(llama: Llama, messages: list[dict[str, str]], continuation: str 
         return format_llama2(messages=messages).prompt  # type: ignore[arg-type]
     eos_id, bos_id = llama.token_eos(), llama.token_bos()
     vocab = llama._model
-    formatter = Jinja2ChatFormatter(
-        template=template,
+    return ChatTemplate(
+        template,
         eos_token=vocab.token_get_text(eos_id) if eos_id != -1 else "",
         bos_token=vocab.token_get_text(bos_id) if bos_id != -1 else "",
-        stop_token_ids=[eos_id],
-    )
-    try:
-        return formatter(messages=messages).prompt  # type: ignore[arg-type]
-    except Exception as exc:  # the template's own raise_exception, or a Jinja2 error
-        raise UnsupportedRequest(f"the model's chat template refused the messages: {exc}") from exc
+    ).render(messages)
 
 
 class LlamaContext:
@@ -236,10 +233,11 @@ class LlamaContext:
 
 
 def check_before_load(path: str) -> None:
-    """Refuse a model file whose header or tensor table is not sound, before llama.cpp opens
-    it (issue 34): it runs in the engine child, inside the sandbox, like the load itself."""
-    if not Path(path).is_file():
-        raise ModelLoadError(f"{path} is not a file")
+    """Refuse a model file whose header or tensor table is not sound (``InvalidModelFile``,
+    from ``store.gguf_info.check_model_file``: every part of it), before llama.cpp opens it
+    (issue 34). It runs in the engine child, inside the sandbox, like the load itself: the
+    file may have changed since the store read it."""
+    check_model_file(Path(path))
 
 
 def llama_context(model: Any, plan: LoadPlan, n_threads: int | None,

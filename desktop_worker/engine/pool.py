@@ -2,10 +2,12 @@
 blocking work in threads, and unload idle models (least recently used first) to stay within
 the memory budget. ``choose_evictions`` is the pure deciding part.
 
-Each context is made by the pool's factory. The worker's is ``SandboxedContexts`` (issue 34):
-every context is a confined engine child, so this process never loads llama.cpp. A context
-whose ``alive`` turns false (its child crashed, or a group's head ended) is dropped after its
-job and the next job gets a new one."""
+Each context is made by the pool's factory (``contexts``). The worker's is
+``sandbox.context.SandboxedContexts`` (issue 34): every context is a confined engine child, so
+the worker's process never loads llama.cpp; the engine's own tests and the benchmarks pass
+``llama_model.llama_context`` (in this process). A context whose ``alive`` turns false (its
+child crashed, or a group's head ended) is dropped after its job and the next job gets a new
+one."""
 
 from __future__ import annotations
 
@@ -19,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from desktop_worker.engine.scores import Score, ScoreRequest
-from desktop_worker.sandbox.context import SandboxedContexts
 from shared_schema.fitting import (
     MB,
     LoadPlan,
@@ -48,9 +49,8 @@ class EngineContext(Protocol):
 
 
 # Makes a context of a model: ``(model, plan, n_threads, embedding)``, blocking (it runs in the
-# pool's threads). The default starts a confined engine child (``SandboxedContexts``); a model
-# group's (issue 19) starts a head instead, which has the same ``stream``/``usage``/``busy``/
-# ``close``.
+# pool's threads): a confined engine child (``SandboxedContexts``), or for a model group's
+# model (issue 19) a head, which has the same ``stream``/``usage``/``busy``/``close``.
 ContextFactory = Callable[["ServableModel", LoadPlan, "int | None", bool], Any]
 
 
@@ -114,6 +114,7 @@ class ModelPool:
     def __init__(
         self,
         resolve: Callable[[str], ServableModel],
+        contexts: ContextFactory,
         *,
         max_jobs: int = 1,
         gpu_layers: int | Literal["auto"] = "auto",
@@ -121,14 +122,13 @@ class ModelPool:
         n_threads: int | None = None,
         free_vram_mb: Callable[[], int | None] = lambda: None,
         budget_mb: int = 8192,
-        contexts: ContextFactory | None = None,
         max_contexts: Callable[[str], int | None] | None = None,
     ) -> None:
         """``max_contexts(name)``: the most chat contexts of ``name`` at once, below
         ``max_jobs`` (None: ``max_jobs``); a model group's head is one (each head would upload
         every weight to the members again)."""
         self.resolve = resolve
-        self.contexts: ContextFactory = contexts or SandboxedContexts()
+        self.contexts = contexts
         self.max_contexts = max_contexts
         self.max_jobs = max_jobs
         self.gpu_layers = gpu_layers

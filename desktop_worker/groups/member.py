@@ -22,7 +22,6 @@ from collections.abc import Callable
 
 from desktop_worker.errors import GroupError, SandboxError
 from desktop_worker.groups.gate import LOOPBACK
-from desktop_worker.groups.rpc import LlamaRpc
 from desktop_worker.sandbox.policy import policy_for
 from desktop_worker.sandbox.process import EngineProcess, describe_exit
 from shared_schema.engine_ipc import Serve
@@ -34,25 +33,11 @@ MAX_RESTARTS = 5
 FIRST_PAUSE_S = 0.5
 
 
-def serve_member(endpoint: str, n_threads: int, count: int | None = None,
-                 gpus: bool = True) -> None:
-    """In the member's engine child: serve this machine's devices (its first ``count``; None:
-    all) on ``endpoint`` until killed. ``gpus``: the worker's GPUs may take layers
-    (``group_devices``; False when its owner keeps them off the GPU: its CPU is served)."""
-    rpc = LlamaRpc()
-    devices = rpc.served_devices(gpus)[:count]
-    for device in devices:
-        log.info("serving %s (%s, %d MiB free) on %s", device.name, device.description,
-                 device.free_bytes // (1024 * 1024), endpoint)
-    rpc.serve(endpoint, devices, n_threads)
-    raise SystemExit(f"llama.cpp's RPC server could not start on {endpoint}")
-
-
 def start_member(endpoint: str, n_threads: int, count: int | None = None, gpus: bool = True,
                  memory_mb: int | None = None) -> EngineProcess:
-    """A confined engine child running ``serve_member`` until stopped; its data memory at most
-    ``memory_mb`` (its share) plus the runtime's allowance. Blocking: it waits for the child's
-    hello."""
+    """A confined engine child running ``rpc_backend.serve_member`` until stopped; its data
+    memory at most ``memory_mb`` (its share) plus the runtime's allowance. Blocking: it waits
+    for the child's hello."""
     port = int(endpoint.rpartition(":")[2])
     policy = policy_for("member", memory_mb=memory_mb, bind_ports=[port], gpus=gpus)
     process = EngineProcess("member", policy, label=f"group member {endpoint}")

@@ -33,6 +33,7 @@ from PySide6.QtWidgets import QApplication
 from desktop_worker import __version__
 from desktop_worker.errors import WorkerError
 from desktop_worker.groups.rpc import RpcProbe, RpcSupport
+from desktop_worker.groups.rpc_probe import SandboxedRpc
 from desktop_worker.gui.common import Icons, spawn
 from desktop_worker.gui.gui_gc import GuiThreadCollector
 from desktop_worker.gui.notify import Notice, NotificationPolicy
@@ -56,7 +57,6 @@ from desktop_worker.hardware import HardwareReport
 from desktop_worker.identity import WorkerIdentity
 from desktop_worker.link.backoff import Backoff
 from desktop_worker.link_probe import ProbeResult, probe_queen
-from desktop_worker.sandbox.probe import SandboxedRpc
 from desktop_worker.service import Detector, WorkerService
 from desktop_worker.settings import WorkerSettings, config_dir
 from shared_schema import Demand, WorkerEarnings

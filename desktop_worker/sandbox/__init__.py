@@ -9,7 +9,8 @@ privileges, Landlock, a system call filter), each speaking one narrow protocol t
 
 - ``ipc``: the protocol's sans-I/O core (framing, the worker's state machine).
 - ``policy``: what a child may touch (pure); ``confine``, ``landlock``, ``seccomp``: applying it.
-- ``child``: the child's entry point; ``process``: the worker's handle on one child.
+- ``process``: the worker's handle on one child (the child's entry point is
+  ``desktop_worker/engine_child.py``, above this package and the engine and groups it runs).
 - ``context``: a context in a child behind ``LlamaContext``'s interface, and the pool's
-  factory of them; ``probe``: llama.cpp's build and devices, asked of a child.
+  factory of them (``groups/rpc_probe.py`` asks a child for llama.cpp's build and devices).
 """

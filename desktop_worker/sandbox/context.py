@@ -49,14 +49,19 @@ POLL_S = 0.05  # how often a waiting job looks at its cancel event
 CrashListener = Callable[[str, str], None]  # (the model's name, what happened)
 
 
-def raise_failure(failed: Failed, *, loading: bool = False) -> None:
-    """A child's ``error`` reply as the worker's own error."""
+def raise_failure(failed: Failed, *, loading: str | None = None) -> None:
+    """A child's ``error`` reply as the worker's own error; ``loading``: the model's name,
+    when the reply answers its load."""
     if failed.code == "member_short" and failed.endpoint:
         raise MemberShort(failed.endpoint, failed.message)
     if failed.code == "unsupported":
         raise UnsupportedRequest(failed.message)
-    if loading or failed.code in ("load_failed", "invalid_model"):
-        raise ModelLoadError(failed.message)
+    if failed.code == "invalid_model":
+        raise ModelLoadError(f"the model file of {loading or 'this model'} was refused before "
+                             f"llama.cpp opened it: {failed.message}")
+    if loading is not None or failed.code == "load_failed":
+        raise ModelLoadError(f"llama.cpp could not load {loading or 'the model'}: "
+                             f"{failed.message}")
     raise EngineCrashed(failed.message, reason=failed.message)
 
 
@@ -87,7 +92,7 @@ class SandboxedContext:
                                  f"{ready_timeout_s:.0f} s")
         if isinstance(reply, Failed):
             process.close()
-            raise_failure(reply, loading=reply.code != "member_short")
+            raise_failure(reply, loading=name)
         assert isinstance(reply, Loaded)
         self.n_ctx = reply.n_ctx
         self.head_report = reply.head

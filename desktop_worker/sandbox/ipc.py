@@ -9,7 +9,7 @@ asked. A message out of turn, a malformed or oversized frame, or another protoco
 ``ChildLink`` is the child's side: frames in, commands out, replies encoded.
 
 The adapters are ``sandbox/process.py`` (the worker's, blocking, in the pool's threads) and
-``sandbox/child.py`` (the child's).
+``engine_child.py`` (the child's).
 """
 
 from __future__ import annotations

@@ -13,13 +13,13 @@ exist on this machine.
 from __future__ import annotations
 
 import glob
-import re
 import site
 import sys
 import sysconfig
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from desktop_worker.store.gguf_info import split_paths
 from shared_schema.engine_ipc import MAX_PATHS, Role, SandboxPolicy
 
 # What the child's Python, numpy, jinja2 and llama.cpp use at run time beyond a model's memory
@@ -62,19 +62,10 @@ def python_paths() -> list[str]:
     return found
 
 
-_SPLIT = re.compile(r"^(?P<stem>.*)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$")
-
-
 def split_parts(path: str) -> list[str]:
     """Every file llama.cpp opens for the model at ``path``: itself, and for the first part of
     a split model (``name-00001-of-00003.gguf``) the other parts beside it."""
-    match = _SPLIT.match(Path(path).name)
-    if match is None:
-        return [path]
-    count = int(match["count"])
-    folder = Path(path).parent
-    return [str(folder / f"{match['stem']}-{part:05d}-of-{count:05d}.gguf")
-            for part in range(1, min(count, 256) + 1)]
+    return [str(part) for part in split_paths(Path(path))]
 
 
 def device_paths() -> list[str]:

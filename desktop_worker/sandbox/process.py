@@ -32,18 +32,16 @@ import time
 from typing import Any
 
 from desktop_worker.errors import EngineCrashed, EngineProtocolError, SandboxError
-from desktop_worker.sandbox.child import (
-    ADDRESS_VARIABLE,
-    ENGINE_CHILD_FLAG,
-    FD_VARIABLE,
-    TOKEN_BYTES,
-    TOKEN_VARIABLE,
-)
 from desktop_worker.sandbox.ipc import EngineLink
 from shared_schema.engine_ipc import Confinement, Hello, Role, SandboxPolicy
 
 log = logging.getLogger(__name__)
 
+FD_VARIABLE = "APIARY_ENGINE_FD"  # the child's end of the socket pair
+ADDRESS_VARIABLE = "APIARY_ENGINE_ADDRESS"  # the "tcp" transport (Windows): where to dial
+TOKEN_VARIABLE = "APIARY_ENGINE_TOKEN"  # and the one-time token to prove itself with
+TOKEN_BYTES = 32
+ENGINE_CHILD_FLAG = "--engine-child"  # the frozen app's entry point starts a child with it
 START_TIMEOUT_S = 60.0  # a fresh Python importing numpy, jinja2 and llama.cpp on a slow disk
 READ_BYTES = 1 << 20
 LOG_LINES_PER_MINUTE = 240
@@ -65,7 +63,7 @@ def child_command() -> list[str]:
     its entry point reads (``installers/apiary_worker_main.py``)."""
     if getattr(sys, "frozen", False):
         return [sys.executable, ENGINE_CHILD_FLAG]
-    return [sys.executable, "-m", "desktop_worker.sandbox.child"]
+    return [sys.executable, "-m", "desktop_worker.engine_child"]
 
 
 def child_environment(scratch: str) -> dict[str, str]:

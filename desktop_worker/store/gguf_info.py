@@ -1,30 +1,36 @@
-"""What a GGUF file says about its model: architecture, sizes, layers, chat template.
+"""What a GGUF file says about its model: architecture, sizes, layers, chat template; and the
+check that a model file is one llama.cpp may open.
 
-``read_gguf_info`` reads only the header (metadata and tensor table) through a read-only memory
-map, never tensor data. It does not use ``gguf.GGUFReader``: that reader turns every vocabulary
-string into a numpy array and takes about 3 s on the 98 MB SmolLM2 file on a 2-core machine.
-This reader skips those arrays and takes a few tens of milliseconds; it uses the ``gguf``
-package's constants (value types, quantization block sizes, file types), and the tests check it
-against ``GGUFReader``.
+Every model file enters the worker through here: downloads and imports (the store reads each
+file's facts before it keeps it) and ``--model`` paths (imported into the store). The header is
+read through a file object, never the tensor data, and checked whole against the file
+(``shared_schema.gguf_check``: types, shapes, offsets, strings and arrays bounded, the chat
+template's size, a split model's parts), so a bad file is refused with a plain-words
+``InvalidModelFile`` before llama.cpp ever sees it. ``check_model_file`` runs the same checks on
+every part llama.cpp will open, for the engine to call right before it loads a model.
+
+It does not use ``gguf.GGUFReader``: that reader turns every vocabulary string into a numpy
+array and takes about 3 s on the 98 MB SmolLM2 file on a 2-core machine. This reader skips
+those arrays and takes about 10 ms; the tests check it against ``GGUFReader``.
 """
 
 from __future__ import annotations
 
 import logging
-import mmap
 import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
+from gguf.constants import LlamaFileType
 
 from desktop_worker.errors import InvalidModelFile
 from desktop_worker.store.names import quant_tag, split_part
 from shared_schema.errors import InvalidGgufFile
-from shared_schema.gguf import GgufHeader, as_int, parse_gguf_header
+from shared_schema.gguf import GgufHeader, GgufTensor, as_int
+from shared_schema.gguf_check import check_gguf_file, check_split_parts
 
-__all__ = ["GgufInfo", "read_gguf_info", "split_paths"]
+__all__ = ["GgufInfo", "check_model_file", "read_gguf_info", "split_paths"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,46 +77,18 @@ class GgufInfo:
         return cls(**values)
 
 
-@dataclass
-class _Tensor:
-    name: str
-    n_elements: int
-    n_bytes: int | None
-    offset: int
-
-
-@dataclass
-class _Header:
-    metadata: dict[str, Any]
-    array_lengths: dict[str, int]
-    tensors: list[_Tensor]
-    file_size: int
-
-
 def read_gguf_info(path: Path) -> GgufInfo:
-    """Read a GGUF model's facts; ``InvalidModelFile`` if it is not a readable GGUF file.
+    """Read a GGUF model's facts; ``InvalidModelFile`` if it is not a GGUF file that passes
+    ``shared_schema.gguf_check``.
 
     For the first part of a split model (``...-00001-of-0000N.gguf``) the other parts found
     beside it are read too: parameter_count, size_bytes and the byte counts cover all of them.
     """
     path = Path(path)
-    first = _read_header(path)
-    meta = first.metadata
-    tensors = list(first.tensors)
-    size = first.file_size
-    part_paths = split_paths(path, as_int(meta.get("split.count")))
-    for part in part_paths[1:]:
-        if not part.is_file():
-            logger.warning("split model %s: part %s is missing", path.name, part.name)
-            continue
-        header = _read_header(part)
-        tensors.extend(header.tensors)
-        size += header.file_size
-    parts = 1 + sum(1 for p in part_paths[1:] if p.is_file())
-
-    arch = meta.get("general.architecture")
-    if not isinstance(arch, str) or not arch:
-        raise InvalidModelFile(f"{path.name}: GGUF header has no general.architecture")
+    parts = _read_parts(path, every_part=False)
+    meta = parts[0].metadata
+    tensors = [tensor for header in parts for tensor in header.tensors]
+    arch = meta["general.architecture"]
 
     def arch_int(key: str) -> int | None:
         return as_int(meta.get(f"{arch}.{key}"))
@@ -119,7 +97,7 @@ def read_gguf_info(path: Path) -> GgufInfo:
     layers, other = _bytes_by_block(tensors, block_count)
     file_type = as_int(meta.get("general.file_type"))
     template = meta.get("tokenizer.chat_template")
-    vocab = arch_int("vocab_size") or first.array_lengths.get("tokenizer.ggml.tokens")
+    vocab = arch_int("vocab_size") or parts[0].array_lengths.get("tokenizer.ggml.tokens")
     return GgufInfo(
         architecture=arch,
         name=meta.get("general.name") if isinstance(meta.get("general.name"), str) else None,
@@ -134,12 +112,19 @@ def read_gguf_info(path: Path) -> GgufInfo:
         file_type=file_type,
         quant=_quant_label(file_type) or quant_tag(path.name),
         chat_template=template if isinstance(template, str) else None,
-        size_bytes=size,
+        size_bytes=sum(header.file_size for header in parts),
         layer_bytes=layers,
         other_bytes=other,
         tensor_count=len(tensors),
-        parts=parts,
+        parts=len(parts),
     )
+
+
+def check_model_file(path: Path) -> None:
+    """Check the model file llama.cpp is about to open, and every other part of a split model
+    (each must be there): ``InvalidModelFile``, in plain words, if any is not a GGUF file that
+    passes ``shared_schema.gguf_check``. Reads headers only (a few milliseconds)."""
+    _read_parts(Path(path), every_part=True)
 
 
 def split_paths(path: Path, count: int | None = None) -> list[Path]:
@@ -167,7 +152,8 @@ def _quant_label(file_type: int | None) -> str | None:
     return name.removeprefix("MOSTLY_").removeprefix("ALL_")
 
 
-def _bytes_by_block(tensors: list[_Tensor], block_count: int | None) -> tuple[tuple[int, ...], int]:
+def _bytes_by_block(tensors: list[GgufTensor], block_count: int | None
+                    ) -> tuple[tuple[int, ...], int]:
     per_block: dict[int, int] = {}
     other = 0
     for tensor in tensors:
@@ -185,49 +171,40 @@ def _bytes_by_block(tensors: list[_Tensor], block_count: int | None) -> tuple[tu
 # --- reading a file's header ------------------------------------------------------------------
 
 
-def _read_header(path: Path) -> _Header:
+def _read_parts(path: Path, *, every_part: bool) -> list[GgufHeader]:
+    """The checked headers of ``path`` and of the other parts of its split model found beside
+    it (all of them, or ``InvalidModelFile``, when ``every_part``), in order."""
+    first = _read_header(path)
+    meta = first.metadata
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise InvalidModelFile(f"{path.name}: GGUF header has no general.architecture")
+    count = as_int(meta.get("split.count"))
+    part_paths = split_paths(path, count)
+    if every_part and count is not None and count > 1 and len(part_paths) != count:
+        raise InvalidModelFile(f"{path.name}: part 1 of a split model of {count} parts must be "
+                               f"named <name>-00001-of-{count:05d}.gguf")
+    headers = {0: first}
+    for index, part in enumerate(part_paths[1:], start=1):
+        if part.is_file():
+            headers[index] = _read_header(part)
+        elif every_part:
+            raise InvalidModelFile(f"{path.name} is a split model; part {part.name} is missing")
+        else:
+            logger.warning("split model %s: part %s is missing", path.name, part.name)
+    if count is not None:
+        try:
+            check_split_parts(headers, path.name, count)
+        except InvalidGgufFile as exc:
+            raise InvalidModelFile(str(exc)) from exc
+    return [headers[index] for index in sorted(headers)]
+
+
+def _read_header(path: Path) -> GgufHeader:
     try:
         with path.open("rb") as handle:
-            size = path.stat().st_size
-            if size < 24:
-                raise InvalidModelFile(f"{path.name}: not a GGUF file (only {size} bytes)")
-            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                return _from_header(parse_gguf_header(buf, path.name), path.name, size)
-    except InvalidModelFile:
-        raise
+            return check_gguf_file(handle, path.name)
     except InvalidGgufFile as exc:
         raise InvalidModelFile(str(exc)) from exc
     except OSError as exc:
         raise InvalidModelFile(f"{path}: cannot read the file ({exc})") from exc
-    except (ValueError, OverflowError, MemoryError) as exc:
-        raise InvalidModelFile(f"{path.name}: not a readable GGUF file ({exc})") from exc
-
-
-def _from_header(header: GgufHeader, name: str, size: int) -> _Header:
-    tensors = [_Tensor(t.name, t.n_elements, _tensor_bytes(t.ggml_type, t.n_elements), t.offset)
-               for t in header.tensors]
-    _fill_unknown_sizes(tensors, size - header.data_start)
-    for tensor in tensors:
-        end = header.data_start + tensor.offset + (tensor.n_bytes or 0)
-        if end > size:
-            raise InvalidModelFile(
-                f"{name}: the file is truncated (tensor {tensor.name!r} ends at byte {end}, "
-                f"the file has {size})"
-            )
-    return _Header(header.metadata, header.array_lengths, tensors, size)
-
-
-def _tensor_bytes(ggml_type: int, n_elements: int) -> int | None:
-    try:
-        block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
-    except (ValueError, KeyError):
-        return None  # a type newer than the installed gguf package: sized from the offsets
-    return n_elements // block_size * type_size
-
-
-def _fill_unknown_sizes(tensors: list[_Tensor], data_size: int) -> None:
-    ordered = sorted(tensors, key=lambda t: t.offset)
-    for tensor, following in zip(ordered, [*ordered[1:], None], strict=True):
-        if tensor.n_bytes is None:
-            end = following.offset if following is not None else data_size
-            tensor.n_bytes = max(end - tensor.offset, 0)

@@ -1,4 +1,5 @@
-"""The headless worker stays lean: serving a model loads no Qt and nothing of the queen's.
+"""The headless worker stays lean: serving a model loads no Qt and nothing of the queen's, and
+its own process never loads llama.cpp (issue 34: an engine child does).
 
 ``pip install 'apiary[worker]'`` installs no Qt and no web server or database, so a headless
 worker that imported one of them would crash on a server. A real ``apiary-worker --headless``
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.support.module_census import loaded_packages, with_census
@@ -57,12 +59,24 @@ def test_the_headless_worker_serves_without_qt_or_queen_libraries(tmp_path: Path
         wait_for(lambda: MODEL.stem in health(port).get("models", []) or not worker.alive(), 180,
                  "the worker serving SmolLM2 to the queen")
         assert worker.alive(), worker.log()
+        engines = [child for child in psutil.Process(worker.popen.pid).children()
+                   if "desktop_worker.engine_child" in child.cmdline()]
+        assert engines, worker.log()  # the model is served by an engine child ...
+        assert any("libllama" in line for line in maps(engines[0].pid))
+        assert not any("libllama" in line for line in maps(worker.popen.pid))  # ... not here
         assert worker.stop() == 0, worker.log()  # SIGTERM: a clean stop
+        assert not any(engine.is_running() and engine.status() != psutil.STATUS_ZOMBIE
+                       for engine in engines)  # none left behind
     assert "Traceback" not in worker.log(), worker.log()
 
     loaded = loaded_packages(census)
-    assert {"desktop_worker", "llama_cpp", "websockets"} <= loaded  # it really served
+    assert {"desktop_worker", "websockets"} <= loaded  # it really served
     assert not loaded & NOT_HEADLESS, sorted(loaded & NOT_HEADLESS)
+    assert "llama_cpp" not in loaded  # the engine children load it, never the worker
+
+
+def maps(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/maps").read_text().splitlines()
 
 
 def test_without_qt_the_app_says_what_to_install(tmp_path: Path) -> None:

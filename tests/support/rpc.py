@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from desktop_worker.groups.rpc import LlamaRpc
+from desktop_worker.groups.rpc_backend import LlamaRpc
 
 __all__ = ["needs_rpc"]
 

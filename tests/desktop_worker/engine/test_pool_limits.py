@@ -99,7 +99,8 @@ async def test_a_limited_model_shares_one_context_while_others_get_one_per_job()
 
 
 def test_the_limit_never_goes_below_one_or_above_max_jobs() -> None:
-    pool = ModelPool(FakeModel, max_jobs=2, max_contexts=lambda name: {"a": 0, "b": 9}.get(name))
+    pool = ModelPool(FakeModel, lambda *_: None, max_jobs=2,
+                     max_contexts=lambda name: {"a": 0, "b": 9}.get(name))
     try:
         assert [pool.context_limit(n) for n in ("a", "b", "c")] == [1, 2, 2]
     finally:

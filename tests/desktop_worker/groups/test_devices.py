@@ -10,7 +10,9 @@ import pytest
 
 from desktop_worker.errors import GroupError, SandboxError
 from desktop_worker.groups import member as member_module
-from desktop_worker.groups.rpc import Device, LlamaRpc, device_free_mb, group_devices
+from desktop_worker.groups import rpc_backend
+from desktop_worker.groups.rpc import Device, device_free_mb, group_devices
+from desktop_worker.groups.rpc_backend import LlamaRpc
 from shared_schema import GroupMemberReady
 from tests.desktop_worker.groups.device_fakes import (
     CPU,
@@ -71,11 +73,11 @@ class ListedRpc(LlamaRpc):
 def test_the_members_child_serves_what_the_rule_gives(monkeypatch, gpus: bool,
                                                       count: int | None,
                                                       served: list[Device]) -> None:
-    monkeypatch.setattr(member_module, "LlamaRpc", ListedRpc)
+    monkeypatch.setattr(rpc_backend, "LlamaRpc", ListedRpc)
     monkeypatch.setenv("GGML_NO_BACKTRACE", "1")
     ListedRpc.served = []
     with pytest.raises(SystemExit):  # ``serve`` returned: the server "could not start"
-        member_module.serve_member("127.0.0.1:1", 1, count, gpus)
+        rpc_backend.serve_member("127.0.0.1:1", 1, count, gpus)
     assert ListedRpc.served == [served]
 
 

@@ -181,7 +181,8 @@ def serve_short(endpoint: str, spare_mb: int) -> None:
     memory: a member that claimed more than it has."""
     import resource
 
-    from desktop_worker.groups.rpc import LlamaRpc, quiet_aborts
+    from desktop_worker.groups.rpc import quiet_aborts
+    from desktop_worker.groups.rpc_backend import LlamaRpc
 
     quiet_aborts()
     rpc = LlamaRpc()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from desktop_worker.groups.head import _LoadLog
+from desktop_worker.groups.head_load import _LoadLog
 
 
 @pytest.mark.parametrize("line", [

@@ -12,7 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from desktop_worker.groups.lan import lan_hint, network_of
-from desktop_worker.groups.rpc import Device, LlamaRpc, NullRpc, RpcProbe
+from desktop_worker.groups.rpc import Device, NullRpc, RpcProbe
+from desktop_worker.groups.rpc_backend import LlamaRpc
 from desktop_worker.service import WorkerService
 from desktop_worker.settings import WorkerSettings
 from queen_server.swarm.worker import Worker

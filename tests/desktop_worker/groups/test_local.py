@@ -17,6 +17,7 @@ from desktop_worker.engine.pool import ModelPool
 from desktop_worker.errors import GroupError
 from desktop_worker.groups.local import LocalGroup, even_split
 from desktop_worker.jobs import JobRunner
+from desktop_worker.sandbox.context import SandboxedContexts
 from desktop_worker.store import ModelStore
 from shared_schema import Job
 from tests.support.job_sink import RecordingSink
@@ -69,7 +70,8 @@ def store(tmp_path: Path) -> ModelStore:
 @needs_rpc
 @pytest.mark.timeout(240)
 async def test_a_local_group_serves_jobs_like_one_process(store: ModelStore) -> None:
-    alone = ModelPool(store.get, max_jobs=1, n_ctx=512, n_threads=1, budget_mb=4096)
+    alone = ModelPool(store.get, SandboxedContexts(), max_jobs=1, n_ctx=512, n_threads=1,
+                      budget_mb=4096)
     group = LocalGroup(2)
     await group.start()
     grouped = ModelPool(store.get, max_jobs=1, n_ctx=512, n_threads=1, budget_mb=4096,

@@ -16,6 +16,7 @@ from desktop_worker.engine.pool import ModelPool
 from desktop_worker.jobs import JobRunner
 from desktop_worker.link.client import _Sink
 from desktop_worker.link.machine import Action, Link, Send
+from desktop_worker.sandbox.context import SandboxedContexts
 from desktop_worker.store.store import ModelStore
 from shared_schema import Challenge, Chunk, Hello, Job, Result, Welcome, decode, encode
 from shared_schema.protocol import MAX_CHUNK_TOKENS
@@ -56,7 +57,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> ModelStore:
 
 
 async def stream_once(store: ModelStore, *, join_tokens: int, send_s: float) -> list[Any]:
-    pool = ModelPool(store.get, max_jobs=1, n_ctx=1024, n_threads=1, budget_mb=4096)
+    pool = ModelPool(store.get, SandboxedContexts(), max_jobs=1, n_ctx=1024, n_threads=1,
+                     budget_mb=4096)
     try:
         key = new_key()
 

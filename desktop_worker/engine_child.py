@@ -1,6 +1,6 @@
-"""An engine child: ``python -m desktop_worker.sandbox.child`` (the frozen app: ``apiary-worker
+"""An engine child: ``python -m desktop_worker.engine_child`` (the frozen app: ``apiary-worker
 --engine-child``), started by ``sandbox/process.py`` with one end of a socket pair in
-``APIARY_ENGINE_FD``.
+``APIARY_ENGINE_FD`` (or, on Windows, a one-time address and token to dial back).
 
 It reads the worker's ``start`` message, confines itself (``confine.py``) while it has one
 thread and before it imports llama.cpp or reads a model or peer byte, says hello with what
@@ -28,6 +28,11 @@ from typing import Any
 
 from desktop_worker.sandbox.confine import confine
 from desktop_worker.sandbox.ipc import ChildLink, frame
+from desktop_worker.sandbox.process import (
+    ADDRESS_VARIABLE,
+    FD_VARIABLE,
+    TOKEN_VARIABLE,
+)
 from shared_schema.engine_ipc import (
     ENGINE_IPC_VERSION,
     Embed,
@@ -47,11 +52,6 @@ from shared_schema.engine_ipc import (
 
 log = logging.getLogger("desktop_worker.engine.child")
 
-FD_VARIABLE = "APIARY_ENGINE_FD"
-ADDRESS_VARIABLE = "APIARY_ENGINE_ADDRESS"  # the "tcp" transport (Windows)
-TOKEN_VARIABLE = "APIARY_ENGINE_TOKEN"
-TOKEN_BYTES = 32
-ENGINE_CHILD_FLAG = "--engine-child"
 READ_BYTES = 1 << 20
 
 
@@ -133,7 +133,8 @@ def _load(message: Load) -> tuple[Any, Loaded, Any]:
 
     check_before_load(message.model_path)
     if message.head is not None:
-        from desktop_worker.groups.head import HeadConfig, load_head
+        from desktop_worker.groups.head import HeadConfig
+        from desktop_worker.groups.head_load import load_head
 
         head = message.head
         context, report, keep = load_head(HeadConfig(
@@ -244,14 +245,14 @@ def serve_member(channel: Channel) -> int:
     serve = channel.read()
     if not isinstance(serve, Serve):
         return 2
-    from desktop_worker.groups.member import serve_member as run_server
+    from desktop_worker.groups.rpc_backend import serve_member as run_server
 
     run_server(serve.endpoint, serve.n_threads, serve.devices, serve.gpus)  # never returns
     return 1
 
 
 def serve_probe(channel: Channel) -> int:
-    from desktop_worker.groups.rpc import LlamaRpc
+    from desktop_worker.groups.rpc_backend import LlamaRpc
     from shared_schema.engine_ipc import DeviceInfo, Probed
 
     rpc = LlamaRpc()

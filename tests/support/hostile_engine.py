@@ -1,0 +1,114 @@
+"""An engine child built for the sandbox's tests: it confines itself exactly as a real engine
+child does (``desktop_worker.sandbox.confine.confine`` with the policy it is given), then does
+what a model that took over llama.cpp would try, and prints what each attempt got as JSON.
+
+    python tests/support/hostile_engine.py ROLE POLICY_JSON TARGETS_JSON
+
+``TARGETS_JSON`` names what to try: ``key`` (a file to read: the worker's key), ``outside``
+(a file to write outside the scratch folder), ``model`` (a file it may read), ``port`` (a TCP
+port on 127.0.0.1 to dial), ``unix`` (a Unix socket to dial), ``parent`` (a pid to signal and
+whose environment to read). Each result is "ok" or the error's name (``PermissionError``...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+
+def attempt(action) -> str:  # type: ignore[no-untyped-def]
+    try:
+        action()
+    except BaseException as exc:
+        return type(exc).__name__
+    return "ok"
+
+
+def main() -> None:
+    role, policy_json, targets_json = sys.argv[1:4]
+    from desktop_worker.sandbox.confine import confine
+    from shared_schema.engine_ipc import SandboxPolicy
+
+    policy = SandboxPolicy.model_validate_json(policy_json)
+    targets = json.loads(targets_json)
+    confinement = confine(policy, role)  # type: ignore[arg-type]
+    scratch = policy.scratch or "."
+    results: dict[str, str] = {}
+
+    def read(path: str) -> None:
+        with open(path, "rb") as handle:
+            handle.read(16)
+
+    def write(path: str) -> None:
+        with open(path, "w") as handle:
+            handle.write("written by a hostile engine")
+
+    results["read_key"] = attempt(lambda: read(targets["key"]))
+    results["read_model"] = attempt(lambda: read(targets["model"]))
+    results["list_home"] = attempt(lambda: os.listdir(targets["home"]))
+    results["write_outside"] = attempt(lambda: write(targets["outside"]))
+    results["write_scratch"] = attempt(lambda: write(os.path.join(scratch, "mine.txt")))
+    results["shell"] = attempt(lambda: os.execv("/bin/sh", ["/bin/sh", "-c", "true"]))
+    results["fork"] = attempt(lambda: os.waitpid(_fork(), 0))
+    results["thread"] = attempt(_thread)
+
+    def dial() -> None:
+        with socket.create_connection(("127.0.0.1", targets["port"]), timeout=5):
+            pass
+
+    def dial_unix() -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(targets["unix"])
+
+    def listen() -> None:
+        with socket.create_server(("127.0.0.1", 0)):
+            pass
+
+    results["dial_tcp"] = attempt(dial)
+    results["dial_unix"] = attempt(dial_unix)
+    results["listen"] = attempt(listen)
+    results["udp"] = attempt(lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).close())
+    results["signal_parent"] = attempt(lambda: os.kill(targets["parent"], 0))
+    results["parent_environ"] = attempt(lambda: read(f"/proc/{targets['parent']}/environ"))
+    results["parent_memory"] = attempt(lambda: read(f"/proc/{targets['parent']}/mem"))
+
+    def raise_limit() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (65536, 65536))
+
+    results["raise_rlimit"] = attempt(raise_limit)
+
+    def allocate() -> None:
+        limit = policy.memory_mb or 0
+        block = bytearray((limit + 512) * 1024 * 1024)  # past its limit
+        block[-1] = 1
+
+    if policy.memory_mb is not None:
+        results["allocate_past_limit"] = attempt(allocate)
+    report = {"confinement": confinement.model_dump(), "results": results}
+    sys.stdout.write(json.dumps(report) + "\n")
+
+
+def _fork() -> int:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    return pid
+
+
+def _thread() -> None:
+    import threading
+
+    done = threading.Event()
+    worker = threading.Thread(target=done.set)
+    worker.start()
+    worker.join(5)
+    if not done.is_set():
+        raise RuntimeError("the thread did not run")
+
+
+if __name__ == "__main__":
+    main()
