@@ -153,6 +153,7 @@ def manage_models(settings: WorkerSettings, args: argparse.Namespace) -> int:
 async def serve(settings: WorkerSettings) -> int:
     from desktop_worker.cli_models import DownloadBar
     from desktop_worker.service import WorkerService
+    from desktop_worker.store.disk import fmt_bytes
 
     service = WorkerService(settings)
     stop = asyncio.Event()
@@ -162,6 +163,12 @@ async def serve(settings: WorkerSettings) -> int:
             loop.add_signal_handler(signum, stop.set)
     log.info("apiary-worker %s, key %s..., queen %s", __version__, service.identity.pubkey[:12],
              ", ".join(settings.link_urls))
+    store = service.store
+    log.info("models may use %s of this disk%s; %s always stays free (disk_headroom_gb)",
+             fmt_bytes(store.quota_bytes) if store.quota_bytes else "all",
+             " (disk_quota_gb)" if settings.disk_quota_gb is not None else
+             " (half of what the store could hold: set disk_quota_gb to choose)",
+             fmt_bytes(store.disk.headroom_for(store.disk.usage())))
     bar = DownloadBar()
     try:
         await service.prepare(settings.models, progress=bar.update)

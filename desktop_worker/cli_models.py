@@ -1,4 +1,9 @@
-"""``apiary-worker models ...``: pull (with a progress bar), list, rm and import."""
+"""``apiary-worker models ...``: pull (with a progress bar), list, rm and import.
+
+A pull keeps to the same limits as the queen's placements: the quota (``disk_quota_gb``) and the
+disk's headroom (``disk_headroom_gb``, by default max(10 GB, 10 % of the disk)). One that would
+cross either is refused before its first byte, in plain words (``apiary-worker: ...``, exit 1).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from tqdm import tqdm
 
 from desktop_worker.errors import DownloadCancelled
 from desktop_worker.settings import WorkerSettings
-from desktop_worker.store import ModelStore, PullProgress
+from desktop_worker.store import PullProgress, store_for
 
 
 class DownloadBar:
@@ -48,8 +53,7 @@ def _size(n: int) -> str:
 
 
 def run_models_command(settings: WorkerSettings, args: argparse.Namespace) -> int:
-    quota = int(settings.disk_quota_gb * 1024**3) if settings.disk_quota_gb else None
-    store = ModelStore(settings.models_dir, quota_bytes=quota, endpoint=settings.hf_endpoint)
+    store = store_for(settings)
     out = sys.stdout
     if args.action == "pull":
         bar = DownloadBar()
@@ -75,6 +79,9 @@ def run_models_command(settings: WorkerSettings, args: argparse.Namespace) -> in
         total = _size(store.used_bytes)
         quota_text = f" of {_size(store.quota_bytes)} quota" if store.quota_bytes else ""
         out.write(f"{len(models)} model(s), {total}{quota_text}\n")
+        usage = store.disk.usage()
+        out.write(f"{_size(usage.free_bytes)} free on the disk, of which "
+                  f"{_size(store.disk.headroom_for(usage))} is always left free\n")
     elif args.action == "rm":
         store.remove(args.name)
         out.write(f"removed {args.name}\n")

@@ -9,6 +9,11 @@ queen may send one again after a reconnect). Progress goes into the worker's ``s
 loaded. A fetch that fails is reported as ``FetchFailed`` with a code the queen acts on (it
 tries another worker): ``disk_full``, ``sha256_mismatch``, ``hub_error``, ``memory``,
 ``load_failed``, ``cancelled``. Downloads run in a thread; nothing here blocks the loop.
+
+The volunteer's disk (issue 34): a fetch whose size (``Fetch.size_bytes``) does not fit under
+the quota and in the free disk less its headroom is refused as ``disk_full`` before anything is
+asked of the hub; one whose download would cross the headroom midway stops, its partial file is
+deleted, and it fails as ``disk_full`` too (``ModelStore.pull``).
 """
 
 from __future__ import annotations
@@ -116,11 +121,14 @@ class Fetcher:
 
         log.info("the queen asked this worker to fetch %s (%s, %.0f MB)", fetch.name,
                  ", ".join(fetch.paths), fetch.size_bytes / 2**20)
+        protect, evict = self.pool.loaded(), self.evict()
         try:
+            await asyncio.to_thread(self.store.check_room, fetch.name, fetch.size_bytes,
+                                    fetch.paths, protect=protect, evict=evict)
             await asyncio.to_thread(
                 self.store.pull, fetch.name, progress, entry.cancel,
-                protect=self.pool.loaded(), revision=fetch.revision,
-                expect_sha256=fetch.sha256, evict=self.evict())
+                protect=protect, revision=fetch.revision,
+                expect_sha256=fetch.sha256, evict=evict)
             if fetch.group:  # too big for this worker alone: the group's head process loads it
                 log.info("fetched %s to lead a model group with it", fetch.name)
             else:

@@ -40,7 +40,7 @@ from desktop_worker.link.client import LinkClient
 from desktop_worker.owner import OwnerProbe, PauseWatcher, controls_on, default_probe
 from desktop_worker.sandbox.context import SandboxedContexts
 from desktop_worker.settings import WorkerSettings
-from desktop_worker.store import LocalModel, ModelStore
+from desktop_worker.store import LocalModel, ModelStore, store_for
 from desktop_worker.store.names import validate_local_name
 from desktop_worker.swarm_choice import SwarmChooser
 from shared_schema import (
@@ -107,9 +107,7 @@ class WorkerService:
         # What the owner's pause settings read (issue 17); None: the real machine's probe.
         self.owner_probe: OwnerProbe = owner_probe or default_probe(settings)
         self.detector: Detector = detector or detect_hardware
-        quota = int(settings.disk_quota_gb * 1024**3) if settings.disk_quota_gb else None
-        self.store = store or ModelStore(settings.models_dir, quota_bytes=quota,
-                                         endpoint=settings.hf_endpoint)
+        self.store = store or store_for(settings)  # its quota and headroom (issue 34)
         self.identity = WorkerIdentity.load_or_create(settings.key_path,
                                                       key_store=settings.key_store)
         self.hardware: HardwareReport | None = None

@@ -143,7 +143,15 @@ class WorkerSettings(BaseSettings):
     gpu_layers: int | Literal["auto"] = "auto"
     n_ctx: int | None = Field(default=None, ge=512)
     threads: int | None = Field(default=None, ge=1)
-    disk_quota_gb: float | None = Field(default=None, gt=0)
+    # The volunteer's disk (issue 34). GB is GiB.
+    disk_quota_gb: float | None = Field(default=None, ge=0, description=(
+        "the most the model store may hold, in GB, models the queen places included (the "
+        "least recently used are evicted to stay under it); 0: no quota; None: not chosen yet "
+        "(the app then saves half the disk's free space, store.disk.default_quota_gb)"))
+    disk_headroom_gb: float | None = Field(default=None, ge=1, description=(
+        "what the model store always leaves free on its disk, in GB: a pull that would cross "
+        "it is refused before its first byte, and a download that would is stopped and "
+        "deleted; None: max(10 GB, 10 % of the disk)"))
     memory_budget_mb: int | None = Field(default=None, ge=256)
     hf_endpoint: str | None = None
     status_interval_s: float = Field(default=30.0, gt=0)
@@ -163,8 +171,9 @@ class WorkerSettings(BaseSettings):
         "hello's capabilities then include 'auditor'; the queen decides whether it trusts it)"))
     # Models on demand (issue 17).
     accept_fetch: bool = Field(default=True, description=(
-        "let the queen place models on this machine (a 'fetch' command), within the disk quota; "
-        "without swarm_models it never evicts a model to make room"))
+        "let the queen place models on this machine (a 'fetch' command), within the disk quota "
+        "and never past the disk's headroom; without swarm_models it never evicts a model to "
+        "make room"))
     swarm_models: bool = Field(default=False, description=(
         "let the swarm choose this worker's models: pull what is in demand and fits, and evict "
         "the least recently used to stay within the disk quota (opt-in)"))
@@ -224,6 +233,16 @@ class WorkerSettings(BaseSettings):
         except QueenAddressError as exc:
             raise ValueError(str(exc)) from None
         return {**data, "queen_url": urls[0], "queen_urls": urls}
+
+    @property
+    def disk_quota_bytes(self) -> int | None:
+        """The model store's quota in bytes (None: no quota, or none chosen yet)."""
+        return int(self.disk_quota_gb * 1024**3) if self.disk_quota_gb else None
+
+    @property
+    def disk_headroom_bytes(self) -> int | None:
+        """What the store leaves free on its disk, in bytes (None: the default for the disk)."""
+        return int(self.disk_headroom_gb * 1024**3) if self.disk_headroom_gb else None
 
     @property
     def link_urls(self) -> list[str]:

@@ -10,6 +10,10 @@ Headless workers opt in with the same setting; the desktop app uses the same cod
 
 The ranking (``worth``) is shared with the app's "In demand" list, so the model the swarm would
 pull is the one the list shows first.
+
+The room it plans with is the store's (``ModelStore.room_bytes``): the quota and the free disk
+less its headroom (issue 34), so the swarm never fills the volunteer's disk; a pull is checked
+again before anything is asked of the hub (``check_room``) and while it downloads.
 """
 
 from __future__ import annotations
@@ -235,6 +239,8 @@ class SwarmChooser:
             log.info("swarm choice: pulling %s (%s)", name, choice.why)
             keep = {m.name for m in store.list()} - {name}
             try:
+                if d.size_bytes is not None:
+                    store.check_room(name, d.size_bytes, protect=keep, evict=True)
                 store.pull(name, cancel=self._cancel, protect=keep, revision=d.revision,
                            expect_sha256=d.sha256, evict=True)
             except DownloadCancelled:

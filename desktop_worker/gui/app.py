@@ -276,7 +276,7 @@ class ApiaryApp(QObject):
         worked, else why not, in plain words (the wizard shows it with Retry)."""
         try:
             self.settings_service.update(ln_url=choices.ln_url, queen_url=choices.queen_url,
-                                         first_run_done=True)
+                                         first_run_done=True, **choices.disk_settings())
         except WorkerError as exc:
             return f"Could not save your settings: {exc}"
         problem = await self._get_model(choices)

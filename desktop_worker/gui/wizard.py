@@ -1,6 +1,11 @@
 """The first-run wizard: the payout address (skippable), which queen to join (with a real test of
-the connection), the detected hardware, a model that fits it (or a .gguf the owner has), then
-Start Earning.
+the connection), the detected hardware and how much of the disk models may take, a model that
+fits it (or a .gguf the owner has), then Start Earning.
+
+The disk (issue 34): the hardware page shows the quota for models, by default half the free disk
+(``default_quota_gb``, filled in once the hardware is known), which the owner may change; Finish
+saves it (``WizardChoices.disk_settings``). Apiary always leaves max(10 GB, 10 % of the disk)
+free besides.
 
 After the queen step the wizard asks that queen what its developers ask for (``GET
 /worker/demand``, in the background with a short timeout): the in-demand models that fit this
@@ -24,6 +29,7 @@ from pathlib import Path
 from PySide6.QtGui import QPixmap
 from PySide6.QtWidgets import (
     QButtonGroup,
+    QDoubleSpinBox,
     QFileDialog,
     QHBoxLayout,
     QLabel,
@@ -51,6 +57,7 @@ from desktop_worker.hardware import HardwareReport
 from desktop_worker.link_probe import ProbeResult
 from desktop_worker.queen_url import normalise_queen_url
 from desktop_worker.store import PullProgress
+from desktop_worker.store.disk import GIB, default_quota_gb
 from shared_schema import Demand
 
 log = logging.getLogger(__name__)
@@ -58,6 +65,9 @@ log = logging.getLogger(__name__)
 INTRO = ("Apiary lends this computer's spare GPU to a swarm that answers AI requests, and pays "
          "you in bitcoin over Lightning for every job it serves.")
 GREY = "color: #6b7280;"
+DISK_NOTE = ("Models downloaded for the swarm stay within this. Whatever you set, Apiary always "
+             "leaves at least 10 GB of the disk free (a tenth of it, on a large disk). Change "
+             "either later in Settings.")
 FINISH_WITHOUT_STARTING = QWizard.WizardButton.CustomButton1
 
 
@@ -70,6 +80,11 @@ class WizardChoices:
     model: CatalogModel | None
     local_file: Path | None
     start: bool
+    disk_quota_gb: float | None = None  # None: not shown yet (the save picks the default)
+
+    def disk_settings(self) -> dict[str, float]:
+        """The disk settings to save with the choices (none when the owner saw none)."""
+        return {} if self.disk_quota_gb is None else {"disk_quota_gb": self.disk_quota_gb}
 
 
 class PayoutPage(QWizardPage):
@@ -181,16 +196,60 @@ def hardware_summary(report: HardwareReport | None) -> str:
 
 
 class HardwarePage(QWizardPage):
-    def __init__(self) -> None:
+    """The hardware found, and the quota for models on the disk (issue 34)."""
+
+    def __init__(self, quota_gb: float | None = None) -> None:
         super().__init__()
         self.setTitle("Your hardware")
         self.setSubTitle("This is what Apiary found and tells the queen.")
         self.summary = QLabel()
         self.summary.setWordWrap(True)
         self.summary.setStyleSheet("font-size: 14px; line-height: 150%;")
+        self.quota = QDoubleSpinBox()
+        self.quota.setRange(0, 100_000)
+        self.quota.setDecimals(0)
+        self.quota.setSuffix(" GB")
+        self.quota.setSpecialValueText("no limit")
+        self.quota.setEnabled(quota_gb is not None)
+        self.disk_note = plain_label(DISK_NOTE)
+        self.disk_note.setWordWrap(True)
+        self.disk_note.setStyleSheet(GREY)
+        # The owner's own value is kept when the hardware is detected again.
+        self.quota_chosen = quota_gb is not None
+        if quota_gb is not None:
+            self.quota.setValue(quota_gb)
+        self.quota.valueChanged.connect(self._edited)
+        row = QHBoxLayout()
+        row.addWidget(QLabel("Models may use up to"))
+        row.addWidget(self.quota)
+        row.addWidget(QLabel("of this disk"))
+        row.addStretch(1)
         layout = QVBoxLayout(self)
         layout.addWidget(self.summary)
+        layout.addSpacing(8)
+        layout.addLayout(row)
+        layout.addWidget(self.disk_note)
         layout.addStretch(1)
+        self._filling = False
+
+    def show_disk(self, report: HardwareReport | None) -> None:
+        """Fill in the default quota (half the free disk) once it is known, unless chosen."""
+        if report is None or self.quota_chosen:
+            return
+        self._filling = True
+        try:
+            self.quota.setValue(default_quota_gb(report.disk_space * GIB))
+        finally:
+            self._filling = False
+        self.quota.setEnabled(True)
+
+    def quota_gb(self) -> float | None:
+        """The quota shown (None while the disk is not known yet)."""
+        return self.quota.value() if self.quota.isEnabled() else None
+
+    def _edited(self, _value: float) -> None:
+        if not self._filling:
+            self.quota_chosen = True
 
 
 class ModelPage(QWizardPage):
@@ -356,9 +415,11 @@ class FirstRunWizard(QWizard):
         cancel_work: Callable[[], None] = lambda: None,
         demand_source: Callable[[str], Awaitable[Demand | None]] | None = None,
         held: Callable[[], Collection[str]] = frozenset,
+        disk_quota_gb: float | None = None,
     ) -> None:
         """``demand_source(queen_url)``: the queen's demand or None (``fetch_demand``);
-        ``held()``: the models already here (not offered again)."""
+        ``held()``: the models already here (not offered again); ``disk_quota_gb``: a quota
+        already chosen (None: the default, half the free disk, once the hardware is known)."""
         super().__init__(parent)
         self.setWindowTitle("Set up Apiary")
         self.setWizardStyle(QWizard.WizardStyle.ModernStyle)
@@ -366,7 +427,7 @@ class FirstRunWizard(QWizard):
             self.setPixmap(QWizard.WizardPixmap.LogoPixmap, logo)
         self.payout = PayoutPage(ln_url)
         self.queen = QueenPage(queen_url, tester)
-        self.hardware = HardwarePage()
+        self.hardware = HardwarePage(disk_quota_gb)
         self.model = ModelPage()
         self.ready = ReadyPage()
         for page in (self.payout, self.queen, self.hardware, self.model, self.ready):
@@ -396,6 +457,7 @@ class FirstRunWizard(QWizard):
 
     def show_hardware(self, report: HardwareReport | None, cap_mb: int | None = None) -> None:
         self.hardware.summary.setText(hardware_summary(report))
+        self.hardware.show_disk(report)
         self._report, self._cap = report, cap_mb
         self.show_models()
 
@@ -474,7 +536,12 @@ class FirstRunWizard(QWizard):
         else:
             model = "add a model later in the Models tab (nothing to serve until then)"
         paid = choices.ln_url or "nobody (no payout address yet)"
-        return f"Queen: {choices.queen_url}\nModel: {model}\nEarnings paid to: {paid}"
+        text = f"Queen: {choices.queen_url}\nModel: {model}\nEarnings paid to: {paid}"
+        if choices.disk_quota_gb is not None:
+            limit = (f"up to {choices.disk_quota_gb:,.0f} GB" if choices.disk_quota_gb
+                     else "no limit")
+            text += f"\nDisk for models: {limit}; at least 10 GB of it always stays free"
+        return text
 
     def choices(self, start: bool) -> WizardChoices:
         own = self.model.own.isChecked()
@@ -484,6 +551,7 @@ class FirstRunWizard(QWizard):
             model=None if own else self.model.chosen_model(),
             local_file=self.model.local_file if own else None,
             start=start,
+            disk_quota_gb=self.hardware.quota_gb(),
         )
 
     # --- finishing ----------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from desktop_worker.store.names import (
     validate_local_name,
 )
 from desktop_worker.store.progress import ProgressCallback, PullProgress
-from desktop_worker.store.store import LocalModel, ModelStore, PullPlan
+from desktop_worker.store.store import LocalModel, ModelStore, PullPlan, store_for
 
 __all__ = [
     "GgufInfo",
@@ -30,5 +30,6 @@ __all__ = [
     "parse_model_name",
     "read_gguf_info",
     "resolve_filter",
+    "store_for",
     "validate_local_name",
 ]

@@ -23,7 +23,6 @@ import importlib
 import logging
 import os
 import re
-import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -54,6 +53,7 @@ from desktop_worker.errors import (
     RemoteFileNotFound,
     RepoNotFound,
 )
+from desktop_worker.store.disk import LocalDisk
 from shared_schema.model_names import RemoteFile, remote_files
 
 __all__ = [
@@ -62,6 +62,7 @@ __all__ = [
     "HubClient",
     "RemoteFile",
     "RepoListing",
+    "discard_partials",
     "free_bytes",
     "local_bytes",
     "resolve_endpoint",
@@ -127,10 +128,7 @@ def resolve_endpoint(endpoint: str | None = None) -> str:
 
 def free_bytes(path: Path) -> int:
     """Free disk space where ``path`` is (or would be created)."""
-    probe = Path(path).absolute()
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    return shutil.disk_usage(probe).free
+    return LocalDisk().usage(path).free_bytes
 
 
 def sha256_file(path: Path) -> str:
@@ -144,6 +142,19 @@ def local_bytes(dest: Path) -> int:
     if dest.is_file():
         return dest.stat().st_size
     return max((p.stat().st_size for p in _partials(dest)), default=0)
+
+
+def discard_partials(dest: Path) -> int:
+    """Delete the partial downloads of ``dest``; the bytes freed."""
+    freed = 0
+    for partial in _partials(dest):
+        try:
+            size = partial.stat().st_size
+            partial.unlink()
+        except FileNotFoundError:
+            continue
+        freed += size
+    return freed
 
 
 def _partials(dest: Path) -> list[Path]:

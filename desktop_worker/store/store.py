@@ -9,6 +9,11 @@ Layout under ``root``::
 
 A model in the index is served without any network access. Everything blocks; the caller runs
 it in a thread. Methods may be called from several threads at once.
+
+The disk's headroom (issue 34, ``disk.py``) is never crossed: a pull is refused before its first
+byte when what is left to download does not fit in the free space minus the headroom (and minus
+what other downloads under way will still write), and a download re-reads the free space as it
+runs and stops, deleting its partial file, once finishing would cross it.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from desktop_worker.errors import (
     ChecksumMismatch,
@@ -32,8 +37,16 @@ from desktop_worker.errors import (
     InvalidModelName,
     ModelNotCached,
 )
+from desktop_worker.store.disk import (
+    CHECK_INTERVAL_S,
+    CHECK_STEP_BYTES,
+    DiskGuard,
+    DiskProbe,
+    default_quota_gb,
+    fmt_bytes,
+)
 from desktop_worker.store.gguf_info import GgufInfo, read_gguf_info, split_paths
-from desktop_worker.store.hub import HubClient, free_bytes, local_bytes
+from desktop_worker.store.hub import HubClient, discard_partials, local_bytes
 from desktop_worker.store.index import IndexFile
 from desktop_worker.store.names import (
     check_repo_path,
@@ -99,11 +112,15 @@ class PullPlan:
 
 
 class ModelStore:
-    """GGUF models under ``root``, with an optional size quota kept by LRU eviction.
+    """GGUF models under ``root``, with an optional size quota kept by LRU eviction, never
+    filling the disk past its headroom.
 
     ``endpoint`` and ``token`` go to the hub client (defaults: ``HF_ENDPOINT``, ``HF_TOKEN``).
-    ``hub``, ``disk_free`` and ``clock`` replace the hub client, the free-disk probe and the
-    time source (tests).
+    ``headroom_bytes`` is what the store leaves free on its disk (None: max(10 GB, 10 % of the
+    disk), ``disk.default_headroom_bytes``). A download re-reads the free disk every
+    ``disk_check_bytes`` or ``disk_check_s``, whichever comes first (``self.disk``, a
+    ``DiskGuard``, keeps that account). ``hub``, ``disk`` (a ``DiskProbe``) and ``clock``
+    replace the hub client, the disk readings and the time source (tests).
     """
 
     def __init__(
@@ -111,10 +128,13 @@ class ModelStore:
         root: Path,
         *,
         quota_bytes: int | None = None,
+        headroom_bytes: int | None = None,
         endpoint: str | None = None,
         token: str | None = None,
         hub: HubClient | None = None,
-        disk_free: Callable[[Path], int] = free_bytes,
+        disk: DiskProbe | None = None,
+        disk_check_bytes: int = CHECK_STEP_BYTES,
+        disk_check_s: float = CHECK_INTERVAL_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.root = Path(root)
@@ -122,7 +142,8 @@ class ModelStore:
         self.hub = hub or HubClient(endpoint=endpoint, token=token)
         self.hub_dir = self.root / "hub"
         self.import_dir = self.root / "imported"
-        self._disk_free = disk_free
+        self.disk = DiskGuard(self.root, disk, headroom_bytes, check_step_bytes=disk_check_bytes,
+                              check_interval_s=disk_check_s)
         self._clock = clock
         self._lock = threading.RLock()
         self._name_locks: dict[str, threading.Lock] = {}
@@ -160,39 +181,67 @@ class ModelStore:
         return [m.descriptor(m.name in loaded) for m in self.list()]
 
     def plan_pull(self, name: str) -> PullPlan:
-        """Check a pull before downloading: list the repo, pick the file, and check the quota and
-        the free disk. Raises what ``pull`` would for a bad name, repo or filter."""
+        """Check a pull before downloading: list the repo, pick the file, and check the quota,
+        the free disk and its headroom. Raises what ``pull`` would for a bad name, repo or
+        filter."""
         with self._lock:
             cached = self._models.get(name)
         if cached is not None:
             return PullPlan(name, (cached.path.name,), cached.size_bytes, cached.size_bytes,
-                            self._disk_free(self.root), cached=True)
+                            self.disk.usage().free_bytes, cached=True)
         parsed = parse_model_name(name)
         listing = self.hub.list_files(parsed.repo_id)
         resolved = resolve_filter(listing.paths(), parsed.filter)
         total = sum(listing.file(p).size or 0 for p in resolved.paths)
         on_disk = sum(local_bytes(self._hub_path(parsed.repo_id, p)) for p in resolved.paths)
-        free = self._disk_free(self.root)
-        problem = None
         with self._lock:
+            usage = self.disk.usage()
             try:
                 victims = self._plan_eviction(name, total, set())
             except InsufficientDisk as exc:
-                problem, victims = str(exc), []
-        freed = sum(v.size_bytes for v in victims)
-        if problem is None and max(total - on_disk, 0) > free + freed:
-            problem = (f"{name} needs {_fmt(total)}, but only {_fmt(free + freed)} is free on "
-                       f"the disk holding {self.root}")
-        return PullPlan(name, tuple(resolved.paths), total, on_disk, free, problem=problem)
+                problem: str | None = str(exc)
+            else:
+                problem = self.disk.problem(name, total, on_disk,
+                                            sum(v.size_bytes for v in victims), usage)
+        return PullPlan(name, tuple(resolved.paths), total, on_disk, usage.free_bytes,
+                        problem=problem)
+
+    def check_room(
+        self,
+        name: str,
+        size_bytes: int,
+        paths: Sequence[str] = (),
+        *,
+        protect: Collection[str] = frozenset(),
+        evict: bool = True,
+    ) -> None:
+        """Refuse a model of ``size_bytes`` before anything is asked of the hub: raises
+        ``InsufficientDisk`` when it would not fit under the quota or in the free disk less
+        its headroom (``paths``: its files in the repo, whose partial downloads count as
+        downloaded already). A model already stored passes: ``pull`` decides about it."""
+        with self._lock:
+            if name in self._models:
+                return
+        repo_id = parse_model_name(name).repo_id
+        on_disk = sum(local_bytes(self._hub_path(repo_id, p)) for p in paths)
+        with self._lock:
+            keep = set(self._models) if not evict else set(protect)
+            victims = self._plan_eviction(name, size_bytes, keep)
+            problem = self.disk.problem(name, size_bytes, on_disk,
+                                        sum(v.size_bytes for v in victims))
+        if problem is not None:
+            raise InsufficientDisk(problem)
 
     def room_bytes(self, protect: Collection[str] = frozenset(), *, evict: bool = True) -> int:
-        """Room for one more model: the free disk and what the quota leaves, counting the
-        models that could be evicted for it (none without ``evict``; never those in
-        ``protect``, such as the loaded ones)."""
+        """Room for one more model: the free disk less its headroom and what downloads under
+        way will still write, and what the quota leaves, the smaller, counting the models that
+        could be evicted for it (none without ``evict``; never those in ``protect``, such as
+        the loaded ones). The worker's status says this (``model_room_mb``), so the queen
+        never plans a fetch the worker would refuse."""
         with self._lock:
             evictable = 0 if not evict else sum(
                 m.size_bytes for m in self._models.values() if m.name not in protect)
-            free = self._disk_free(self.root) + evictable
+            free = self.disk.room_bytes() + evictable
             if self.quota_bytes is None:
                 return max(free, 0)
             used = sum(m.size_bytes for m in self._models.values()) + self._reserved
@@ -217,7 +266,9 @@ class ModelStore:
         pick the file with the filter, make room (LRU eviction under the quota, never evicting
         a name in ``protect``), check the free disk, download (resuming any partial download),
         check the sha256 and the GGUF header, record. ``progress`` gets ``PullProgress`` reports;
-        setting ``cancel`` raises ``DownloadCancelled`` and keeps the partial files.
+        setting ``cancel`` raises ``DownloadCancelled`` and keeps the partial files. The disk's
+        headroom is checked before the first byte and again as bytes arrive: ``InsufficientDisk``
+        (the partial files deleted) when the download would cross it.
 
         The queen's ``fetch`` (issue 17) names the commit (``revision``) and the sha256 of the
         file it pinned (``expect_sha256``): a stored copy of the name holding another file is
@@ -247,22 +298,32 @@ class ModelStore:
             meter = ProgressMeter(name, None if None in sizes else total, progress)
             if cached is not None:  # another file under this name: the named one replaces it
                 protect = set(protect) - {name}
-            with self._room(name, total, sum(local_bytes(d) for d in dests), protect):
+            with self._room(name, total, sum(local_bytes(d) for d in dests), protect) as token:
+                watch = self.disk.watch(name, token, total)
+
+                def on_disk(n: int) -> None:
+                    meter.update(n)
+                    watch(n)
+
                 done = 0
                 first_sha = ""
-                for i, (remote, dest) in enumerate(zip(remotes, dests, strict=True)):
-                    later = sum(local_bytes(d) for d in dests[i + 1 :])
-                    meter.update(done + local_bytes(dest) + later)
-                    result = self.hub.download(
-                        parsed.repo_id,
-                        remote,
-                        dest,
-                        revision=listing.commit,
-                        on_bytes=lambda n, base=done, rest=later: meter.update(base + n + rest),
-                        cancel=cancel,
-                    )
-                    done += result.size
-                    first_sha = first_sha or result.sha256
+                try:
+                    for i, (remote, dest) in enumerate(zip(remotes, dests, strict=True)):
+                        later = sum(local_bytes(d) for d in dests[i + 1 :])
+                        on_disk(done + local_bytes(dest) + later)
+                        result = self.hub.download(
+                            parsed.repo_id,
+                            remote,
+                            dest,
+                            revision=listing.commit,
+                            on_bytes=lambda n, base=done, rest=later: on_disk(base + n + rest),
+                            cancel=cancel,
+                        )
+                        done += result.size
+                        first_sha = first_sha or result.sha256
+                except InsufficientDisk:
+                    self._discard_download(dests)
+                    raise
                 if expect_sha256 is not None and first_sha != expect_sha256:
                     dests[0].unlink(missing_ok=True)
                     raise ChecksumMismatch(
@@ -372,19 +433,14 @@ class ModelStore:
     @contextmanager
     def _room(
         self, name: str, needed: int, on_disk: int, protect: Collection[str]
-    ) -> Iterator[None]:
-        """Reserve ``needed`` bytes: evict under the quota, check the disk, or raise."""
+    ) -> Iterator[int]:
+        """Reserve ``needed`` bytes: evict under the quota, check the disk and its headroom, or
+        raise. Yields the reservation's token on the disk (for ``DiskGuard.watch``)."""
         with self._lock:
             victims = self._plan_eviction(name, needed, set(protect))
-            remaining = max(needed - on_disk, 0)
-            free = self._disk_free(self.root)
-            freed = sum(v.size_bytes for v in victims)
-            if remaining > free + freed:
-                kept = f", {_fmt(on_disk)} of it already downloaded" if on_disk else ""
-                raise InsufficientDisk(
-                    f"{name} needs {_fmt(needed)}{kept}, but only {_fmt(free + freed)} is free "
-                    f"on the disk holding {self.root}"
-                )
+            problem = self.disk.problem(name, needed, on_disk, sum(v.size_bytes for v in victims))
+            if problem is not None:
+                raise InsufficientDisk(problem)
             for victim in victims:
                 logger.info("evicting %s (least recently used) for %s", victim.name, name)
                 del self._models[victim.name]
@@ -392,11 +448,27 @@ class ModelStore:
             if victims:
                 self._save()
             self._reserved += needed
+            token = self.disk.reserve(needed - on_disk)
         try:
-            yield
+            yield token
         finally:
             with self._lock:
                 self._reserved -= needed
+            self.disk.release(token)
+
+    def _discard_download(self, dests: Sequence[Path]) -> None:
+        """Delete what a stopped download wrote: its partial files, and finished parts that no
+        stored model holds."""
+        with self._lock:
+            held = {p for m in self._models.values() for p in m.paths}
+        for dest in dests:
+            freed = discard_partials(dest)
+            if dest not in held and dest.is_file():
+                freed += dest.stat().st_size
+                dest.unlink(missing_ok=True)
+            if freed:
+                logger.info("deleted %d bytes of the stopped download of %s", freed, dest.name)
+            self._prune_dirs(dest.parent)
 
     def _plan_eviction(self, name: str, needed: int, protect: set[str]) -> list[LocalModel]:
         quota = self.quota_bytes
@@ -404,7 +476,8 @@ class ModelStore:
             return []
         if needed > quota:
             raise InsufficientDisk(
-                f"{name} ({_fmt(needed)}) is larger than the model store quota ({_fmt(quota)})"
+                f"{name} ({fmt_bytes(needed)}) is larger than the model store quota "
+                f"({fmt_bytes(quota)})"
             )
         used = sum(m.size_bytes for m in self._models.values()) + self._reserved
         victims: list[LocalModel] = []
@@ -418,8 +491,9 @@ class ModelStore:
         if used + needed > quota:
             held = sorted(m.name for m in self._models.values() if m.name in protect)
             raise InsufficientDisk(
-                f"{name} ({_fmt(needed)}) does not fit under the quota of {_fmt(quota)}: "
-                f"{_fmt(used)} stays in use"
+                f"{name} ({fmt_bytes(needed)}) does not fit under the quota of "
+                f"{fmt_bytes(quota)}: "
+                f"{fmt_bytes(used)} stays in use"
                 + (f" by models that may not be evicted ({', '.join(held)})" if held else "")
             )
         return victims
@@ -545,10 +619,32 @@ def _copy_hashing(source: Path, dest: Path) -> str:
     return digest.hexdigest()
 
 
-def _fmt(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(size) < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
+
+
+class StoreSettings(Protocol):
+    """What ``store_for`` reads of the owner's settings (``WorkerSettings``)."""
+
+    models_dir: Path
+    disk_quota_gb: float | None
+    hf_endpoint: str | None
+
+    @property
+    def disk_headroom_bytes(self) -> int | None: ...
+
+
+def store_for(settings: StoreSettings, *, disk: DiskProbe | None = None) -> ModelStore:
+    """The model store the owner's settings describe (the worker, the app's Models tab and
+    ``apiary-worker models`` all open it this way): its headroom, and its quota. A quota the
+    owner has not chosen yet (the app saves one at its first run) is half of what the store
+    could ever hold now, its free disk plus what it already holds, so it does not shrink as
+    the store fills; 0 is no quota."""
+    store = ModelStore(settings.models_dir, headroom_bytes=settings.disk_headroom_bytes,
+                       endpoint=settings.hf_endpoint, disk=disk)
+    quota_gb = settings.disk_quota_gb
+    if quota_gb is None:
+        free = store.disk.usage().free_bytes
+        quota_gb = default_quota_gb(free + store.used_bytes)
+        logger.debug("no disk quota chosen: %.0f GB, half of what the store could hold",
+                     quota_gb)
+    store.quota_bytes = int(quota_gb * 1024**3) if quota_gb else None
+    return store

@@ -1,6 +1,10 @@
 """The worker's side of the queen's fetches (``Fetcher``) against the fake hub with the real
 SmolLM2 file: an ordinary fetch is downloaded and loaded; a fetch for a model group (issue 19)
-is downloaded and checked but never loaded, since the model does not fit this worker alone."""
+is downloaded and checked but never loaded, since the model does not fit this worker alone.
+
+The volunteer's disk (issue 34), played by a queen asking too much: a fetch bigger than the free
+disk is refused before anything reaches the hub, and one that would cross the headroom midway
+stops, deletes its partial file and reports ``disk_full``."""
 
 from __future__ import annotations
 
@@ -8,13 +12,17 @@ import asyncio
 import hashlib
 from typing import Any
 
+import httpx
 import pytest
 
 from desktop_worker.fetching import Fetcher
 from desktop_worker.store import ModelStore
+from desktop_worker.store.disk import GIB
 from shared_schema import Fetch, FetchFailed
-from tests.support.fake_hub import FakeHub
-from tests.support.on_demand import FILE, MODEL, REAL, REPO, repos
+from tests.support.fake_disk import FakeDisk, huge_file
+from tests.support.fake_hub import FakeHub, FakeRepo, make_gguf
+from tests.support.on_demand import ASK, FILE, MODEL, REAL, REPO, repos, worker
+from tests.support.queen import running_queen
 
 
 class Pool:
@@ -65,3 +73,97 @@ async def test_a_fetch_for_a_group_is_downloaded_but_not_loaded(tmp_path, group:
     assert failures == []
     assert [m.name for m in store.list()] == [MODEL]
     assert pool.loads == ([] if group else [MODEL])
+
+
+# --- the volunteer's disk (issue 34) -------------------------------------------------------------
+
+
+class Failures:
+    """The ``fetch_failed`` reports a fetcher sends, and an event set at the first."""
+
+    def __init__(self) -> None:
+        self.sent: list[FetchFailed] = []
+        self.arrived = asyncio.Event()
+
+    async def report(self, failure: FetchFailed) -> None:
+        self.sent.append(failure)
+        self.arrived.set()
+
+
+async def fetch_and_fail(store: ModelStore, fetch: Fetch) -> tuple[Pool, FetchFailed]:
+    pool = Pool()
+    fetcher = Fetcher(store, pool, evict=lambda: False, changed=lambda: None)  # type: ignore[arg-type]
+    failures = Failures()
+    fetcher.start(fetch, failures.report)
+    async with asyncio.timeout(60):
+        await failures.arrived.wait()
+    await fetcher.close()
+    assert len(failures.sent) == 1
+    return pool, failures.sent[0]
+
+
+async def test_a_fetch_for_a_64_gb_file_with_30_gb_free_is_refused_before_any_byte(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "hub-files" / "huge-Q8_0.gguf"
+    sha256 = huge_file(path, 64 * GIB, monkeypatch)
+    with FakeHub([FakeRepo("someone/Huge-GGUF", files={path.name: path})]) as hub:
+        disk = FakeDisk(total_bytes=500 * GIB, free_bytes=30 * GIB)
+        store = ModelStore(tmp_path / "models", endpoint=hub.url, disk=disk)
+        pool, failed = await fetch_and_fail(store, Fetch(
+            name="someone/Huge-GGUF:Q8_0", repo_id="someone/Huge-GGUF", revision="a" * 40,
+            paths=[path.name], sha256=sha256, size_bytes=64 * GIB))
+        assert failed.code == "disk_full"
+        assert "needs 64.0 GiB" in failed.message
+        assert hub.count() == 0  # not a listing, not a HEAD, not a GET: nothing reached the hub
+    assert pool.loads == []
+    assert store.list() == []
+
+
+async def test_a_fetch_that_would_cross_the_headroom_midway_stops_and_deletes_its_file(
+        tmp_path) -> None:
+    big = make_gguf(tmp_path / "big.gguf", name="big", filler_bytes=8 << 20)
+    size = big.stat().st_size
+    with FakeHub([FakeRepo("someone/Big-GGUF", files={"big-Q8_0.gguf": big})]) as hub:
+        root = tmp_path / "models"
+        # Room for the file at the start; then the disk fills twice as fast as the download.
+        disk = FakeDisk(total_bytes=50 * GIB, free_bytes=10 * GIB + size + (2 << 20),
+                        filled_by=root, cost_per_byte=2.0)
+        store = ModelStore(root, endpoint=hub.url, disk=disk, disk_check_bytes=256 * 1024)
+        listing = await asyncio.to_thread(store.hub.list_files, "someone/Big-GGUF")
+        pool, failed = await fetch_and_fail(store, Fetch(
+            name="someone/Big-GGUF:Q8_0", repo_id="someone/Big-GGUF", revision=listing.commit,
+            paths=["big-Q8_0.gguf"], sha256=hub.file_sha256("someone/Big-GGUF", "big-Q8_0.gguf"),
+            size_bytes=size))
+        assert hub.count("GET", "/resolve/") == 1  # the download had begun
+    assert failed.code == "disk_full"
+    assert "stopped downloading" in failed.message
+    assert list(root.rglob("*.incomplete")) == []
+    assert list(root.rglob("*.gguf")) == []
+    assert disk.lowest_free >= 10 * GIB  # the 10 GB headroom of a 50 GB disk was never crossed
+    assert store.list() == []
+    assert pool.loads == []
+
+
+async def test_the_queen_hears_the_room_past_the_headroom_and_plans_no_fetch_beyond_it(
+        tmp_path) -> None:
+    with FakeHub(repos()) as hub:
+        # A 100 GB disk keeps 10 GB free: 500 MB of room at first, no quota.
+        disk = FakeDisk(total_bytes=100 * GIB, free_bytes=10 * GIB + (500 << 20))
+        store = ModelStore(tmp_path / "w" / "models", endpoint=hub.url, disk=disk)
+        async with running_queen(tmp_path, hub_endpoint=hub.url, model_wait_s=0) as queen, \
+                worker(tmp_path, queen, hub, "w", store=store) as service:
+            record = queen.state.registry.get(service.identity.pubkey)
+            assert record.model_room_mb == 500
+            disk.free_bytes = 10 * GIB + (50 << 20)  # the owner's own files take the rest
+            service.link.send_status_now()
+            await queen.wait_until(lambda: record.model_room_mb == 50, 10, "status")
+            # The 98 MB file now fits no worker: the developer hears so, and no fetch is sent.
+            async with httpx.AsyncClient(base_url=queen.base_url, timeout=30) as http:
+                answer = await http.post("/v1/chat/completions", json={"model": MODEL, **ASK})
+            assert answer.status_code == 503
+            assert answer.json()["error"]["code"] == "no_worker_fits"
+            assert not service.fetcher.downloads()
+        downloads = [r for r in hub.requests
+                     if FILE in r.path and r.method == "GET" and r.range is None]
+        assert downloads == []  # the queen's own header read is a Range request
+    assert store.list() == []

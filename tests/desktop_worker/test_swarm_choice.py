@@ -1,6 +1,6 @@
 """Letting the swarm choose this worker's models: the pure choice (what to pull, what to evict),
 table-tested with plain numbers, and ``SwarmChooser`` on a real ``WorkerService`` pulling the
-pinned file from the fake hub."""
+pinned file from the fake hub, never into the disk's headroom (issue 34)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from pydantic import ValidationError
 from desktop_worker.hardware import NullGpuDetector, SystemInfo, detect_hardware
 from desktop_worker.service import WorkerService
 from desktop_worker.settings import WorkerSettings
+from desktop_worker.store import ModelStore
 from desktop_worker.swarm_choice import Held, choose, share, worth
 from shared_schema import Demand, ModelDemand
+from tests.support.fake_disk import FakeDisk
 from tests.support.fake_hub import FakeHub, FakeRepo
 from tests.support.hardware_fixtures import FixedSystemProbe
 from tests.support.on_demand import model_demand
@@ -249,5 +251,32 @@ async def test_a_model_without_a_memory_figure_or_over_the_budget_is_not_chosen(
             assert service.swarm.last is not None
             assert service.swarm.last.pull == []
         assert hub.count("GET", contains="/resolve/") == 0
+    finally:
+        await service.pool.close()
+
+
+async def test_the_swarm_never_fills_the_disk_past_its_headroom(tmp_path, hub):
+    """Issue 34: the room the swarm plans with is the free disk less the headroom (max(10 GB,
+    10 % of the disk)); nothing is downloaded into the headroom, and once the owner frees
+    space, the same demand is followed."""
+    settings = WorkerSettings(queen_url="ws://127.0.0.1:9/worker", models_dir=tmp_path / "m",
+                              key_path=tmp_path / "key.pem", key_store="file",
+                              hf_endpoint=hub.url, memory_budget_mb=4000, swarm_models=True)
+    disk = FakeDisk(total_bytes=100 * GB, free_bytes=10 * GB + 50 * MB)  # 50 MB past 10 GB
+    store = ModelStore(settings.models_dir, endpoint=hub.url, disk=disk)
+    service = WorkerService(settings, store=store, detector=small_machine)
+    service.link.send_status_now = lambda: None  # type: ignore[method-assign]
+    try:
+        service._on_demand(smollm_demand(hub))  # a 98 MB file
+        await wait_for(service.swarm.task)
+        assert service.swarm.last is not None
+        assert service.swarm.last.pull == []
+        assert "does not fit the disk" in service.swarm.last.why
+        assert hub.count(contains="/resolve/") == 0
+        assert store.list() == []
+        disk.free_bytes += 100 * MB  # the owner made room
+        service._on_demand(smollm_demand(hub))
+        await wait_for(service.swarm.task)
+        assert [m.name for m in store.list()] == [NAME]
     finally:
         await service.pool.close()

@@ -38,7 +38,7 @@ from desktop_worker.gui.services.demand import DemandRow, SpeedMeter, demand_row
 from desktop_worker.hardware import HardwareReport
 from desktop_worker.jobs import JobRecord
 from desktop_worker.settings import WorkerSettings
-from desktop_worker.store import LocalModel, ModelStore, PullPlan, PullProgress
+from desktop_worker.store import LocalModel, PullPlan, PullProgress, store_for
 from desktop_worker.store.hub import free_bytes
 from desktop_worker.store.names import validate_local_name
 from shared_schema import Demand
@@ -74,11 +74,6 @@ def plain_pull_error(exc: WorkerError, endpoint: str | None = None) -> str:
         if answered:
             return f"{host} refused the download (HTTP {answered.group(1)})"
     return text
-
-
-def store_for(settings: WorkerSettings) -> ModelStore:
-    quota = int(settings.disk_quota_gb * 1024**3) if settings.disk_quota_gb else None
-    return ModelStore(settings.models_dir, quota_bytes=quota, endpoint=settings.hf_endpoint)
 
 
 class ModelsService(QObject):

@@ -7,7 +7,13 @@ restarts, the rest at the next launch or right away (run at login). The owner's 
 settings and the models opt-ins (issue 17) apply when earning restarts too: the service reads
 them when it is built (the hello carries the opt-ins; the pause watcher starts with it). So
 do the model-group switches (issue 19, ``join_groups`` and ``lan_groups``): the hello says
-``rpc`` and the gates choose where to listen when earning starts."""
+``rpc`` and the gates choose where to listen when earning starts.
+
+The volunteer's disk (issue 34): a save with no quota chosen yet (``disk_quota_gb`` None) saves
+the default, half the free space of the models folder's disk (``default_quota_gb``), so the quota
+is chosen once and does not drift; 0 is "no quota". ``disk_headroom_gb`` (None: max(10 GB, 10 %
+of the disk)) is saved beside the app's fields. ``quota_gb`` and ``headroom_gb`` are what the
+wizard and the Settings tab show."""
 
 from __future__ import annotations
 
@@ -17,24 +23,35 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 from PySide6.QtCore import QObject, Signal
 
-from desktop_worker.desktop.config import save_settings
+from desktop_worker.desktop.config import APP_EDITABLE_FIELDS, save_settings
 from desktop_worker.errors import WorkerError
 from desktop_worker.owner.policy import active_hours_problem
 from desktop_worker.settings import WorkerSettings
+from desktop_worker.store.disk import (
+    GIB,
+    DiskProbe,
+    LocalDisk,
+    default_headroom_bytes,
+    default_quota_gb,
+)
 
 log = logging.getLogger(__name__)
+
+# What the app saves: the fields it edits, and the disk's headroom (issue 34).
+SAVED_FIELDS = tuple(dict.fromkeys((*APP_EDITABLE_FIELDS, "disk_headroom_gb")))
 
 
 # Applied to a running worker at once: the app reconnects (the hello carries both).
 LIVE_FIELDS = ("queen_url", "ln_url")
 # Applied when earning restarts: the model store and the engine are built per Start.
-RESTART_FIELDS = ("models_dir", "disk_quota_gb", "vram_cap_mb", "threads",
+RESTART_FIELDS = ("models_dir", "disk_quota_gb", "disk_headroom_gb", "vram_cap_mb", "threads",
                   "pause_on_battery", "pause_gpu_busy_pct", "pause_fullscreen", "active_hours",
                   "accept_fetch", "swarm_models", "join_groups", "lan_groups")
 # How each field that applies at restart is named to the owner.
 RESTART_NAMES = {
     "models_dir": "the models folder",
     "disk_quota_gb": "the disk quota",
+    "disk_headroom_gb": "the space always left free",
     "vram_cap_mb": "the VRAM cap",
     "threads": "CPU threads",
     "pause_on_battery": "pausing on battery",
@@ -75,10 +92,30 @@ class SettingsService(QObject):
         settings: WorkerSettings,
         autostart: AutostartLike | None = None,
         parent: QObject | None = None,
+        *,
+        disk: DiskProbe | None = None,
     ) -> None:
+        """``disk`` reads the models folder's disk (a fake in tests)."""
         super().__init__(parent)
         self.settings = settings
         self.autostart = autostart
+        self.disk: DiskProbe = disk or LocalDisk()
+
+    def quota_gb(self, settings: WorkerSettings | None = None) -> float:
+        """The quota to show: the one chosen (0: none), else the default a save would choose."""
+        chosen = (settings or self.settings).disk_quota_gb
+        if chosen is not None:
+            return chosen
+        return default_quota_gb(self.disk.usage((settings or self.settings).models_dir)
+                                .free_bytes)
+
+    def headroom_gb(self, settings: WorkerSettings | None = None) -> float:
+        """The space always left free on the models folder's disk: the owner's, else the
+        default for that disk (max(10 GB, 10 %)), in GB."""
+        current = settings or self.settings
+        if current.disk_headroom_gb is not None:
+            return current.disk_headroom_gb
+        return default_headroom_bytes(self.disk.usage(current.models_dir).total_bytes) / GIB
 
     def update(self, **changes: Any) -> WorkerSettings:
         """Validate ``changes`` over the current settings, save them and announce them.
@@ -95,7 +132,11 @@ class SettingsService(QObject):
             updated = WorkerSettings(**values)
         except ValidationError as exc:
             raise WorkerError(validation_message(exc)) from exc
-        save_settings(updated)
+        if updated.disk_quota_gb is None:  # chosen once, at the first save: it must not drift
+            updated = updated.model_copy(update={"disk_quota_gb": self.quota_gb(updated)})
+            log.info("the disk quota for models is now %.0f GB (half the free disk)",
+                     updated.disk_quota_gb)
+        save_settings(updated, SAVED_FIELDS)
         self.settings = updated
         self.changed.emit(updated)
         return updated

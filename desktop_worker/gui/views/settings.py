@@ -6,6 +6,10 @@ models" (issue 19: help run big models with other workers, and let workers on th
 connect directly, which is greyed out while the first is off; both greyed out with the reason
 when this build's llama.cpp cannot join groups, ``show_rpc``).
 
+The disk (issue 34): the quota shows the one chosen, or the default a save chooses (half the
+free disk); 0 is "no quota". Under it, the space always left free on the disk ("automatic" shows
+the default for this disk, max(10 GB, 10 %)).
+
 The queen URL goes through the same normaliser as the wizard, and one it cannot read is refused
 at Save, with the expected form. While the worker earns, a new queen or payout address applies
 at once (after a confirmation: the worker reconnects); the folder, quota, VRAM cap and threads
@@ -72,6 +76,12 @@ def note_label(text: str = "") -> QLabel:
     label.setStyleSheet(NOTE)
     label.setContentsMargins(22, 0, 0, 4)  # under the switch's text, not its box
     return label
+
+
+def disk_note(headroom_gb: float) -> str:
+    """What the disk settings promise, in plain words."""
+    return (f"Apiary never fills this disk past its last {headroom_gb:.0f} GB: a download that "
+            "would is refused, or stopped and deleted.")
 
 
 def payout_feedback(text: str) -> tuple[bool, str]:
@@ -173,6 +183,15 @@ class SettingsView(QWidget):
         self.quota.setDecimals(1)
         self.quota.setSuffix(" GB")
         self.quota.setSpecialValueText("no quota")
+        self.quota.setToolTip("The most the models on this computer may take, models the queen "
+                              "places included (0: no quota)")
+        self.headroom = QDoubleSpinBox()
+        self.headroom.setRange(0, 100_000)
+        self.headroom.setDecimals(1)
+        self.headroom.setSuffix(" GB")
+        self.disk_note = note_label()
+        self._auto_headroom_gb = 0.0  # the default for this disk, shown as "automatic"
+        self.headroom.valueChanged.connect(self._headroom_changed)
         self.vram = QSpinBox()
         self.vram.setRange(0, 1_000_000)
         self.vram.setSingleStep(256)
@@ -221,6 +240,8 @@ class SettingsView(QWidget):
         form.addRow("Lightning payout address", self.payout)
         form.addRow("Models folder", folder)
         form.addRow("Disk quota for models", self.quota)
+        form.addRow("Always leave free on the disk", self.headroom)
+        form.addRow("", self.disk_note)
         form.addRow("VRAM cap", self.vram)
         form.addRow("CPU threads", self.threads)
         form.addRow("", self.at_launch)
@@ -264,7 +285,7 @@ class SettingsView(QWidget):
         self.hours.edit.textChanged.connect(self._valid_changed)
         for edit in (self.queen, self.payout.edit, self.models_dir, self.hours.edit):
             edit.textChanged.connect(self._edited)
-        for box in (self.quota, self.vram, self.threads, self.gpu_busy):
+        for box in (self.quota, self.headroom, self.vram, self.threads, self.gpu_busy):
             box.valueChanged.connect(self._edited)
         for check in (self.at_launch, self.at_login, self.on_battery, self.fullscreen,
                       self.accept_fetch, self.swarm_models, self.join_groups, self.lan_groups):
@@ -287,6 +308,7 @@ class SettingsView(QWidget):
         """What the form holds now, as typed (compared with what was last saved or loaded)."""
         return {"queen": self.queen.text().strip(), "payout": self.payout.edit.text().strip(),
                 "models_dir": self.models_dir.text().strip(), "quota": self.quota.value(),
+                "headroom": self.headroom.value(),
                 "vram": self.vram.value(), "threads": self.threads.value(),
                 "at_launch": self.at_launch.isChecked(), "at_login": self.at_login.isChecked(),
                 "on_battery": self.on_battery.isChecked(), "gpu_busy": self.gpu_busy.value(),
@@ -314,6 +336,9 @@ class SettingsView(QWidget):
         self.lan_groups.setEnabled(lan)
         self.lan_note.setEnabled(lan)
 
+    def _headroom_changed(self, value: float) -> None:
+        self.disk_note.setText(disk_note(value or self._auto_headroom_gb))
+
     def _valid_changed(self, *_args: object) -> None:
         self.save.setEnabled(self.payout.valid and self.hours.valid)
 
@@ -329,7 +354,12 @@ class SettingsView(QWidget):
         self.queen.setText(settings.queen_url)
         self.payout.edit.setText(settings.ln_url or "")
         self.models_dir.setText(str(settings.models_dir))
-        self.quota.setValue(settings.disk_quota_gb or 0)
+        self.quota.setValue(self.service.quota_gb(settings))
+        auto = self.service.headroom_gb(settings.model_copy(update={"disk_headroom_gb": None}))
+        self._auto_headroom_gb = auto
+        self.headroom.setSpecialValueText(f"automatic ({auto:.0f} GB)")
+        self.headroom.setValue(settings.disk_headroom_gb or 0)
+        self._headroom_changed(self.headroom.value())
         self.vram.setValue(settings.vram_cap_mb or 0)
         self.threads.setValue(settings.threads or 0)
         self.at_launch.setChecked(settings.start_earning_at_launch)
@@ -367,7 +397,8 @@ class SettingsView(QWidget):
             "queen_url": queen_url,
             "ln_url": self.payout.value(),
             "models_dir": Path(self.models_dir.text().strip()).expanduser(),
-            "disk_quota_gb": self.quota.value() or None,
+            "disk_quota_gb": self.quota.value(),
+            "disk_headroom_gb": self.headroom.value() or None,
             "vram_cap_mb": self.vram.value() or None,
             "threads": self.threads.value() or None,
             "start_earning_at_launch": self.at_launch.isChecked(),

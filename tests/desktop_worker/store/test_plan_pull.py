@@ -17,6 +17,7 @@ from tests.desktop_worker.store.conftest import (
     TINY_NAME,
     Files,
 )
+from tests.support.fake_disk import FakeDisk
 from tests.support.fake_hub import FakeHub
 
 
@@ -46,10 +47,11 @@ def test_a_stored_model_plans_as_cached_with_no_network(store, hub):
 def test_the_quota_and_the_disk_are_checked(store_root, hub, files):
     over_quota = ModelStore(store_root, endpoint=hub.url, quota_bytes=1 << 20)
     assert "larger than the model store quota" in over_quota.plan_pull(BIG_NAME).problem
-    full_disk = ModelStore(store_root / "b", endpoint=hub.url, disk_free=lambda _p: 1 << 20)
+    full_disk = ModelStore(store_root / "b", endpoint=hub.url, headroom_bytes=0,
+                           disk=FakeDisk(total_bytes=100 << 30, free_bytes=1 << 20))
     problem = full_disk.plan_pull(BIG_NAME).problem
     assert problem is not None
-    assert "only 1.0 MiB is free" in problem
+    assert "only 1.0 MiB may be used" in problem
     assert gets(hub) == 0
 
 

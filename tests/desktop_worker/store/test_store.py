@@ -36,6 +36,7 @@ from tests.desktop_worker.store.conftest import (
     dead_endpoint,
     fast_store,
 )
+from tests.support.fake_disk import FakeDisk
 from tests.support.fake_hub import FakeHub
 
 WAIT_S = 20
@@ -255,11 +256,12 @@ def test_a_server_error_mid_pull_is_retried(store_root: Path, hub: FakeHub) -> N
 
 
 def test_a_model_that_does_not_fit_on_the_disk_is_refused(store_root: Path, hub: FakeHub) -> None:
-    store = ModelStore(store_root, endpoint=hub.url, disk_free=lambda _p: 1 << 20)
+    store = ModelStore(store_root, endpoint=hub.url, headroom_bytes=0,
+                       disk=FakeDisk(total_bytes=100 << 30, free_bytes=1 << 20))
     with pytest.raises(InsufficientDisk) as caught:
         store.pull(BIG_NAME)
     assert "6.0 MiB" in str(caught.value)
-    assert "1.0 MiB is free" in str(caught.value)
+    assert "only 1.0 MiB may be used" in str(caught.value)
     assert hub.count("GET", "/resolve/") == 0
     assert store.list() == []
 
@@ -267,12 +269,12 @@ def test_a_model_that_does_not_fit_on_the_disk_is_refused(store_root: Path, hub:
 def test_disk_check_counts_bytes_already_downloaded(store_root: Path, hub: FakeHub) -> None:
     size = 6 << 20
     hub.cut_after(BIG_FILE, 5 << 20)
-    free = {"bytes": 1 << 30}
+    disk = FakeDisk(total_bytes=100 << 30, free_bytes=1 << 30)
     client = HubClient(endpoint=hub.url, max_retries=0)  # the cut-off ends the first pull
-    store = ModelStore(store_root, hub=client, disk_free=lambda _p: free["bytes"])
+    store = ModelStore(store_root, hub=client, disk=disk, headroom_bytes=0)
     with pytest.raises(HubOffline):
         store.pull(BIG_NAME)
-    free["bytes"] = 2 << 20  # less than the model, more than what is left to fetch
+    disk.free_bytes = 2 << 20  # less than the model, more than what is left to fetch
     store.hub.max_retries = 5
     model = store.pull(BIG_NAME)
     assert model.size_bytes > size
