@@ -200,6 +200,11 @@ class QueenSettings(BaseSettings):
     assumed_download_mb_s: float = Field(default=20.0, gt=0)
     max_copies_per_model: int = Field(default=4, ge=1)
     placements_per_hour: int = Field(default=30, ge=1)
+    # Per caller (an API key; a development key; an open-access client's address): new
+    # placements its requests may start in an hour, counted before the hub is read, whatever
+    # comes of them (a name the hub lacks, a model too large or that no worker fits counts;
+    # one the queen already refused, a placement under way, a model workers serve do not).
+    placements_per_key_per_hour: int = Field(default=10, ge=1)
     demand_interval_s: float = Field(default=60.0, gt=0)
     # Model groups (issue 19): a model no single worker can hold, served by several workers
     # through llama.cpp's RPC backend. Heads (they send members the graphs to run) are workers

@@ -4,7 +4,9 @@ The worker builds its answers here (a whole chat answer from its chunks, the che
 answer, an embeddings list), and the queen builds what it relays here (the chunks of a whole
 answer, the finish and usage chunks, its own id/model/created stamp, the embeddings answer in the
 client's encoding). ``answer_problem`` is the queen's check of what a worker's job frame carries,
-before it is relayed to a client; it reads the same fields these builders write.
+before it is relayed to a client; it reads the same fields these builders write. ``answer_check``
+is that check with the job's bounds on log probabilities (``LogprobLimits``), and the weight of
+the ones the frame carries, which the queen charges against the job's budget.
 
 Every shape is a plain ``dict``, not a pydantic model: the queen relays chunks per streamed token,
 and a dict costs nothing to pass on. Each builder's output validates against its model in
@@ -17,9 +19,11 @@ bytes on the wire have always had.
 from __future__ import annotations
 
 import base64
+import math
 import sys
 from array import array
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from shared_schema.openai_types import MAX_TOKENS
@@ -230,6 +234,35 @@ def floats_to_base64(values: list[float]) -> str:
 
 # --- the queen's check of a worker's frame ----------------------------------------------------
 
+# Log probabilities (``logprobs.content``: an entry per token, each with its ``top_logprobs``
+# alternatives) are kept by the queen for the whole answer, and a decoded entry takes far more
+# memory than its JSON: ``{"token":"","logprob":0}`` is 25 characters and about 190 bytes of
+# Python objects, an entry with its two lists about 300. So each entry and alternative weighs
+# ``LOGPROB_ENTRY_WEIGHT`` characters, and each item of its ``bytes`` list
+# ``LOGPROB_BYTE_WEIGHT`` (a pointer), on top of the frame's own length: what the queen charges
+# against the job's budget covers what it keeps.
+LOGPROB_ENTRY_WEIGHT = 320
+LOGPROB_BYTE_WEIGHT = 8
+# The longest token text and ``bytes`` list an entry may carry: vocabulary pieces are a few
+# dozen bytes (the queen's budget allows 128 each), and a token's released text may add the
+# bytes of a character it completes.
+LOGPROB_TOKEN_CHARS = 256
+LOGPROB_TOKEN_BYTES = 256
+_ENTRY_KEYS = frozenset({"token", "logprob", "bytes", "top_logprobs"})
+_ALTERNATIVE_KEYS = frozenset({"token", "logprob", "bytes"})
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobLimits:
+    """What one job's answer may carry in log probabilities. ``top``: the alternatives the
+    request asked for per token (``top_logprobs``; each token may have one more, its own),
+    None when it asked for no log probabilities (then none may come). ``end_tokens``: per
+    choice, the entries a frame may carry past its text's UTF-8 bytes (every token is at least a
+    byte of text, but for the stop string's tokens, never delivered, and the end token)."""
+
+    top: int | None
+    end_tokens: int = 1
+
 
 def answer_problem(message: Chunk | Result | JobError, *, embeddings: bool = False) -> str | None:
     """What is wrong with the OpenAI payload a job frame carries, or None.
@@ -244,51 +277,122 @@ def answer_problem(message: Chunk | Result | JobError, *, embeddings: bool = Fal
     ``index`` and vector, see ``embedding_list``), with the types ``openai_types`` gives them.
     Plain checks with literal keys, not a pydantic model: this runs for every streamed token.
     """
+    return answer_check(message, embeddings=embeddings)[0]
+
+
+def answer_check(message: Chunk | Result | JobError, *, embeddings: bool = False,
+                 logprobs: LogprobLimits | None = None) -> tuple[str | None, int]:
+    """``answer_problem``, and the weight of the log probabilities the frame carries (0 when
+    it carries none). With ``logprobs`` (the job's limits), each choice's entries are held to
+    them: none unless asked; no more than its text's bytes can carry (``end_tokens`` past
+    them); each a ``token`` of at most ``LOGPROB_TOKEN_CHARS`` characters, a finite
+    ``logprob``, ``bytes`` of at most ``LOGPROB_TOKEN_BYTES`` bytes and at most ``top`` + 1
+    alternatives of the same form, with no other fields. Without, only their shape."""
     if isinstance(message, JobError):
-        return None
+        return None, 0
     if isinstance(message, Result):
         usage = message.usage
         if max(usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) > MAX_TOKENS:
-            return f"'usage' counts more than {MAX_TOKENS} tokens"
+            return f"'usage' counts more than {MAX_TOKENS} tokens", 0
     data = message.data
     if not _fits_json(data):
-        return "an integer in 'data' is past 64 bits"
+        return "an integer in 'data' is past 64 bits", 0
+    weight = 0
     if "choices" in data:
         choices = data["choices"]
         if not isinstance(choices, list):
-            return "'choices' is not a list"
+            return "'choices' is not a list", 0
         inner = "delta" if isinstance(message, Chunk) else "message"
         for choice in choices:
             if not isinstance(choice, dict):
-                return "a choice is not an object"
+                return "a choice is not an object", 0
             if not _is_int(choice.get("index", 0)):
-                return "a choice's 'index' is not an integer"
+                return "a choice's 'index' is not an integer", 0
             if not isinstance(choice.get("finish_reason"), str | None):
-                return "a choice's 'finish_reason' is not a string"
+                return "a choice's 'finish_reason' is not a string", 0
             part = choice.get(inner)
             if not isinstance(part, dict):
-                return f"a choice's '{inner}' is missing or not an object"
-            if not isinstance(part.get("content"), str | None) or not isinstance(
-                    part.get("role"), str | None):
-                return f"a choice's '{inner}' has a 'content' or 'role' that is not a string"
-            logprobs = choice.get("logprobs")
-            if logprobs is not None and not (isinstance(logprobs, dict) and isinstance(
-                    logprobs.get("content"), list | None)):
-                return "a choice's 'logprobs' is not an object with a 'content' list"
+                return f"a choice's '{inner}' is missing or not an object", 0
+            content = part.get("content")
+            if not isinstance(content, str | None) or not isinstance(part.get("role"), str | None):
+                return f"a choice's '{inner}' has a 'content' or 'role' that is not a string", 0
+            found = choice.get("logprobs")
+            if found is None:
+                continue
+            entries = found.get("content") if isinstance(found, dict) else ()
+            if not isinstance(entries, list | None):
+                return "a choice's 'logprobs' is not an object with a 'content' list", 0
+            if logprobs is not None and entries:
+                checked = _entries_weight(entries, logprobs, content or "")
+                if isinstance(checked, str):
+                    return checked, 0
+                weight += checked
     items = data.get("data")
     if isinstance(message, Result) and (items is not None or embeddings):
         if not isinstance(items, list):
-            return "'data' is not a list"
+            return "'data' is not a list", 0
         for item in items:
             if not isinstance(item, dict):
-                return "an embedding is not an object"
+                return "an embedding is not an object", 0
             if not _is_int(item.get("index")):
-                return "an embedding's 'index' is not an integer"
+                return "an embedding's 'index' is not an integer", 0
             vector = item.get("embedding")
             if not isinstance(vector, list) or not all(
                     isinstance(x, float) or _is_int(x) for x in vector):
-                return "an embedding is not a list of numbers"
-    return None
+                return "an embedding is not a list of numbers", 0
+    return None, weight
+
+
+def _entries_weight(entries: list[Any], limits: LogprobLimits, text: str) -> int | str:
+    """The weight of one choice's log-probability entries, or what is wrong with them."""
+    if limits.top is None:
+        return "it carries log probabilities the request did not ask for"
+    text_bytes = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    if len(entries) > text_bytes + limits.end_tokens:
+        return (f"it carries {len(entries)} log-probability entries with {text_bytes} bytes of "
+                "text (a token is at least a byte)")
+    most = limits.top + 1
+    weight = 0
+    for entry in entries:
+        checked = _token_weight(entry, _ENTRY_KEYS)
+        if isinstance(checked, str):
+            return checked
+        weight += checked
+        alternatives = entry.get("top_logprobs")
+        if alternatives is None:
+            continue
+        if type(alternatives) is not list or len(alternatives) > most:
+            return (f"a log-probability entry's 'top_logprobs' is not a list of at most {most} "
+                    f"(the request asked for {limits.top})")
+        for alternative in alternatives:
+            checked = _token_weight(alternative, _ALTERNATIVE_KEYS)
+            if isinstance(checked, str):
+                return checked
+            weight += checked
+    return weight
+
+
+def _token_weight(entry: object, keys: frozenset[str]) -> int | str:
+    """The weight of one log-probability entry or alternative, or what is wrong with it."""
+    if type(entry) is not dict:
+        return "a log-probability entry is not an object"
+    if not entry.keys() <= keys:
+        return f"a log-probability entry has fields other than {', '.join(sorted(keys))}"
+    token = entry.get("token")
+    if type(token) is not str or len(token) > LOGPROB_TOKEN_CHARS:
+        return (f"a log-probability entry's 'token' is not a string of at most "
+                f"{LOGPROB_TOKEN_CHARS} characters")
+    logprob = entry.get("logprob")
+    if type(logprob) not in (float, int) or not math.isfinite(logprob):
+        return "a log-probability entry's 'logprob' is not a finite number"
+    pieces = entry.get("bytes")
+    if pieces is None:
+        return LOGPROB_ENTRY_WEIGHT
+    if type(pieces) is not list or len(pieces) > LOGPROB_TOKEN_BYTES or not all(
+            type(byte) is int and 0 <= byte < 256 for byte in pieces):
+        return (f"a log-probability entry's 'bytes' is not a list of at most "
+                f"{LOGPROB_TOKEN_BYTES} bytes")
+    return LOGPROB_ENTRY_WEIGHT + LOGPROB_BYTE_WEIGHT * len(pieces)
 
 
 def _fits_json(value: object) -> bool:

@@ -9,6 +9,12 @@ again, whichever name or repo it came from. Failures are remembered too: a lasti
 repo) until ``ttl_s``, one that may pass (the hub out of reach) until ``retry_s``; in both cases
 the model is priced as unverified, and a fresh failure never erases an earlier good reading of
 the same name unless the hub said the name is gone.
+
+Remembered failures are the queen's negative cache: a name the hub lacks is answered from it
+(``remembered_failure``) with no hub request until it expires, so a flood of made-up names costs
+one hub request per name per ``ttl_s`` (``retry_s`` for a hub out of reach). They are kept apart
+from the good readings, each bounded by ``max_entries``, so that made-up names never push a real
+model's reading out.
 """
 
 from __future__ import annotations
@@ -92,7 +98,8 @@ class ModelCatalog:
         self.max_header_bytes = max_header_bytes
         self.max_entries = max_entries
         self.clock = clock
-        self._readings: OrderedDict[str, Reading] = OrderedDict()
+        self._readings: OrderedDict[str, Reading] = OrderedDict()  # with facts
+        self._failures: OrderedDict[str, Reading] = OrderedDict()  # without: the negative cache
         # The first good reading of each name: the file it stays pinned to (issue 17), so a
         # repo that changes later does not change what workers fetch or what routing accepts.
         self._pins: OrderedDict[str, ModelFacts] = OrderedDict()
@@ -139,20 +146,44 @@ class ModelCatalog:
         pinned = self._pins.get(name)
         if pinned is not None:
             return pinned
-        reading = self._readings.get(name)
+        reading = self._reading(name)
         if reading is not None and reading.error is not None:
             raise reading.error
         raise ModelUnverified(f"the hub has not answered for {name} yet", lasting=False,
                               kind="unreachable")
 
+    def known(self, name: str) -> bool:
+        """Whether the queen has read ``name`` (well or not), or never will (not a hub name):
+        its price then needs no hub request."""
+        return name in self._readings or name in self._failures or hub_name(name) is None
+
+    async def awaited(self, name: str, wait_s: float | None = None) -> None:
+        """Wait up to ``wait_s`` (default the catalog's) for a reading of ``name`` already
+        under way; starts none (no hub request is made for the caller)."""
+        task = self._pending.get(name)
+        if task is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task),
+                                       self.wait_s if wait_s is None else wait_s)
+
+    def remembered_failure(self, name: str) -> ModelUnverified | None:
+        """Why ``name`` could not be read, while that failure is remembered (the negative
+        cache: asking again reads nothing until it expires); None when the name is pinned,
+        has a good reading, is being read, or its failure has expired."""
+        reading = self._failures.get(name)
+        if (reading is None or reading.error is None or name in self._pins
+                or name in self._pending or reading.expires <= self.clock()):
+            return None
+        return reading.error
+
     def problem(self, name: str) -> str | None:
-        reading = self._readings.get(name)
+        reading = self._reading(name)
         return reading.problem if reading is not None else None
 
     def refresh(self, name: str) -> None:
         """Start reading ``name`` in the background if it is a hub name with no fresh reading
         (needs a running event loop)."""
-        reading = self._readings.get(name)  # on every request: set and dict lookups first
+        reading = self._reading(name)  # on every request: set and dict lookups first
         if name in self._pending or name in self._local or (
                 reading is not None and reading.expires > self.clock()):
             return
@@ -179,12 +210,7 @@ class ModelCatalog:
         """``refresh``, then wait up to ``wait_s`` (default the catalog's) for a reading in
         progress."""
         self.refresh(name)
-        task = self._pending.get(name)
-        if task is None:
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(task),
-                                   self.wait_s if wait_s is None else wait_s)
+        await self.awaited(name, wait_s)
 
     async def close(self) -> None:
         tasks = list(self._pending.values())
@@ -207,7 +233,7 @@ class ModelCatalog:
                     raise _name_problem(parsed.repo_id, exc) from exc
                 headers = [await self._header(listing, remote) for remote in remotes]
         except ModelUnverified as exc:
-            old = self._readings.get(name)
+            old = self._reading(name)
             keep = old.facts if old is not None and not exc.lasting else None
             wait = self.ttl_s if exc.lasting else self.retry_s
             logger.warning("cannot read %s to price it (%s); priced as %s until it can be read",
@@ -251,10 +277,17 @@ class ModelCatalog:
             _trim(self._headers, self.max_entries)
             return facts
 
+    def _reading(self, name: str) -> Reading | None:
+        reading = self._readings.get(name)
+        return reading if reading is not None else self._failures.get(name)
+
     def _remember(self, name: str, reading: Reading) -> None:
-        self._readings[name] = reading
-        self._readings.move_to_end(name)
-        _trim(self._readings, self.max_entries)
+        kept, other = ((self._readings, self._failures) if reading.facts is not None
+                       else (self._failures, self._readings))
+        other.pop(name, None)
+        kept[name] = reading
+        kept.move_to_end(name)
+        _trim(kept, self.max_entries)
 
 
 def _name_problem(repo_id: str, exc: ModelNameError) -> ModelUnverified:

@@ -3,8 +3,10 @@
 Every route turns its request into a ``Generation``: the job a worker gets (chat-shaped, see
 ``shaping.requests``), the bounds of its bill (``Meter``), and the ``ChatView`` that shapes the
 answer for the client. ``serve`` then does what every billed answer needs: refuse early what no
-connected worker can honour, count the caller, price and hold the money, dispatch to a capable
-worker, relay (streamed or whole, with failover), and settle the books exactly once.
+connected worker can honour, count the caller and hold the money, place a model no worker holds
+(only then: the hub is read and a volunteer downloads for callers that may and can pay), price
+the hold by the model's reading, dispatch to a capable worker, relay (streamed or whole, with
+failover), and settle the books exactly once.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from queen_server.audits.cases import case_for
+from queen_server.billing.pricing import Price
 from queen_server.billing.service import Billing, Hold, Principal
 from queen_server.errors import ModelNotFound
 from queen_server.http.deps import json_response
@@ -71,21 +74,55 @@ async def settle(billing: Billing, hold: Hold | None, admission: Admission,
         admission.leave()
 
 
+async def hold_price(state: QueenState, model: str) -> Price:
+    """The price a billed hold reserves at, with no hub request made for it (the hold comes
+    before any): a model the queen has read (well or not; a reading already under way is
+    waited for), a name on no hub, and one the price file names have their own price. A hub
+    model never read (one about to be placed, say) is held at the dearest rates of every
+    class, since its reading may put it in any of them: the hold is never too small, and
+    ``price_hold`` settles it at the model's own price once it is read."""
+    prices, catalog = state.billing.prices, state.catalog
+    await catalog.awaited(model)
+    if catalog.known(model) or model in prices.models:
+        return prices.for_model(model, catalog.parameter_count(model))
+    dearest = max(prices.prices, key=lambda p: (p.completion_msat_per_1k, p.prompt_msat_per_1k))
+    return Price(dearest.size_class, None,
+                 max(p.prompt_msat_per_1k for p in prices.prices),
+                 max(p.completion_msat_per_1k for p in prices.prices))
+
+
+async def price_hold(state: QueenState, principal: Principal, hold: Hold | None,
+                     model: str) -> None:
+    """Price ``hold`` by the queen's own reading of ``model``: a billed request waits a bounded
+    time for the reading (``catalog.settle``), which it starts if there is none. The charge is
+    this price, never more than the hold reserved."""
+    if principal.billed:
+        await state.catalog.settle(model)
+    price = state.price_of(model)
+    if hold is not None:
+        hold.price = price
+
+
 async def admit_and_hold(state: QueenState, request: Request, principal: Principal, job_id: str,
-                         model: str, *hold_args: Any, **hold_kwargs: Any,
+                         model: str, *hold_args: Any, read: bool = True, **hold_kwargs: Any,
                          ) -> tuple[Admission, Hold | None]:
-    """Count the request against its caller (429 past the limits) before reserving anything,
-    then price the model and reserve its money; a refused hold gives the place back."""
+    """Count the request against its caller (429 past the limits) and reserve its money (402)
+    before anything is read or sent for it; a refused hold gives the place back. ``read``:
+    then price the hold by the model's reading (``price_hold``); a request whose model is
+    still to be placed does that once the placement has read it."""
     admission = state.dispatcher.admit(caller_of(request, principal))
+    hold: Hold | None = None
     try:
-        if principal.billed:  # priced by the queen's own reading of the model, once it has one
-            await state.catalog.settle(model)
-        price = state.price_of(model)
+        prices = state.billing.prices
+        price = await hold_price(state, model) if principal.billed else prices.unverified
         hold = await state.billing.hold(principal, job_id, price, *hold_args, **hold_kwargs)
         if hold is not None:
             hold.model = model
+        if read:
+            await price_hold(state, principal, hold, model)
         return admission, hold
     except BaseException:
+        await state.billing.finish(hold)  # charged nothing
         admission.leave()
         raise
 
@@ -128,18 +165,31 @@ async def serve(state: QueenState, request: Request, principal: Principal,
     worker_req = gen.worker_req
     needs = capabilities.needs(gen.worker_url, worker_req)
     arrived = time.monotonic()
+    placing = False
     try:
         dispatcher.require_servable(gen.model, needs)
     except ModelNotFound:  # nobody here holds it: another replica's worker, or place it
         if not await dispatcher.served_elsewhere(gen.model):
             state.groups.prepare(gen.model)  # a model only a group serves: its group's state
-            await state.placement.prepare(gen.model)
-            state.groups.prepare(gen.model)  # fetched for a group's head: the group forms now
-            dispatcher.require_servable(gen.model, needs)
+            if not state.placement.placeable(gen.model):
+                raise
+            placing = True
     answer = Delivered(gen.meter)
+    # The caller is counted and its money held before the queen reads the hub or sends a
+    # fetch for it: a caller that may not (429) or cannot pay (402) costs the swarm nothing.
     admission, hold = await admit_and_hold(
         state, request, principal, gen.job_id, gen.model, gen.prompt_texts, worker_req,
-        choices=choices_in(worker_req))
+        choices=choices_in(worker_req), read=not placing)
+    if placing:
+        try:
+            await state.placement.prepare(gen.model, admission.caller)
+            state.groups.prepare(gen.model)  # fetched for a group's head: the group forms now
+            dispatcher.require_servable(gen.model, needs)
+            await price_hold(state, principal, hold, gen.model)
+        except BaseException:  # not placed (or not yet: model_loading): nothing is charged
+            await billing.finish(hold)
+            admission.leave()
+            raise
     if "max_tokens" not in worker_req and "max_completion_tokens" not in worker_req:
         # Unbilled (billed ones got theirs from the hold): the worker stops where the queen's
         # budget for the answer ends, rather than running on into a failed job.

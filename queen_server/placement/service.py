@@ -17,6 +17,13 @@ trusted, with the ``rpc`` backend and room for the file):
 a ``fetch`` with ``group`` set, which the worker downloads and checks but does not load. The
 same waits, retries and estimates apply (plus the group's load); once the head holds the file
 the group service forms the group.
+
+What a placement costs is bounded before it is spent. The serving path calls ``prepare`` only
+after the caller was admitted and its money held (``http.generation.serve``). A new placement is
+counted against the caller's ``placements_per_key_per_hour`` (``budget.PlacementLimits``) before
+the hub is read, whatever comes of it, and against the queen's ``placements_per_hour`` when a fetch
+goes out; what the queen already knows it answers for free (``_known_refusal``: the operator's
+lists, a name the hub lacks, from the catalog's negative cache, a model no worker fits).
 """
 
 from __future__ import annotations
@@ -38,9 +45,9 @@ from queen_server.errors import (
     ModelNotFound,
     ModelUnverified,
     NoCapacity,
-    RateLimited,
     WorkerFailed,
 )
+from queen_server.placement.budget import PlacementLimits
 from queen_server.placement.demand import DemandBook
 from queen_server.placement.planner import ModelNeed, choose, need_of, repo_allowed
 from queen_server.swarm.registry import Registry
@@ -83,6 +90,8 @@ class PlacementSettings(Protocol):
     def max_copies_per_model(self) -> int: ...
     @property
     def placements_per_hour(self) -> int: ...
+    @property
+    def placements_per_key_per_hour(self) -> int: ...
     @property
     def demand_interval_s(self) -> float: ...
 
@@ -164,7 +173,7 @@ class PlacementService:
         self.book = DemandBook(clock=clock)
         self.loading: dict[str, Loading] = {}
         self._placing: dict[str, asyncio.Task[Loading]] = {}
-        self._placed_at: list[float] = []  # new placements, for placements_per_hour
+        self.limits = PlacementLimits(settings, clock)
         self._demand = Demand(models=[], interval_s=settings.demand_interval_s)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
@@ -193,15 +202,31 @@ class PlacementService:
 
     # --- a request for a model nobody holds -------------------------------------------------
 
-    async def prepare(self, model: str) -> None:
+    def placeable(self, model: str) -> bool:
+        """Whether ``prepare`` would try to place ``model`` at all: placement is on, some
+        connected worker takes models, and it is a hub name. Reads nothing (a request for a
+        model that is not placeable is answered 404 before its caller is counted)."""
+        return (self.settings.on_demand and hub_name(model) is not None
+                and bool(self.registry.takers()))
+
+    async def prepare(self, model: str, caller: str | None = None) -> None:
         """Place ``model`` (or join its placement under way), then wait for it if it will be
         ready within ``model_wait_s``; else ``ModelLoading`` with an estimate. Returns at once
-        for a name that is not a hub name or when placement is off (the caller's 404)."""
-        if not self.settings.on_demand or not self.registry.takers() or hub_name(model) is None:
+        for a name that is not a hub name or when placement is off (the caller's 404).
+
+        ``caller`` (``http.generation.caller_of``) is charged one of its
+        ``placements_per_key_per_hour`` for a new placement that reads the hub or sends a
+        fetch, whatever comes of it; joining a placement under way, and a refusal the queen
+        already knows (the operator's lists, a name the hub said it lacks, no worker fits),
+        cost nothing and are not counted. The serving path calls this only once the caller
+        was admitted and its money held."""
+        if not self.placeable(model):
             return  # nobody to place it on: the caller's 404 says no worker serves it
         loading = self.loading.get(model)
+        if loading is None and self._held(model):
+            return  # placed since the caller looked: routing serves it now
         if loading is None or (loading.ready.is_set() and not loading.asked):
-            loading = await self._placement(model)
+            loading = await self._placement(model, caller)
         estimate = self.estimate_s(loading)
         if estimate > self.settings.model_wait_s:
             self.book.asked(model, met=False)  # a request that starts is counted by ``started``
@@ -218,6 +243,17 @@ class PlacementService:
             self.book.asked(model, met=False)
             raise self._loading_error(model, self.estimate_s(loading))
 
+    def _held(self, model: str) -> bool:
+        """Whether a connected worker holds the file ``model`` is pinned to."""
+        pin = self.catalog.pin(model)
+        if pin is None:
+            return False
+        for worker in self.registry.holders(model):
+            held = worker.models.get(model)
+            if held is not None and held.sha256 == pin.sha256:
+                return True
+        return False
+
     def _loading_error(self, model: str, estimate: float) -> ModelLoading:
         seconds = max(1, round(estimate))
         return ModelLoading(
@@ -225,15 +261,24 @@ class PlacementService:
             f"{seconds} s. Try again then.", code="model_loading",
             headers={"Retry-After": str(seconds)}, extra={"estimated_time": round(estimate, 1)})
 
-    async def _placement(self, model: str) -> Loading:
+    async def _placement(self, model: str, caller: str | None) -> Loading:
         task = self._placing.get(model)
         if task is None:  # one resolution and one first fetch, however many ask at once
+            self._known_refusal(model)
+            if self.catalog.pin(model) is None:  # the hub is to be read: within the limits
+                self.limits.spend_queen(model, check_only=True)
+            if caller is not None:
+                self.limits.charge(caller, model)
             task = asyncio.get_running_loop().create_task(self._place(model))
             self._placing[model] = task
             task.add_done_callback(lambda _t: self._placing.pop(model, None))
         return await asyncio.shield(task)
 
-    async def _place(self, model: str) -> Loading:
+    def _known_refusal(self, model: str) -> None:
+        """Raise what the queen already knows it answers for ``model`` without reading the hub
+        or asking a worker: the operator's lists, a name the hub said it lacks (the catalog's
+        remembered failure, until it is read again), a model no worker could hold a moment
+        ago. Costs the caller nothing."""
         parsed = hub_name(model)
         assert parsed is not None
         settings = self.settings
@@ -244,8 +289,12 @@ class PlacementService:
         unfit = self._unfit.get(model)
         if unfit is not None and unfit[0] > self.clock():
             raise NoCapacity(unfit[1], code="no_worker_fits")
-        if self.catalog.pin(model) is None:
-            self._spend_placement(model, check_only=True)
+        failed = self.catalog.remembered_failure(model)
+        if failed is not None:
+            raise refusal(model, failed)
+
+    async def _place(self, model: str) -> Loading:
+        settings = self.settings
         try:
             facts = await self.catalog.resolve(model, settings.price_wait_s)
         except ModelUnverified as exc:
@@ -256,7 +305,7 @@ class PlacementService:
             raise InvalidRequest(
                 f"The model '{model}' is {size / 1e9:.1f} GB; this queen places models up to "
                 f"{limit:g} GB (APIARY_MAX_MODEL_GB).", param="model", code="model_too_large")
-        spent = self._spend_placement(model)
+        spent = self.limits.spend_queen(model)
         loading = Loading(need_of(model, facts.sha256, size, facts.shape), facts, self.clock())
         self.loading[model] = loading
         # A model the group planner finds no one worker can hold goes to a group's head;
@@ -267,8 +316,7 @@ class PlacementService:
             loading.group = False
             await self._ask_more(loading, 1)
         if not loading.asked:  # no fetch went out: no placement spent
-            with contextlib.suppress(ValueError):
-                self._placed_at.remove(spent)
+            self.limits.refund_queen(spent)
             if loading.failed:  # the workers chosen could not even be sent the fetch
                 self._give_up(loading)
             if self.loading.get(model) is loading:
@@ -290,22 +338,6 @@ class PlacementService:
         if len(self._unfit) < MAX_UNFIT:
             self._unfit[need.name] = (now + UNFIT_RECHECK_S, message)
         return NoCapacity(message, code="no_worker_fits")
-
-    def _spend_placement(self, model: str, *, check_only: bool = False) -> float:
-        """Count a new placement against ``placements_per_hour`` (its time, returned);
-        ``check_only``: raise if none is left, count nothing (before the hub is read, so a
-        client naming many models cannot make the queen read the hub past the limit)."""
-        now = self.clock()
-        self._placed_at = [t for t in self._placed_at if now - t < 3600]
-        if len(self._placed_at) >= self.settings.placements_per_hour:
-            wait = int(3600 - (now - self._placed_at[0])) + 1
-            raise RateLimited(
-                f"This queen has placed {len(self._placed_at)} new models in the last hour, its "
-                f"limit (APIARY_PLACEMENTS_PER_HOUR); '{model}' can be placed in {wait} s.",
-                code="placement_limit", headers={"Retry-After": str(wait)})
-        if not check_only:
-            self._placed_at.append(now)
-        return now
 
     def _unplaceable(self, need: ModelNeed) -> str:
         takers = self.registry.takers()

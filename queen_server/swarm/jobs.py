@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared_schema import Chunk, JobError, Result
+from shared_schema.answers import LOGPROB_BYTE_WEIGHT, LOGPROB_ENTRY_WEIGHT, LogprobLimits
 
 # The id prefix of embeddings jobs (``http.openai``); every other job is a chat completion. The
 # link checks an answer's shape by it.
@@ -62,8 +63,34 @@ def completion_limit(openai_req: Mapping[str, Any], default_max_tokens: int) -> 
 
 # With ``logprobs``, each token also carries an entry for itself and one per ``top_logprobs``:
 # its piece (escaped, as above), its bytes as a JSON list (up to 4 characters a byte) and the
-# number: 6 * 128 + 4 * 128 + 64 characters.
-LOGPROB_ENTRY_CHARS = 6 * TOKEN_PIECE_BYTES + 4 * TOKEN_PIECE_BYTES + 64
+# number, 6 * 128 + 4 * 128 + 64 characters; and what the queen keeps of it once decoded, which
+# the link charges too (``answers.answer_check``'s weight): an object, and a pointer a byte.
+LOGPROB_ENTRY_CHARS = (6 * TOKEN_PIECE_BYTES + 4 * TOKEN_PIECE_BYTES + 64
+                       + LOGPROB_ENTRY_WEIGHT + LOGPROB_BYTE_WEIGHT * TOKEN_PIECE_BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerBudget:
+    """What a worker may send for one job: ``chars`` of frames (with the weight of the log
+    probabilities they carry), and the log probabilities themselves (``logprobs``)."""
+
+    chars: int
+    logprobs: LogprobLimits
+
+
+def logprob_limits(openai_req: Mapping[str, Any]) -> LogprobLimits:
+    """The log probabilities an answer to ``openai_req`` may carry: none unless it asked
+    (``logprobs``), then ``top_logprobs`` alternatives a token, and per choice, past its text's
+    bytes, the tokens of its longest stop string (generated, never delivered) and the end."""
+    if not openai_req.get("logprobs"):
+        return LogprobLimits(None, 0)
+    top = openai_req.get("top_logprobs")
+    stop = openai_req.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    stop_bytes = max((len(item.encode("utf-8", "surrogatepass")) for item in stops
+                      if isinstance(item, str)), default=0)
+    return LogprobLimits(top if isinstance(top, int) and not isinstance(top, bool) and top > 0
+                         else 0, stop_bytes + 1)
 
 
 def choices_in(openai_req: Mapping[str, Any]) -> int:
@@ -79,15 +106,17 @@ def choices_in(openai_req: Mapping[str, Any]) -> int:
 
 
 def answer_budget(openai_req: Mapping[str, Any], default_max_tokens: int = DEFAULT_MAX_TOKENS
-                  ) -> int:
-    """The characters of chunk frames a worker may send for one job of ``openai_req``: per
-    token of every choice, the frame and its log probabilities if asked."""
+                  ) -> AnswerBudget:
+    """What a worker may send for one job of ``openai_req``: the characters of chunk frames,
+    per token of every choice the frame and its log probabilities if asked, and the log
+    probabilities' limits."""
+    logprobs = logprob_limits(openai_req)
     per_token = FRAME_CHARS_PER_TOKEN
-    if openai_req.get("logprobs"):
-        top = openai_req.get("top_logprobs")
-        per_token += LOGPROB_ENTRY_CHARS * (1 + (top if isinstance(top, int) else 0))
+    if logprobs.top is not None:
+        per_token += LOGPROB_ENTRY_CHARS * (1 + logprobs.top)
     tokens = completion_limit(openai_req, default_max_tokens) * choices_in(openai_req)
-    return tokens * per_token + BUDGET_SLACK_CHARS * choices_in(openai_req)
+    return AnswerBudget(tokens * per_token + BUDGET_SLACK_CHARS * choices_in(openai_req),
+                        logprobs)
 
 
 # Who shares a model group's answer (issue 19): (worker key, layers held), the head first.
@@ -185,9 +214,11 @@ class JobHandle(Mailbox):
     ``cancel`` sends the job's cancel through whatever connection holds it.
 
     ``budget`` is the characters of frames the worker may send for the job (``answer_budget``):
-    the link takes each chunk's length from ``room`` and fails the job once a chunk would take
-    more than is left, or more than ``chunk_cap``; a whole answer (a result) may be as large as
-    the budget. Every event in the deque was charged, so the deque never holds more than it.
+    the link takes each chunk's length, and the weight of the log probabilities it carries, from
+    ``room`` and fails the job once a chunk would take more than is left, or more than
+    ``chunk_cap``; a whole answer (a result) may be as large as the budget. Every event in the
+    deque was charged, and so was every log-probability entry the answer keeps, so neither
+    holds more than it. ``logprobs``: what log probabilities the answer may carry at all.
     """
 
     __slots__ = (
@@ -199,6 +230,7 @@ class JobHandle(Mailbox):
         "first_at",
         "group",
         "id",
+        "logprobs",
         "model",
         "on_end",
         "replica",
@@ -218,7 +250,7 @@ class JobHandle(Mailbox):
         *,
         worker_id: str = "",
         cancel: CancelSender = _no_cancel,
-        budget: int | None = None,
+        budget: AnswerBudget | None = None,
         replica: str | None = None,
     ) -> None:
         self.id = job_id
@@ -231,7 +263,10 @@ class JobHandle(Mailbox):
         self.cancelling = False
         self.first_at: float | None = None
         self.on_end: Callable[[JobHandle], None] | None = None
-        self.budget = answer_budget({}) if budget is None else budget
+        if budget is None:
+            budget = answer_budget({})
+        self.budget = budget.chars
+        self.logprobs = budget.logprobs
         self.room = self.budget  # what is left of the budget (the link takes from it)
         self.chunk_cap = min(self.budget, MAX_CHUNK_CHARS)
         self.group = ""  # the model group its worker headed when given the job, if any

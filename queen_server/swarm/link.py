@@ -16,6 +16,9 @@ other job is answered ``unknown_job`` and not counted, since an honest worker's 
 cancel. Each job frame is charged against its job's budget (``JobHandle.budget``, tied to the
 job's ``max_tokens``): a frame past it fails the job (retryable, ``answer_too_large``) and is a
 bad frame, so a worker cannot make the queen hold more than an honest answer's worth per job.
+Log probabilities are held to the job's limits (``JobHandle.logprobs``: none unless asked, no
+more than a frame's text can carry, bounded alternatives and token strings) and their weight
+once decoded is charged too (``answers.answer_check``).
 Every other bad frame is answered with a typed ``error`` and counted; ``max_bad_frames``
 of them close the connection. Writing to the worker is encoding too: ``job_frame`` and
 ``cancel_frame`` give the text the edge sends.
@@ -71,7 +74,7 @@ from shared_schema import (
     loads_object,
     looks_like_registration,
 )
-from shared_schema.answers import answer_problem
+from shared_schema.answers import answer_check
 from shared_schema.groups import parse_relay_frame
 from shared_schema.parsing import legacy_usage, parse_hello, parse_registration
 from shared_schema.protocol import (
@@ -320,13 +323,16 @@ class QueenLink:
                     handle.room -= size
                 elif size > handle.budget and type(message) is Result and not embeddings:
                     _too_large(handle, message.type, size)
-                problem = answer_problem(message, embeddings=embeddings)
+                problem, weight = answer_check(message, embeddings=embeddings,
+                                               logprobs=handle.logprobs)
                 if problem is not None:
                     # The job fails (retryable: another worker may answer it); the worker is told.
                     handle.feed(JobError(id=message.id, code="invalid_answer", retryable=True,
                                          message=f"the worker's {message.type} was malformed: "
                                                  f"{problem}"))
                     raise ProtocolError("invalid_message", f"{message.type}.data: {problem}")
+                if weight:  # log probabilities, which the answer keeps: charged as well
+                    _charge_kept(handle, message, size, weight)
                 handle.feed(message)
                 return NOTHING
             return self._control(message)
@@ -540,11 +546,13 @@ class QueenLink:
         if len(frame) > handle.budget and not embeddings:
             _too_large(handle, "answer", len(frame))
         result = Result(id=handle.id, data=body, usage=legacy_usage(body))
-        problem = answer_problem(result, embeddings=embeddings)
+        problem, weight = answer_check(result, embeddings=embeddings, logprobs=handle.logprobs)
         if problem is not None:
             handle.feed(JobError(id=handle.id, code="invalid_answer", retryable=True,
                                  message=f"the legacy worker's answer was malformed: {problem}"))
             raise ProtocolError("invalid_message", f"answer: {problem}")
+        if weight:
+            _charge_kept(handle, result, len(frame), weight)
         handle.feed(result)
         return NOTHING
 
@@ -593,6 +601,18 @@ def _too_large(handle: JobHandle, kind: str, size: int) -> NoReturn:
                "chunk)")
     handle.feed(JobError(id=handle.id, code=ANSWER_TOO_LARGE, retryable=True, message=message))
     raise ProtocolError(ANSWER_TOO_LARGE, message)
+
+
+def _charge_kept(handle: JobHandle, message: Chunk | Result, size: int, weight: int) -> None:
+    """Charge the ``weight`` of the log probabilities a frame of ``size`` characters carries:
+    a chunk's from what is left of the job's budget (its length was taken already), a whole
+    answer's with its length against the whole budget. Past it: ``_too_large``."""
+    if type(message) is Chunk:
+        if weight > handle.room:
+            _too_large(handle, f"{message.type}'s log probabilities", weight)
+        handle.room -= weight
+    elif size + weight > handle.budget:
+        _too_large(handle, f"{message.type} with its log probabilities", size + weight)
 
 
 def _job_id(frame: str | None) -> str:

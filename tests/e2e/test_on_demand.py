@@ -15,6 +15,11 @@ import openai
 import pytest
 
 from desktop_worker.store import ModelStore
+from queen_server.billing import ledger
+from queen_server.billing.pricing import PriceTable
+from queen_server.swarm.metering import estimate_prompt_tokens
+from tests.queen_server.billing.test_billing_api import funded_key
+from tests.support.fake_disk import FakeDisk
 from tests.support.fake_hub import FakeHub
 from tests.support.on_demand import ASK, FILE, MIRROR, MODEL, QUANTS, REPO, repos, worker
 from tests.support.queen import running_queen
@@ -130,14 +135,14 @@ async def test_names_that_cannot_be_served_get_clear_errors(tmp_path):
 
 async def test_a_full_disk_and_a_corrupt_download_move_the_model_to_another_worker(tmp_path):
     with FakeHub(repos()) as hub:
-        full = {"free": 10 << 30}  # the first worker says it has room, then its disk fills
-        store = ModelStore(tmp_path / "full" / "models", endpoint=hub.url,
-                           disk_free=lambda _p: full["free"])
+        # the first worker says it has room (20 GB past its 10 GB headroom), then its disk fills
+        full = FakeDisk(total_bytes=100 << 30, free_bytes=30 << 30)
+        store = ModelStore(tmp_path / "full" / "models", endpoint=hub.url, disk=full)
         async with running_queen(tmp_path, hub_endpoint=hub.url, model_wait_s=60,
                                  total_timeout_s=90) as queen, \
                 worker(tmp_path, queen, hub, "full", store=store, swarm_models=True) as liar, \
                 worker(tmp_path, queen, hub, "honest") as honest:
-            full["free"] = 1 << 20
+            full.free_bytes = 1 << 20
             await queen.state.catalog.resolve(MODEL)  # the queen's header read comes first
             hub.corrupt_next(FILE)  # then whoever downloads the file gets a flipped byte
             client = queen.client()
@@ -159,3 +164,44 @@ async def test_a_full_disk_and_a_corrupt_download_move_the_model_to_another_work
             assert answer.choices[0].message.content
             assert honest.store.get(MODEL).sha256 == hub.file_sha256(REPO, FILE)
             assert MODEL not in liar.store
+
+
+async def test_only_a_key_that_can_pay_gets_a_model_placed_and_pays_its_own_price(tmp_path):
+    """Payment before placement (issue 34): a key with no money naming the model gets a 402
+    and the queen reads nothing and no worker downloads anything; a key with money gets it
+    placed (the hold, at the dearest class while the model is unread, is given back while it
+    loads), then served and charged at the class the queen read from its header."""
+    with FakeHub(repos()) as hub:
+        async with running_queen(tmp_path, auth="keys", hub_endpoint=hub.url, model_wait_s=0,
+                                 total_timeout_s=60, unverified_price_class=None) as queen, \
+                worker(tmp_path, queen, hub, "roomy") as chosen:
+            broke, _ = await funded_key(queen, 0)
+            with pytest.raises(openai.APIStatusError) as caught:
+                await queen.client(api_key=broke).chat.completions.create(model=MODEL, **ASK)
+            assert caught.value.status_code == 402
+            assert hub.requests == []  # no listing, no header, no download
+            assert not queen.state.placement.loading
+            assert MODEL not in chosen.store
+
+            secret, key_id = await funded_key(queen, 100)
+            client = queen.client(api_key=secret)
+            with pytest.raises(openai.APIStatusError) as loading:
+                await client.chat.completions.create(model=MODEL, **ASK)
+            assert loading.value.status_code == 503
+            assert error_of(loading.value)["code"] == "model_loading"
+            money = await queen.state.billing.ledger.balances()
+            assert money[ledger.key_available(key_id)] == 100_000  # nothing charged
+            assert money.get(ledger.key_reserved(key_id), 0) == 0  # the hold given back
+            await queen.wait_until(lambda: MODEL in queen.state.registry.model_names(), 60,
+                                   "the model served")
+            answer = await client.chat.completions.create(model=MODEL, **ASK)
+            assert answer.choices[0].message.content
+            assert answer.usage is not None
+            price = PriceTable().for_parameters(queen.state.catalog.parameter_count(MODEL))
+            assert price.size_class == "tiny"  # SmolLM2's 135M parameters, read by the queen
+            money = await queen.state.billing.ledger.balances()
+            # Charged at that class, never past what its hold reserved for the prompt it
+            # estimated (at the dearest class it would have been 50 times as much).
+            held = price.cost_msat(estimate_prompt_tokens(["Say hi"]), ASK["max_tokens"])
+            assert 100_000 - money[ledger.key_available(key_id)] == min(held, price.cost_msat(
+                answer.usage.prompt_tokens, answer.usage.completion_tokens))

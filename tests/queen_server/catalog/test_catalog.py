@@ -163,3 +163,28 @@ async def test_a_worker_listing_hundreds_of_names_gets_only_a_few_read_ahead(tmp
                     "unverified"}  # no such repos
             finally:
                 await worker.stop()
+
+
+async def test_made_up_names_never_push_a_real_reading_out():
+    """A flood of names the hub lacks fills the negative cache, not the readings: a real
+    model's reading (what prices it) stays, and each made-up name was asked for once."""
+    clock = Clock()
+    with FakeHub(pricing_repos({BIG: SEVENTY_B})) as hub:
+        catalog = ModelCatalog(HubFiles(hub.url), max_entries=8, clock=clock)
+        await catalog.settle(BIG)
+        made_up = [f"nobody/made-up-{i}-GGUF:Q4_K_M" for i in range(20)]
+        for name in made_up:
+            await catalog.settle(name)
+        assert catalog.parameter_count(BIG) == SEVENTY_B
+        assert catalog.known(made_up[-1])
+        failure = catalog.remembered_failure(made_up[-1])
+        assert failure is not None
+        assert failure.kind == "not_found"
+        assert catalog.remembered_failure(BIG) is None
+        listed = hub.count("GET", "/api/models/")
+        assert listed == 1 + len(made_up)
+        for name in made_up[-8:]:  # the negative cache answers again: no hub request
+            await catalog.settle(name)
+        assert hub.count("GET", "/api/models/") == listed
+        clock.now += catalog.ttl_s + 1  # until it expires
+        assert catalog.remembered_failure(made_up[-1]) is None

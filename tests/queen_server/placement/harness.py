@@ -49,6 +49,7 @@ class Settings:
     assumed_download_mb_s: float = 20.0
     max_copies_per_model: int = 4
     placements_per_hour: int = 30
+    placements_per_key_per_hour: int = 10
     demand_interval_s: float = 60.0
 
 

@@ -52,12 +52,12 @@ def token_chunk(job_id: str, seq: int, content: str, *, model: str = "") -> str:
 ])
 def test_the_completion_limit_is_the_requests_or_the_default(req, tokens):
     assert completion_limit(req, 4096) == tokens
-    assert answer_budget(req, 4096) == tokens * FRAME_CHARS_PER_TOKEN + BUDGET_SLACK_CHARS
+    assert answer_budget(req, 4096).chars == tokens * FRAME_CHARS_PER_TOKEN + BUDGET_SLACK_CHARS
 
 
 def test_a_handle_made_without_a_budget_gets_the_default_one():
     handle = JobHandle("j", MODEL, "k", 0.0)
-    assert handle.budget == answer_budget({}, DEFAULT_MAX_TOKENS)
+    assert handle.budget == answer_budget({}, DEFAULT_MAX_TOKENS).chars
     assert handle.room == handle.budget
     assert handle.chunk_cap == MAX_CHUNK_CHARS
 
