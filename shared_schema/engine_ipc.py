@@ -87,7 +87,8 @@ class Confinement(WireModel):
     seccomp: bool = False
     landlock_abi: Annotated[int, Field(ge=0, le=1000)] = 0
     filesystem: bool = False  # reads and writes limited to the policy's paths
-    network: bool = False  # TCP limited to the policy's ports (Landlock ABI 4+)
+    network: bool = False  # no socket but what the role needs (and those on its ports only)
+    tcp_ports: bool = False  # the kernel can limit TCP to named ports (Landlock ABI 4+)
     signals: bool = False  # no signals to processes outside the sandbox (Landlock ABI 6+)
     memory_limit_mb: Annotated[int, Field(ge=0)] | None = None
     rlimits: bool = False
@@ -100,6 +101,12 @@ class Confinement(WireModel):
         network and signals confined."""
         return (self.no_new_privs and self.seccomp and self.filesystem and self.network
                 and self.signals and self.rlimits)
+
+    @property
+    def holds_for_groups(self) -> bool:
+        """It holds for a group's head and members too, whose sockets the kernel must limit
+        to their ports: a worker joins model groups only then."""
+        return self.holds and self.tcp_ports
 
 
 # --- the worker to its child -------------------------------------------------------------------

@@ -42,6 +42,7 @@ from desktop_worker.gui.services.demand import InDemandModel
 from desktop_worker.gui.services.earnings import EarningsService
 from desktop_worker.gui.services.logs import OncePerRun
 from desktop_worker.gui.services.models import ModelsService, fetch_demand
+from desktop_worker.gui.services.sandbox import sandbox_summary
 from desktop_worker.gui.services.settings import AutostartLike, SettingsService
 from desktop_worker.gui.services.worker import LogBridge, WorkerController
 from desktop_worker.gui.tray import Tray
@@ -138,6 +139,9 @@ class ApiaryApp(QObject):
         self.controller.link_changed.connect(
             lambda state, _d: self._notify(self.policy.link(state, time.monotonic())))
         self.controller.failed.connect(lambda message: self._notify(self.policy.error(message)))
+        self.controller.engine_crashed.connect(
+            lambda model, why: self._notify(self.policy.engine_crashed(model, why,
+                                                                       time.monotonic())))
         self.earnings.updated.connect(self._on_earnings)
         self.controller.welcomed.connect(self._on_welcome)
         self.window.earnings.add_address_requested.connect(self.open_payout_setting)
@@ -193,6 +197,8 @@ class ApiaryApp(QObject):
         if not probe.available:
             log.info("this build cannot join model groups: %s", probe.reason)
         self.window.settings.show_rpc(probe)
+        self.hardware_view.show_sandbox(
+            sandbox_summary(getattr(self.rpc, "confinement", None), checked=True))
         return probe
 
     def show_window(self) -> None:
@@ -220,6 +226,9 @@ class ApiaryApp(QObject):
         await self.controller.stop_and_wait()
         self.header.ticker.stop()
         await self.earnings.stop()
+        close = getattr(self.rpc, "close", None)  # the device probe's engine process
+        if close is not None:
+            await asyncio.to_thread(close)
         self.logs.detach(logging.getLogger("desktop_worker"))
         for name in ONCE_PER_RUN_LOGGERS:
             logging.getLogger(name).removeFilter(self._once)

@@ -8,7 +8,9 @@
 * sats waiting with no payout address set (once per app run: the policy lives as long as the
   app, and a reminder at each launch is wanted until the owner sets one);
 * the queen's audits flagged this worker (once per app run; told again only if the flag was
-  seen cleared and then came back), and the flag cleared after that.
+  seen cleared and then came back), and the flag cleared after that;
+* an engine process crashed (at most once every ``crash_every_s``: a model that keeps crashing
+  is told once, and its log lines say the rest).
 
 On a queen that says it does not pay (``queen_pays(False)``), the first-job notice promises no
 earnings; ``None`` (an older queen that does not say) keeps the usual wording.
@@ -20,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from desktop_worker.gui.services.audit import AuditStanding, audit_text
+from desktop_worker.gui.services.sandbox import crash_text
 from shared_schema import PayoutView
 
 
@@ -38,8 +41,10 @@ def _sats(msat: int) -> str:
 
 
 class NotificationPolicy:
-    def __init__(self, disconnect_after_s: float = 60.0) -> None:
+    def __init__(self, disconnect_after_s: float = 60.0, crash_every_s: float = 600.0) -> None:
         self.disconnect_after_s = disconnect_after_s
+        self.crash_every_s = crash_every_s
+        self._crash_told: float | None = None
         self._served = False
         self._paid: set[int] | None = None
         self._connected_once = False
@@ -135,6 +140,12 @@ class NotificationPolicy:
         minutes = int((now - self._lost_since) // 60)
         return Notice("Disconnected", f"Apiary has not reached the queen for {minutes} minute"
                       f"{'s' if minutes != 1 else ''}. It keeps retrying.", "warning")
+
+    def engine_crashed(self, model: str, reason: str, now: float) -> Notice | None:
+        if self._crash_told is not None and now - self._crash_told < self.crash_every_s:
+            return None
+        self._crash_told = now
+        return Notice("A model's engine restarted", crash_text(model, reason), "warning")
 
     def error(self, message: str) -> Notice:
         return Notice("Apiary needs your attention", message, "error")

@@ -126,7 +126,7 @@ def _confine_linux(policy: SandboxPolicy, role: Role) -> Confinement:
         except SandboxError as exc:
             notes.append(str(exc))
     return Confinement(os="linux", no_new_privs=no_new_privs, seccomp=filtered,
-                       landlock_abi=abi, filesystem=filesystem,
+                       landlock_abi=abi, filesystem=filesystem, tcp_ports=network,
                        # no socket at all (the filter), or only the policy's ports (Landlock)
                        network=filtered and (sockets == seccomp.NO_SOCKETS or network),
                        signals=signals, memory_limit_mb=limit_mb, rlimits=rlimits,

@@ -152,6 +152,7 @@ class WorkerController(QObject):
     demand_changed = Signal(object)  # shared_schema.Demand: what developers ask the queen for
     paused_changed = Signal(str)  # why the worker paused ("" when it resumes)
     group_changed = Signal(object)  # GroupStatus | None: this worker's part in a model group
+    engine_crashed = Signal(str, str)  # the model, what happened (from a pool thread: queued)
 
     def __init__(
         self,
@@ -267,6 +268,7 @@ class WorkerController(QObject):
             service.runner.on_finished.append(self._on_finished)
             service.demand_listeners.append(self.demand_changed.emit)
             service.pause_listeners.append(self._on_paused)
+            service.engines.on_crash.append(self.engine_crashed.emit)
             self.groups.start()
             if not service.store.list() and not self.settings.models:
                 raise NoModelYet("there is no model to serve yet: add one in the Models tab")

@@ -1,4 +1,5 @@
-"""The Hardware tab: each NVIDIA and OpenCL GPU (name, driver, a VRAM bar), CPU, RAM, disk."""
+"""The Hardware tab: each NVIDIA and OpenCL GPU (name, driver, a VRAM bar), CPU, RAM, disk, and
+what the engine's sandbox holds on this machine (``services.sandbox``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop_worker.gui.services.sandbox import SandboxSummary, sandbox_summary
 from desktop_worker.hardware import ComputeDevice, HardwareReport
 
 
@@ -44,11 +46,32 @@ class HardwareView(QWidget):
         self._layout = QVBoxLayout(self)
         self._body = QWidget()
         self._layout.addWidget(self._body)
+        self.sandbox_box = QGroupBox("Engine sandbox")
+        self._sandbox_form = QFormLayout(self.sandbox_box)
+        self._layout.addWidget(self.sandbox_box)
         self._layout.addStretch(1)
         self._layout.addWidget(self.refresh_button)
         self.gpu_names: list[str] = []
         self.ram: QProgressBar | None = None
+        self.sandbox: SandboxSummary = sandbox_summary(None)
         self.show_report(None)
+        self.show_sandbox(self.sandbox)
+
+    def show_sandbox(self, summary: SandboxSummary) -> None:
+        """What the sandbox around the engine's processes holds here."""
+        self.sandbox = summary
+        form = self._sandbox_form
+        while form.rowCount():
+            form.removeRow(0)
+        headline = QLabel(summary.headline)
+        headline.setWordWrap(True)
+        form.addRow(headline)
+        for label, value in summary.rows:
+            form.addRow(label, QLabel(value))
+        for note in summary.notes:
+            line = QLabel(f"• {note}")
+            line.setWordWrap(True)
+            form.addRow(line)
 
     def show_report(self, report: HardwareReport | None) -> None:
         self._layout.removeWidget(self._body)
