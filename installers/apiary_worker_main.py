@@ -1,16 +1,20 @@
 """Entry point of the frozen desktop worker: the same ``main`` as the ``apiary-worker`` script.
 
 No arguments open the desktop app; ``--headless`` serves from the command line; ``detect`` and
-``models`` work as in a source install. PyInstaller freezes this file (see apiary-worker.spec).
+``models`` work as in a source install. ``--engine-child`` is how the worker starts its
+sandboxed engine processes (``desktop_worker/engine_child.py``): the frozen app has no
+``python -m``. PyInstaller freezes this file (see apiary-worker.spec).
 """
 
 import multiprocessing
 import sys
 
-from desktop_worker.cli import main
-
 if __name__ == "__main__":
-    # A model group's head and RPC server run in child processes (multiprocessing's spawn):
-    # in the frozen app such a child re-enters here and must run its target, not the app.
+    if sys.argv[1:2] == ["--engine-child"]:  # before anything else is imported
+        from desktop_worker.engine_child import main as engine_main
+
+        sys.exit(engine_main())
+    from desktop_worker.cli import main
+
     multiprocessing.freeze_support()
     sys.exit(main())
