@@ -38,6 +38,7 @@ def test_the_frozen_apps_entry_point_starts_an_engine_child(monkeypatch) -> None
 @pytest.mark.timeout(60)
 def test_the_tcp_transport_takes_only_the_child_with_the_token(monkeypatch) -> None:
     strangers: list[bytes] = []
+    readers: list[threading.Thread] = []
     real_create_server = socket.create_server
 
     def create_server(address, **kwargs):  # type: ignore[no-untyped-def]
@@ -51,7 +52,8 @@ def test_the_tcp_transport_takes_only_the_child_with_the_token(monkeypatch) -> N
             with sock:
                 strangers.append(sock.recv(16))
 
-        threading.Thread(target=hung_up, daemon=True).start()
+        readers.append(threading.Thread(target=hung_up, daemon=True))
+        readers[-1].start()
         return listener
 
     monkeypatch.setattr(process_module.socket, "create_server", create_server)
@@ -64,4 +66,5 @@ def test_the_tcp_transport_takes_only_the_child_with_the_token(monkeypatch) -> N
         engine.close()
     assert reply is not None
     assert reply.type == "probed"
+    readers[0].join(10)
     assert strangers == [b""]  # the stranger was hung up on, told nothing
