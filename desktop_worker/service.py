@@ -314,6 +314,8 @@ class WorkerService:
         room_mb = await asyncio.to_thread(self.model_room_mb)
         if self.rpc_probe is None:
             self.rpc_probe = await asyncio.to_thread(self.rpc.probe)
+            if settings.join_groups and not self.rpc_probe.available:
+                log.info("this worker joins no model groups: %s", self.rpc_probe.reason)
         rpc = self.rpc_probe
         joins = capabilities.RPC in worker_capabilities(settings, rpc)
         self.joins_groups = joins

@@ -219,6 +219,16 @@ class SandboxedContexts:
 
     def __post_init__(self) -> None:
         self.on_crash: list[CrashListener] = []
+        self._told: set[str] = set()  # what the sandbox lacks, logged once per worker run
+
+    def _tell(self, context: SandboxedContext) -> None:
+        confinement = context.process.confinement
+        if confinement is None:
+            return
+        for note in confinement.notes:
+            if note not in self._told:
+                self._told.add(note)
+                log.warning("the engine's sandbox is incomplete here: %s", note)
 
     def __call__(self, model: Any, plan: LoadPlan, n_threads: int | None,
                  embedding: bool) -> SandboxedContext:
@@ -230,8 +240,10 @@ class SandboxedContexts:
         process = EngineProcess("context", policy, label=f"engine {model.name}")
         load = Load(name=model.name, model_path=str(model.path), n_ctx=plan.n_ctx,
                     n_gpu_layers=plan.n_gpu_layers, n_threads=n_threads, embedding=embedding)
-        return SandboxedContext(model.name, process, load, ready_timeout_s=self.load_timeout_s,
-                                on_crash=self.on_crash)
+        context = SandboxedContext(model.name, process, load,
+                                   ready_timeout_s=self.load_timeout_s, on_crash=self.on_crash)
+        self._tell(context)
+        return context
 
 
 def head_load(endpoints: Sequence[str], n_layer: int, cpu_layers: int,
