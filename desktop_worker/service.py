@@ -141,6 +141,7 @@ class WorkerService:
             queen_host=urlsplit(settings.queen_url).hostname or "",
             head_gpus=self._head_gpus,
             gpus=self._group_gpus,
+            memory_mb=self.group_memory_mb,  # a member's share when the queen sends none
         )
         self.runner = JobRunner(self.pool, has_model=self.has_model)
         self.fetcher = Fetcher(self.store, self.pool, evict=lambda: self.settings.swarm_models,

@@ -25,6 +25,12 @@ websocket frame is ``RELAY_TAG``, the channel (4 bytes, big-endian) and up to
 end (or the queen) ends a channel. The queen only relays between parts of one relayed group,
 head to named member, and never reads the payload; the member's gate still checks the HMAC.
 
+A member lets its head allocate at most ``GroupServe.share_mb`` per device (issue 34: its gate
+validates every RPC command and counts every buffer, ``desktop_worker/groups/rpc_guard.py``);
+a queen that sends no share (older than issue 34) leaves the member its own budget, the memory
+it told the queen. A member whose gate refused a head's command ends its part with
+``GroupFailed(code="head_protocol")``, and the queen blames that group's head.
+
 Every figure here is a claim or an instruction: a member's address must be a private, loopback
 or link-local IP literal on an unprivileged port (a member cannot make a head dial the wider
 internet or a well-known service on its LAN), and every count is bounded.
@@ -47,6 +53,7 @@ __all__ = [
     "MAX_MEMBER_DEVICES",
     "MAX_RELAY_CHANNEL",
     "MAX_RELAY_PAYLOAD",
+    "MAX_SHARE_MB",
     "RELAY_TAG",
     "GroupClose",
     "GroupEnd",
@@ -64,6 +71,7 @@ __all__ = [
 MAX_GROUP_MEMBERS = 8  # the head included
 MAX_GROUP_LAYERS = 4096  # per device; no GGUF has more blocks
 MAX_MEMBER_DEVICES = 16  # a worker's devices in one group (``Hello.device_free_mb`` too)
+MAX_SHARE_MB = 1 << 24  # one device's share, 16 TiB (``hardware.MAX_VRAM_MB``)
 
 GROUP_ID = r"^[0-9a-f]{16,64}$"
 LINK_TOKEN = r"^[0-9a-f]{64}$"
@@ -81,9 +89,12 @@ MAX_RELAY_PAYLOAD = 256 * 1024
 # a group; ``paused``: its owner paused it; ``model_missing``: the head does not hold the file
 # named; ``link_failed``: the head could not reach or authenticate to a member; ``load_failed``:
 # llama.cpp could not load the model across the members; ``server_failed``: a member's RPC server
-# or gate did not start, or died past its restarts; ``lost``: the group broke while serving.
+# or gate did not start, or died past its restarts; ``lost``: the group broke while serving;
+# ``head_protocol``: a member's gate refused an RPC command of the head (past the share, out of
+# bounds, a forbidden op, ...): the queen blames the head.
 GROUP_FAILURES = frozenset({"not_allowed", "unavailable", "busy", "paused", "model_missing",
-                            "link_failed", "load_failed", "server_failed", "lost", "bad_plan"})
+                            "link_failed", "load_failed", "server_failed", "lost", "bad_plan",
+                            "head_protocol"})
 
 
 def _lan_address(value: str | None) -> str | None:
@@ -129,6 +140,25 @@ class GroupServe(WireModel):
     model: str = Field(min_length=1, max_length=400, description="The model, for its log.")
     route: Route = Field(default="direct", description="``direct``: a TLS gate on the LAN; "
                          "``relayed``: no listener, the head's bytes come through the queen.")
+    share_mb: list[int] | None = Field(
+        default=None, min_length=1, max_length=MAX_MEMBER_DEVICES,
+        description="The most the head may allocate on each served device, MB (its layers, "
+        "their KV cache and the compute headroom the queen planned); the gate refuses an "
+        "allocation past it. Absent (an older queen): the member's own budget.")
+
+    @field_validator("share_mb")
+    @classmethod
+    def _shares(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and any(not 0 <= mb <= MAX_SHARE_MB for mb in value):
+            raise ValueError(f"each device's share is 0 to {MAX_SHARE_MB} MB")
+        return value
+
+    @model_validator(mode="after")
+    def _one_share_per_device(self) -> GroupServe:
+        if self.share_mb is not None and len(self.share_mb) != self.devices:
+            raise ValueError(f"one share per served device ({self.devices}), not "
+                             f"{len(self.share_mb)}")
+        return self
 
 
 class GroupMemberReady(WireModel):

@@ -14,6 +14,12 @@ directions, counting bytes and round trips). ``dialer.py`` is the head's end.
 
 RPC is latency bound (one small message per round trip per token), so every socket gets
 ``TCP_NODELAY`` and the pipe writes each read straight through.
+
+A gate given a ``GuardPolicy`` (``roles.py`` always gives one: the share the queen granted)
+validates every RPC message both ways (``rpc_guard.RpcGuard``, one per connection, sharing the
+member's ``MemberFacts``): the head's commands before they reach the server, the server's
+replies to learn buffers and bases. A refused command ends the connection; ``on_refused`` hears
+of it when the head broke the protocol (the member then reports it to the queen).
 """
 
 from __future__ import annotations
@@ -24,13 +30,14 @@ import logging
 import socket
 import ssl as ssl_module
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from desktop_worker.errors import GroupLinkError
+from desktop_worker.errors import GroupLinkError, RpcRefused
 from desktop_worker.groups import handshake
 from desktop_worker.groups.handshake import Challenge, LineBuffer, LineTooLong, Verdict
+from desktop_worker.groups.rpc_guard import GuardPolicy, MemberFacts, RpcGuard
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +50,7 @@ class ByteReader(Protocol):
 
 
 class ByteWriter(Protocol):
-    def write(self, data: bytes) -> None: ...
+    def write(self, data: bytes | memoryview) -> None: ...
 
     async def drain(self) -> None: ...
 
@@ -255,17 +262,29 @@ async def pipe(
     *,
     to_b_first: bytes = b"",
     to_a_first: bytes = b"",
+    guard: RpcGuard | None = None,
 ) -> None:
     """Copies bytes both ways between side a (towards the head) and side b (towards the
     member) until either side closes or fails, then closes both. ``to_b_first`` and
-    ``to_a_first`` are bytes already read past a handshake line, sent on before anything."""
+    ``to_a_first`` are bytes already read past a handshake line, sent on before anything.
+    With a ``guard`` only what it passes goes through (counted as sent), and its refusal
+    (``RpcRefused``) ends both sides and is raised here."""
 
     async def copy(reader: ByteReader, writer: ByteWriter, to_member: bool, first: bytes) -> None:
+        screen = None if guard is None else guard.from_head if to_member else guard.from_member
         data = first
         while True:
             if data:
-                counters.record(to_member=to_member, n=len(data))
-                writer.write(data)
+                if screen is None:
+                    counters.record(to_member=to_member, n=len(data))
+                    writer.write(data)
+                else:
+                    chunks = screen(data)
+                    sent = sum(len(chunk) for chunk in chunks)
+                    if sent:
+                        counters.record(to_member=to_member, n=sent)
+                    for chunk in chunks:
+                        writer.write(chunk)
                 await writer.drain()
             data = await reader.read(CHUNK)
             if not data:
@@ -280,6 +299,11 @@ async def pipe(
             task.cancel()
         await asyncio.gather(forward, backward, return_exceptions=True)
         await asyncio.gather(close_quietly(a_writer), close_quietly(b_writer))
+    for task in (forward, backward):
+        if task.done() and not task.cancelled():
+            failure = task.exception()
+            if isinstance(failure, RpcRefused):
+                raise failure
 
 
 async def close_quietly(writer: ByteWriter) -> None:
@@ -361,7 +385,10 @@ class MemberGate(PipeListener):
     takes an ephemeral port (see ``address``). ``ssl`` makes the listener TLS (the direct route
     over a LAN; ``tls.SelfSignedIdentity.server_context()``). Refusals are logged once at INFO
     and counted in ``refused`` by reason; at most ``max_pending`` handshakes run at once, more
-    get ``NO busy``.
+    get ``NO busy``. ``guard``: validate the RPC bytes of every connection within this policy
+    (None: pipe them as they are; only tests of the pipe itself, over a fake server, do);
+    a refused RPC message is logged, counted in ``refused`` as ``rpc_<code>``, and, when the
+    head sent it, passed to ``on_refused``.
     """
 
     def __init__(
@@ -377,6 +404,8 @@ class MemberGate(PipeListener):
         handshake_timeout_s: float = 5.0,
         connect_timeout_s: float = 5.0,
         max_pending: int = 32,
+        guard: GuardPolicy | None = None,
+        on_refused: Callable[[RpcRefused], None] | None = None,
     ) -> None:
         super().__init__()
         self.group = handshake.check_name("group", group)
@@ -391,6 +420,9 @@ class MemberGate(PipeListener):
         self.max_pending = max_pending
         self.refused: Counter[str] = Counter()
         self._pending = 0
+        self.guard = guard
+        self.on_refused = on_refused
+        self._facts = MemberFacts()  # what this member's server told any connection
 
     async def start(self) -> None:
         # A TLS handshake happens before ``_serve`` runs, so it gets the same deadline: a
@@ -445,11 +477,14 @@ class MemberGate(PipeListener):
             return
         set_nodelay(rpc_writer)
         counters = self._stats.open()
+        guard = RpcGuard(self.guard, self._facts) if self.guard is not None else None
         try:
             await admit(writer)
             log.debug("gate for group %s: head %s in from %s", self.group, self.head, peer)
             await pipe(reader, writer, rpc_reader, rpc_writer, counters,
-                       to_b_first=admission.leftover)
+                       to_b_first=admission.leftover, guard=guard)
+        except RpcRefused as exc:
+            self._rpc_refused(exc, peer)
         except (ConnectionError, ssl_module.SSLError):
             pass
         finally:
@@ -458,6 +493,17 @@ class MemberGate(PipeListener):
             log.debug("gate for group %s: connection from %s closed: %d bytes in, %d out, "
                       "%d round trips", self.group, peer, counters.bytes_to_member,
                       counters.bytes_to_head, counters.round_trips)
+
+    def _rpc_refused(self, exc: RpcRefused, peer: object) -> None:
+        self.refused[f"rpc_{exc.code}"] += 1
+        if exc.by != "head":
+            log.error("gate for group %s: this member's RPC server answered out of turn; "
+                      "connection from %s ended: %s", self.group, peer, exc)
+            return
+        log.warning("gate for group %s refused the RPC command of head %s (from %s) and ended "
+                    "its connection: %s", self.group, self.head, peer, exc)
+        if self.on_refused is not None:
+            self.on_refused(exc)
 
     def _note_refusal(self, peer: object, reason: str) -> None:
         self.refused[reason] += 1

@@ -117,11 +117,20 @@ class MemberServer:
         self._watch = asyncio.create_task(self._supervise(), name=f"rpc-member-{self.port}")
 
     async def _spawn(self) -> None:
+        starting = asyncio.ensure_future(asyncio.to_thread(
+            start_member, self.endpoint, self.n_threads, self.devices, self.gpus,
+            self.memory_mb))
         try:
-            process = await asyncio.to_thread(start_member, self.endpoint, self.n_threads,
-                                              self.devices, self.gpus, self.memory_mb)
+            process = await asyncio.shield(starting)
         except SandboxError as exc:
             raise GroupError(f"the RPC server could not start: {exc}") from exc
+        except asyncio.CancelledError:
+            # The group ended while the child started (its thread cannot be stopped): wait
+            # for it, then stop it, so no server outlives its group.
+            with contextlib.suppress(Exception):
+                started = await starting
+                await asyncio.to_thread(started.close, timeout_s=0)
+            raise
         self._process = process
         try:
             await wait_listening(self.port, lambda: process.alive, self.ready_timeout_s)

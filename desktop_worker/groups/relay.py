@@ -119,7 +119,7 @@ class RelayChannel:
 
     # --- the writing side (ByteWriter) ------------------------------------------------------
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         if self.closed:
             raise ConnectionResetError(f"relay channel {self.channel} is closed")
         self._outbox += data

@@ -6,8 +6,12 @@ data frames, ``relay.py``).
 
 A **member** starts llama.cpp's RPC server on 127.0.0.1 (``MemberServer``) and a gate before
 it (``MemberGate``, TLS with a throwaway certificate) that lets in only the head the queen
-named. The gate listens on 127.0.0.1, or on the LAN address towards the queen when the owner
-turned ``lan_groups`` on: nothing listens beyond loopback otherwise. A **relayed** member
+named, and validates every RPC command it sends (``rpc_guard``) within the share the queen
+granted each device (``GroupServe.share_mb``; from a queen that sends none, this worker's own
+budget, ``memory_mb``). A command the gate refuses ends the member's part: it reports
+``head_protocol`` and the queen blames the head. The gate listens on 127.0.0.1, or on the LAN
+address towards the queen when the owner turned ``lan_groups`` on: nothing listens beyond
+loopback otherwise. A **relayed** member
 (``route="relayed"``) listens nowhere at all: its gate serves each channel the queen opens for
 the head (``MemberGate.serve_stream``), the same handshake and pipe over the channel.
 
@@ -41,6 +45,7 @@ from desktop_worker.errors import (
     GroupLost,
     GroupPartFailed,
     MemberShort,
+    RpcRefused,
 )
 from desktop_worker.groups.dialer import HeadDialer, RelayedDialer
 from desktop_worker.groups.gate import LOOPBACK, MemberGate
@@ -48,6 +53,7 @@ from desktop_worker.groups.lan import local_address
 from desktop_worker.groups.lead import GroupBinding, GroupContexts, head_config, head_layers
 from desktop_worker.groups.member import MemberServer
 from desktop_worker.groups.relay import ChannelRefused, RelayTable
+from desktop_worker.groups.rpc_guard import GuardPolicy
 from desktop_worker.groups.tls import SelfSignedIdentity
 from desktop_worker.link.machine import RelayData
 from shared_schema.groups import (
@@ -117,13 +123,17 @@ class GroupRoles:
         gpus: Callable[[], bool] = lambda: True,
         relink_s: float = RELINK_S,
         channels: RelayTable | None = None,
+        memory_mb: Callable[[], list[int] | None] | None = None,
     ) -> None:
         """``models(name)``: the model the store holds by that name, else None; ``head_gpus``:
         how many local GPUs a head offloads to (0: its own layers stay on its CPU; blocking, it
         asks llama.cpp); ``gpus``: whether a member serves its GPUs (else its CPU), by the
         same rule (``rpc.group_devices``);
         ``queen_host``: whom the LAN address is found towards (``lan_groups``); ``channels``:
-        this worker's relayed channels (a fresh table by default)."""
+        this worker's relayed channels (a fresh table by default); ``memory_mb``: the memory
+        of each device it gives a group, as the queen was told (``device_free_mb``; blocking),
+        a member's share when the queen sends none (None, or an answer of None: the pool's
+        budget on each device)."""
         self.pool = pool
         self.contexts = contexts
         self.models = models
@@ -134,6 +144,7 @@ class GroupRoles:
         self.gpus = gpus
         self.relink_s = relink_s
         self.channels = channels if channels is not None else RelayTable()
+        self.memory_mb = memory_mb
         self.part: GroupPart | None = None
         self._previous: GroupPart | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -217,17 +228,25 @@ class GroupRoles:
             if freed:
                 log.info("group %s: unloaded %s to make room for its layers", serve.group,
                          ", ".join(sorted(freed)))
+            share_mb = await self._share_mb(serve)
             server = part.server = MemberServer(n_threads=self.n_threads, devices=serve.devices,
-                                                gpus=self.gpus())
+                                                gpus=self.gpus(), memory_mb=sum(share_mb))
             await server.start()
+            guard = GuardPolicy.from_mb(share_mb)
+
+            def refused(exc: RpcRefused) -> None:
+                self._head_refused(part, exc)
+
             if relayed:  # no listener at all: the queen brings the head's channels
-                gate = part.gate = MemberGate(serve.group, serve.head, token, server.port)
+                gate = part.gate = MemberGate(serve.group, serve.head, token, server.port,
+                                              guard=guard, on_refused=refused)
                 ready = GroupMemberReady(group=serve.group)
             else:
                 identity = await asyncio.to_thread(SelfSignedIdentity.generate)
                 context = await asyncio.to_thread(identity.server_context)
                 gate = part.gate = MemberGate(serve.group, serve.head, token, server.port,
-                                              host=host, ssl=context)
+                                              host=host, ssl=context, guard=guard,
+                                              on_refused=refused)
                 await gate.start()
                 gate_host, gate_port = gate.address
                 part.fingerprint = identity.fingerprint
@@ -248,6 +267,28 @@ class GroupRoles:
         await _send(part.report, ready)
         await server.gave_up.wait()
         raise GroupPartFailed("server_failed", server.failed or "the RPC server died")
+
+    async def _share_mb(self, serve: GroupServe) -> list[int]:
+        """What the head may allocate on each served device: the queen's grant, else (an older
+        queen) what this worker told the queen it has, else its pool's budget on each."""
+        if serve.share_mb is not None:
+            return list(serve.share_mb)
+        own = await asyncio.to_thread(self.memory_mb) if self.memory_mb is not None else None
+        if own and len(own) >= serve.devices:
+            log.info("group %s: the queen sent no share; the head may use this worker's own "
+                     "memory, %s MB", serve.group, own[:serve.devices])
+            return list(own[:serve.devices])
+        budget = max(0, int(getattr(self.pool, "budget_mb", 0)))
+        log.info("group %s: the queen sent no share; the head may use this worker's budget, "
+                 "%d MB on each of %d device(s)", serve.group, budget, serve.devices)
+        return [budget] * serve.devices
+
+    def _head_refused(self, part: GroupPart, exc: RpcRefused) -> None:
+        """The gate refused a command of the head: this part ends and the queen hears why."""
+        if part.ended or part.role != "member":
+            return
+        self._spawn(self._fail(part, "head_protocol", f"the gate refused the head's "
+                               f"{exc.command}: {exc.detail} ({exc.code})"))
 
     def _open_channel(self, message: GroupOpen, report: Report) -> None:
         """A head's channel to this member's gate, through the queen: served by the gate like

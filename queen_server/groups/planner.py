@@ -26,6 +26,9 @@ The rules, and why:
   the graphs the head sends).
 - Layers are split in proportion to each device's usable memory (the head's less the
   non-block tensors it holds), as llama.cpp splits by free memory; contiguous ranges, head first.
+- Each device's *share* (``MemberPlan.share_mb``, issue 34) is what it was planned to hold (its
+  layers with their KV cache) plus the headroom kept on it for llama.cpp's compute buffers:
+  the most its member's gate lets the head allocate there. Never more than the device claimed.
 
 On a swarm of more than ``SHORTLIST`` able workers of one build the search looks at the
 largest ones overall and per LAN (a bound on the work per plan); up to that it is exhaustive.
@@ -99,7 +102,8 @@ class Candidate:
 class MemberPlan:
     """One member's share: layers ``[start, end)``, split over its devices as
     ``device_layers`` (in its device order), and the bytes it holds (its layers' weights and
-    KV cache; the head also the non-block tensors)."""
+    KV cache; the head also the non-block tensors). ``share_mb``: per device, what it holds
+    there plus the headroom kept on it, rounded up to whole MB (empty: not planned here)."""
 
     key: str
     start: int
@@ -109,6 +113,7 @@ class MemberPlan:
     usable_bytes: int
     headroom_mb: int
     route: Route
+    share_mb: tuple[int, ...] = ()
 
     @property
     def layers(self) -> int:
@@ -149,6 +154,7 @@ class _Entry:
     headroom_mb: int
     rtt: float
     lan: str | None
+    reserves: tuple[int, ...] = ()  # bytes kept free per device (its claim less ``caps``)
 
     @property
     def key(self) -> str:
@@ -262,7 +268,8 @@ def _entry(c: Candidate, bound: int, fraction: float, reserve_mb: int) -> _Entry
     lan = c.lan.strip() if isinstance(c.lan, str) and c.lan.strip() else None
     return _Entry(c, tuple(mb * MB for mb in usable),
                   sum(min(mb, _headroom(mb, fraction, reserve_mb)) for mb in credible),
-                  min(float(rtt), MAX_RTT_MS), lan)
+                  min(float(rtt), MAX_RTT_MS), lan,
+                  tuple((mb - free) * MB for mb, free in zip(credible, usable, strict=True)))
 
 
 def _bins(model: _Model, order: Sequence[_Entry]) -> list[int] | None:
@@ -398,18 +405,24 @@ def _plan(model: _Model, found: _Found, context: int, kv: int, fraction: float,
           reserve_mb: int) -> GroupPlan:
     _, order, ends = found
     head = order[0]
+    largest = head.caps.index(max(head.caps))  # where ``_bins`` put the non-block tensors
     members = []
     device = 0
     start = 0
     for e in order:
         first = start
         counts = []
-        for _ in e.caps:
+        shares = []
+        for d, reserve in enumerate(e.reserves):
+            held = model.prefix[ends[device]] - model.prefix[start]
+            if e is head and d == largest:
+                held += model.other
             counts.append(ends[device] - start)
+            shares.append(-(-(held + reserve) // MB))
             start = ends[device]
             device += 1
         holds = model.prefix[start] - model.prefix[first] + (model.other if e is head else 0)
         members.append(MemberPlan(e.key, first, start, tuple(counts), holds, e.total,
-                                  e.headroom_mb, _route(head, e)))
+                                  e.headroom_mb, _route(head, e), tuple(shares)))
     return GroupPlan(head.key, tuple(members), str(head.candidate.build), context, kv,
                      model.need, fraction, reserve_mb, _link_ms(order))

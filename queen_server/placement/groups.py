@@ -9,8 +9,9 @@ together, in proportion to their memory, preferring one LAN (direct links) and, 
 model *group-only*: from then on routing uses no lone holder of it (``Registry.serves_model``),
 only the group's head once the group is ready.
 
-Forming a group (``Group``): each member gets ``GroupServe`` (its own one-time link token and
-its route) and is held out of routing (``Registry.set_held``); once every member answered
+Forming a group (``Group``): each member gets ``GroupServe`` (its own one-time link token, its
+route and its share per device: the most its gate lets the head allocate there) and is held
+out of routing (``Registry.set_held``); once every member answered
 ``GroupMemberReady`` (a direct member: its gate's LAN address and certificate fingerprint; a
 relayed one: no address) within
 ``group_setup_timeout_s``, the head gets ``GroupLead`` and loads the model across them; its
@@ -96,6 +97,8 @@ class GroupService:
         self.fetched: set[str] = set()
         self._unworthy_since: dict[str, float] = {}  # model -> since when (``outcomes``)
         self._cooldown: dict[str, float] = {}  # worker key -> not in a plan until
+        # member key -> when its last ``head_protocol`` report stops counting (``_blame``)
+        self._accused: dict[str, float] = {}
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()  # set (and replaced) on every change ``regrouped`` reads
         self._loop: asyncio.Task[None] | None = None
@@ -259,15 +262,8 @@ class GroupService:
                      getattr(message, "type", "?"), worker.public_id)
             return
         if isinstance(message, GroupFailed):
-            # The head (a worker the queen trusts) may name the member whose server could not
-            # hold its layers: that member claimed memory it has not, so it is left out.
-            named = [m for m in group.members.values() if m.public_id == message.member]
-            if worker is group.head and named:
-                blame = named
-            else:
-                blame = [] if message.code == "paused" else [worker]
             self.end(group, f"worker {worker.public_id} failed ({message.code}): "
-                     f"{message.message[:200]}", blame=blame)
+                     f"{message.message[:200]}", blame=self._blame(group, worker, message))
         elif isinstance(message, GroupMemberReady):
             if group.phase is Phase.FORMING and worker.key in group.members:
                 if message.relayed != group.relayed(worker.key):
@@ -282,6 +278,33 @@ class GroupService:
               and worker is group.head):
             group.load_s = message.load_s
             group.head_ready.set()
+
+    def _blame(self, group: Group, worker: Worker, message: GroupFailed) -> list[Worker]:
+        """Who a ``group_failed`` from ``worker`` leaves out of groups for a while: the sender,
+        unless the owner paused it; a member its head names (its server could not hold the
+        layers it claimed room for); the head, when a member's gate refused the head's RPC
+        commands (``head_protocol``) while the head could send any (the group loading or
+        serving). A member cannot blame a head that never reached it, nor anyone outside its
+        group, and a second such report within ``group_retry_s`` blames the member instead (a
+        lying member could otherwise bench every trusted head in turn)."""
+        if worker is group.head:
+            named = [m for m in group.members.values() if m.public_id == message.member]
+            if named:
+                return named
+        elif message.code == "head_protocol":
+            if group.phase not in (Phase.LOADING, Phase.READY):
+                return [worker]  # no head has reached it yet: the report cannot be true
+            if worker.key in self._accused:
+                log.warning("group %s: member %s blamed a second head within %.0f s; blaming "
+                            "it instead", group.id, worker.public_id,
+                            self.settings.group_retry_s)
+                return [worker]
+            self._accused[worker.key] = self.clock() + self.settings.group_retry_s
+            log.warning("group %s: member %s refused its head %s's RPC commands: %s",
+                        group.id, worker.public_id, group.head.public_id,
+                        message.message[:200])
+            return [group.head]
+        return [] if message.code == "paused" else [worker]
 
     async def on_channel(self, worker: Worker, message: GroupOpen | GroupClose) -> None:
         """A relayed channel opened by a group's head, or closed by either end."""
@@ -360,6 +383,7 @@ class GroupService:
         settings = self.settings
         now = self.clock()
         self._cooldown = {k: t for k, t in self._cooldown.items() if t > now}
+        self._accused = {k: t for k, t in self._accused.items() if t > now}
         models = self._models()
         self._forget_outcomes(models.keys() | self.by_model.keys() | self.fetching.keys(), now)
         for model, sha256 in sorted(models.items()):
@@ -425,7 +449,8 @@ class GroupService:
                     group=group.id, head=group.head.public_id, token=group.tokens[key],
                     devices=len(plans[key].device_layers), layers=plans[key].layers,
                     model=group.model,
-                    route="relayed" if group.relayed(key) else "direct"))
+                    route="relayed" if group.relayed(key) else "direct",
+                    share_mb=list(plans[key].share_mb) or None))
             async with asyncio.timeout(settings.group_setup_timeout_s):
                 await group.members_ready.wait()
             group.phase = Phase.LOADING

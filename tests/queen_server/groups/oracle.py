@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from queen_server.groups import Candidate, GroupPlan, Route, usable_mb
+from queen_server.groups.planner import MAX_CREDIBLE_MB
 from shared_schema.fitting import MB, choose_context, kv_bytes_per_layer
 from shared_schema.gguf import parse_gguf_header
 from shared_schema.gguf_shape import GgufShape, shape_of
@@ -51,6 +53,15 @@ def costs(shape: GgufShape, n_ctx: int | None = None) -> list[int]:
 
 def device_caps(c: Candidate, **headroom: Any) -> list[int]:
     return [mb * MB for mb in usable_mb(c.free_mb, **headroom)]
+
+
+def credible_mb(c: Candidate, *, max_credible_mb: int = MAX_CREDIBLE_MB,
+                **_headroom: Any) -> list[int]:
+    """Each device's claim as the planner may believe it: a finite number in
+    ``[0, max_credible_mb]``, else 0."""
+    return [int(min(max(mb, 0), max_credible_mb))
+            if isinstance(mb, int | float) and not isinstance(mb, bool) and math.isfinite(mb)
+            else 0 for mb in c.free_mb]
 
 
 def fits(shape: GgufShape, order: Sequence[Candidate], n_ctx: int | None = None,
@@ -106,11 +117,18 @@ def assert_sound(plan: GroupPlan, shape: GgufShape, pool: Sequence[Candidate],
         caps = device_caps(c, **headroom)
         assert len(member.device_layers) == len(caps)
         layer = member.start
+        claims = credible_mb(c, **headroom)
+        assert len(member.share_mb) == len(caps)
         for index, (count, cap) in enumerate(zip(member.device_layers, caps, strict=True)):
             held = sum(layer_costs[layer:layer + count])
             if c is head and index == head_caps.index(max(head_caps)):
                 held += shape.other_bytes
             assert held <= cap, f"{c.key} device {index}: {held} bytes over {cap}"
+            # its share: what it holds plus the headroom kept on it, never past its claim
+            share = member.share_mb[index]
+            assert share == -(-(held + claims[index] * MB - cap) // MB)
+            assert held <= share * MB
+            assert share <= claims[index]
             layer += count
         extra = shape.other_bytes if c is head else 0
         assert member.holds_bytes == sum(layer_costs[member.start:member.end]) + extra
