@@ -21,6 +21,7 @@ from desktop_worker import __version__
 from desktop_worker.engine.pool import ModelPool, ServableModel
 from desktop_worker.errors import GroupError, WorkerError
 from desktop_worker.fetching import Fetcher
+from desktop_worker.group_family import family_tag
 from desktop_worker.groups.lan import lan_hint
 from desktop_worker.groups.lead import GroupContexts
 from desktop_worker.groups.local import LocalGroup
@@ -344,6 +345,8 @@ class WorkerService:
                 llama_build=rpc.build if joins else None,
                 lan_hint=hint,
                 device_free_mb=devices,
+                group_family=(family_tag(settings.group_family, origin)
+                              if joins and settings.group_family else None),
                 **fields,
             )
 

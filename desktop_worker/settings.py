@@ -30,6 +30,7 @@ from pydantic_settings import (
 )
 
 from desktop_worker.errors import QueenAddressError
+from desktop_worker.group_family import normalise_family_code
 from desktop_worker.queen_url import normalise_queen_url, parse_queen_urls
 from desktop_worker.resources import resources_dir
 
@@ -185,6 +186,9 @@ class WorkerSettings(BaseSettings):
     local_group: int = Field(default=0, ge=0, le=8, description=(
         "serve models through a group of this many llama.cpp RPC servers on this machine (each "
         "in its own process, on 127.0.0.1): a demonstration of groups; 0: off"))
+    group_family: str | None = Field(default=None, description=(
+        "join model groups only with the owner's own machines: the same family code on each "
+        "(group_family.py; the app makes one); None: any trusted worker's groups"))
     lan_groups: bool = Field(default=False, description=(
         "let a group's head on this LAN reach this worker directly (its gate listens on the LAN "
         "address, over TLS); off: nothing listens beyond 127.0.0.1"))
@@ -252,6 +256,14 @@ class WorkerSettings(BaseSettings):
         if self.queen_urls and self.queen_urls[0] == self.queen_url:
             return list(self.queen_urls)
         return [self.queen_url]
+
+    @field_validator("group_family")
+    @classmethod
+    def _family(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        normalise_family_code(value)  # too short to be secret: refused, saying why
+        return value.strip()
 
     @field_validator("models", mode="before")
     @classmethod

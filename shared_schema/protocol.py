@@ -158,6 +158,13 @@ class Hello(WireModel):
         description="A hash of the worker's local network; the queen joins it to the address "
         "it sees, so only workers behind one address can share a LAN.")
     device_free_mb: DeviceFreeMb | None = Field(default=None, description=DEVICE_FREE_MB_HELP)
+    # Added for the volunteer's safety (issue 34); None from older workers and from owners who
+    # let their worker join any group.
+    group_family: str | None = Field(
+        default=None, pattern=r"^[0-9a-f]{32}$",
+        description="The owner's family of machines (an HMAC of the owner's family code and "
+        "this queen's origin): the worker joins only groups whose every part has the same "
+        "family. None: groups of workers without one.")
 
 
 class Welcome(WireModel):

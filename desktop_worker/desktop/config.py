@@ -41,6 +41,7 @@ APP_EDITABLE_FIELDS: tuple[str, ...] = (
     "active_hours",
     "join_groups",
     "lan_groups",
+    "group_family",
     "first_run_done",
 )
 

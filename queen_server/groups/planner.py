@@ -86,7 +86,9 @@ class Candidate:
     LAN. ``rtt_ms`` is the queen's measured round trip to it, None when unmeasured. ``trusted``:
     it may be a head (the queen trusts it, and it holds the model's file). ``alone_mb``: the
     memory it serves a model with by itself (its pool's budget), when that is not its devices'
-    (None: they are); a model that fits there is no group's."""
+    (None: they are); a model that fits there is no group's. ``family``: its owner's family of
+    machines (issue 34): a set never mixes families, and workers without one group only with
+    each other."""
 
     key: str
     free_mb: tuple[float, ...]
@@ -96,6 +98,7 @@ class Candidate:
     build: str | None = None
     rpc: bool = False
     alone_mb: float | None = None
+    family: str | None = None  # its owner's family (issue 34): grouped only within it
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,9 +371,10 @@ def _sources(pool: list[_Entry], need: int, limit: int) -> list[list[_Entry]]:
 
 def _search(model: _Model, able: list[_Entry], max_members: int, *, by_build: bool,
             trusted_only: bool, direct_only: bool = False) -> _Found | None:
-    pools: dict[str, list[_Entry]] = {}
-    for e in able:
-        pools.setdefault(str(e.candidate.build) if by_build else "", []).append(e)
+    pools: dict[tuple[str, str], list[_Entry]] = {}
+    for e in able:  # never across owners' families (issue 34), nor builds when asked
+        build = str(e.candidate.build) if by_build else ""
+        pools.setdefault((build, e.candidate.family or ""), []).append(e)
     limit = max(SHORTLIST, max_members)
     sources = [s for _, pool in sorted(pools.items())
                for s in _sources(pool, model.need, limit)]

@@ -598,7 +598,7 @@ class GroupService:
             out.append(Candidate(
                 key=w.key, free_mb=w.group_free_mb, alone_mb=float(w.memory_budget_mb or 0),
                 lan=w.lan, trusted=holds and self.may_head(w), build=w.llama_build,
-                rpc=RPC in w.capabilities, rtt_ms=w.rtt_ms))
+                rpc=RPC in w.capabilities, rtt_ms=w.rtt_ms, family=w.group_family))
         return out
 
     def _set_group_only(self, model: str, on: bool) -> None:

@@ -71,6 +71,7 @@ class Worker:
         "downloads",
         "flagged",
         "gpus",
+        "group_family",
         "held_by",
         "jobs",
         "key",
@@ -149,6 +150,8 @@ class Worker:
         self.llama_build: str | None = None
         self.lan_hint: str | None = None
         self.peer_host: str | None = None
+        # Its owner's family of machines (issue 34): grouped only with the same family.
+        self.group_family: str | None = None
         # The memory of each device it gives a group, MB, in its device order (a claim the
         # planner clamps), from its hello and statuses; None from older workers.
         self.device_free_mb: tuple[int, ...] | None = None
@@ -219,6 +222,7 @@ class Worker:
         self.swarm_models = hello.swarm_models
         self.llama_build = hello.llama_build
         self.lan_hint = hello.lan_hint
+        self.group_family = hello.group_family
         self.device_free_mb = (tuple(hello.device_free_mb) if hello.device_free_mb is not None
                                else None)
         free = [gpu.memory_free_mb for gpu in hello.nv_gpus if gpu.memory_free_mb is not None]

@@ -46,7 +46,8 @@ LIVE_FIELDS = ("queen_url", "ln_url")
 # Applied when earning restarts: the model store and the engine are built per Start.
 RESTART_FIELDS = ("models_dir", "disk_quota_gb", "disk_headroom_gb", "vram_cap_mb", "threads",
                   "pause_on_battery", "pause_gpu_busy_pct", "pause_fullscreen", "active_hours",
-                  "accept_fetch", "swarm_models", "join_groups", "lan_groups")
+                  "accept_fetch", "swarm_models", "join_groups", "lan_groups",
+                  "group_family")
 # How each field that applies at restart is named to the owner.
 RESTART_NAMES = {
     "models_dir": "the models folder",
@@ -62,6 +63,7 @@ RESTART_NAMES = {
     "swarm_models": "models chosen by the swarm",
     "join_groups": "helping run big models",
     "lan_groups": "direct connections on your home network",
+    "group_family": "big models with your own machines only",
 }
 
 

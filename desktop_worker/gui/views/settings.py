@@ -41,6 +41,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_worker.errors import WorkerError
+from desktop_worker.group_family import new_family_code, normalise_family_code
 from desktop_worker.groups.rpc import RpcProbe
 from desktop_worker.gui.common import plain_label
 from desktop_worker.gui.services.groups import groups_unavailable
@@ -64,6 +65,9 @@ JOIN_LABEL = "Help run big models with other workers"
 JOIN_NOTE = ("Your computer may hold part of a large model for another worker. While it does, "
              "it takes no requests of its own. You are paid for the share of the model you "
              "hold.")
+FAMILY_LABEL = "Only with my own machines"
+FAMILY_NOTE = ("Give each of your machines the same family code: they then run big models only "
+               "with each other, never with a stranger's worker. Keep the code to yourself.")
 LAN_LABEL = "Let workers on my home network connect directly"
 LAN_NOTE = ("Faster, but your computer then accepts connections from your local network; your "
             "firewall may ask you about it. Off: other workers reach it through the queen.")
@@ -220,6 +224,13 @@ class SettingsView(QWidget):
         # Big models: model groups (issue 19).
         self.join_groups = QCheckBox(JOIN_LABEL)
         self.join_note = note_label(JOIN_NOTE)
+        self.family_only = QCheckBox(FAMILY_LABEL)
+        self.family_code = QLineEdit()
+        self.family_code.setPlaceholderText("family code")
+        self.new_family = QPushButton("New code")
+        self.new_family.clicked.connect(lambda: self.family_code.setText(new_family_code()))
+        self.family_note = note_label(FAMILY_NOTE)
+        self.family_only.toggled.connect(self._groups_enabled)
         self.lan_groups = QCheckBox(LAN_LABEL)
         self.lan_note = note_label(LAN_NOTE)
         self.groups_reason = note_label()  # why this build cannot join groups ("": it can)
@@ -260,6 +271,12 @@ class SettingsView(QWidget):
         groups_box = QVBoxLayout(self.groups_group)
         groups_box.addWidget(self.join_groups)
         groups_box.addWidget(self.join_note)
+        family_row = QHBoxLayout()
+        family_row.addWidget(self.family_only)
+        family_row.addWidget(self.family_code, 1)
+        family_row.addWidget(self.new_family)
+        groups_box.addLayout(family_row)
+        groups_box.addWidget(self.family_note)
         groups_box.addWidget(self.lan_groups)
         groups_box.addWidget(self.lan_note)
         groups_box.addWidget(self.groups_reason)
@@ -283,12 +300,14 @@ class SettingsView(QWidget):
         layout.addLayout(buttons)
         self.payout.edit.textChanged.connect(self._valid_changed)
         self.hours.edit.textChanged.connect(self._valid_changed)
-        for edit in (self.queen, self.payout.edit, self.models_dir, self.hours.edit):
+        for edit in (self.queen, self.payout.edit, self.models_dir, self.hours.edit,
+                     self.family_code):
             edit.textChanged.connect(self._edited)
         for box in (self.quota, self.headroom, self.vram, self.threads, self.gpu_busy):
             box.valueChanged.connect(self._edited)
         for check in (self.at_launch, self.at_login, self.on_battery, self.fullscreen,
-                      self.accept_fetch, self.swarm_models, self.join_groups, self.lan_groups):
+                      self.accept_fetch, self.swarm_models, self.join_groups, self.lan_groups,
+                      self.family_only):
             check.toggled.connect(self._edited)
         self._loading = False
         self._saved_form: dict[str, object] = {}
@@ -316,7 +335,9 @@ class SettingsView(QWidget):
                 "accept_fetch": self.accept_fetch.isChecked(),
                 "swarm_models": self.swarm_models.isChecked(),
                 "join_groups": self.join_groups.isChecked(),
-                "lan_groups": self.lan_groups.isChecked()}
+                "lan_groups": self.lan_groups.isChecked(),
+                "family": self.family_code.text().strip() if self.family_only.isChecked()
+                else ""}
 
     def show_rpc(self, probe: RpcProbe) -> None:
         """What this build's llama.cpp can do: without its RPC backend, the group switches are
@@ -335,6 +356,11 @@ class SettingsView(QWidget):
         lan = able and self.join_groups.isChecked()
         self.lan_groups.setEnabled(lan)
         self.lan_note.setEnabled(lan)
+        self.family_only.setEnabled(lan)
+        self.family_note.setEnabled(lan)
+        family = lan and self.family_only.isChecked()
+        self.family_code.setEnabled(family)
+        self.new_family.setEnabled(family)
 
     def _headroom_changed(self, value: float) -> None:
         self.disk_note.setText(disk_note(value or self._auto_headroom_gb))
@@ -372,6 +398,8 @@ class SettingsView(QWidget):
         self.swarm_models.setChecked(settings.swarm_models)
         self.join_groups.setChecked(settings.join_groups)
         self.lan_groups.setChecked(settings.lan_groups)
+        self.family_only.setChecked(settings.group_family is not None)
+        self.family_code.setText(settings.group_family or "")
         self._groups_enabled()
 
     def browse(self) -> None:
@@ -392,6 +420,13 @@ class SettingsView(QWidget):
         except WorkerError as exc:
             self._say(f"Queen URL: {exc}", BAD)
             return False
+        family = self.family_code.text().strip() if self.family_only.isChecked() else None
+        if family is not None:
+            try:
+                normalise_family_code(family)
+            except ValueError as exc:
+                self._say(f"Family code: {exc}", BAD)
+                return False
         at_login = self.at_login.isChecked()  # read before saving reloads the form
         changes = {
             "queen_url": queen_url,
@@ -410,6 +445,7 @@ class SettingsView(QWidget):
             "swarm_models": self.swarm_models.isChecked(),
             "join_groups": self.join_groups.isChecked(),
             "lan_groups": self.lan_groups.isChecked(),
+            "group_family": family,
         }
         live, on_restart = classify_changes(self.service.settings, changes)
         earning = self.earning()

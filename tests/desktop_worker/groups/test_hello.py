@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from pydantic import ValidationError
 
+from desktop_worker.group_family import family_tag, new_family_code
 from desktop_worker.groups.lan import lan_hint, network_of
 from desktop_worker.groups.rpc import Device, NullRpc, RpcProbe
 from desktop_worker.groups.rpc_backend import LlamaRpc
@@ -57,6 +58,22 @@ async def test_a_worker_with_rpc_says_so_with_its_build_and_lan(tmp_path: Path) 
     assert hello.lan_hint is not None
     assert re.fullmatch(r"[0-9a-f]{32}", hello.lan_hint)
     assert rpc.calls == 1
+
+
+async def test_an_owners_family_is_named_only_with_rpc(tmp_path: Path) -> None:
+    """``group_family`` (issue 34): the hello names the owner's family, as a tag of the code and
+    this queen's origin; a worker that joins no group names none."""
+    code = new_family_code()
+    rpc = FixedRpc(RpcProbe(True, "ggml-0.25.3+abc/rpc-7.0.0"))
+    hello = await hello_of(tmp_path / "a", rpc, group_family=code)
+    assert hello.group_family == family_tag(code, "http://127.0.0.1:9")
+    off = await hello_of(tmp_path / "b", rpc, group_family=code, join_groups=False)
+    assert off.group_family is None
+    anyone = await hello_of(tmp_path / "c", rpc)
+    assert anyone.group_family is None
+    queen_side = Worker(key="key", public_id="key", session_id="s", max_jobs=1, models=[])
+    queen_side.note_hello(hello)
+    assert queen_side.group_family == hello.group_family
 
 
 async def test_a_worker_that_does_not_listen_on_its_lan_names_no_lan(tmp_path: Path) -> None:

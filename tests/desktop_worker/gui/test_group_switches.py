@@ -175,3 +175,28 @@ async def test_the_app_keeps_the_switches_with_rpc_or_a_broken_probe(settings_fo
         assert app._rpc_check is not None
         assert await app._rpc_check is None  # logged; the app goes on
         assert app.window.settings.join_groups.isEnabled()
+
+
+def test_only_my_own_machines_saves_a_family_code_and_refuses_a_guessable_one(settings_for,
+                                                                             qtbot) -> None:
+    """Issue 34: "Only with my own machines" with New code saves the code (the same code goes
+    on each of the owner's machines); a short code is refused, saying why, and nothing saved."""
+    view = view_for(settings_for(), qtbot)
+    assert not view.family_only.isChecked()
+    assert not view.family_code.isEnabled()  # nothing to type until the switch is on
+    view.family_only.setChecked(True)
+    assert view.family_code.isEnabled()
+    view.family_code.setText("our-rigs")
+    assert not view.apply()
+    assert "at least 16" in view.message.text()
+    view.new_family.click()
+    code = view.family_code.text()
+    assert len(code) == 29
+    assert view.apply()
+    assert json.loads(config_path().read_text())["group_family"] == code
+    again = view_for(WorkerSettings(models_dir=settings_for().models_dir), qtbot)
+    assert again.family_only.isChecked()
+    assert again.family_code.text() == code
+    again.family_only.setChecked(False)
+    assert again.apply()
+    assert json.loads(config_path().read_text())["group_family"] is None
