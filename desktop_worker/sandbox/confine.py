@@ -17,7 +17,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import resource
 import sys
 import threading
 
@@ -69,6 +68,7 @@ def data_in_use_mb() -> int:
 
 
 def _confine_linux(policy: SandboxPolicy, role: Role) -> Confinement:
+    import resource  # POSIX only: this module is imported on every system
     import signal
 
     notes: list[str] = []
