@@ -272,7 +272,8 @@ class ApiaryApp(QObject):
         if self.wizard is not None:
             settings = settings.model_copy(update={"ln_url": self.wizard.payout.field.value()})
         try:
-            service = WorkerService(settings, store=self.models.store, detector=self.detector)
+            service = WorkerService(settings, store=self.models.store, detector=self.detector,
+                                    rpc=self.rpc)  # the app's one device probe, closed at quit
         except WorkerError as exc:
             return ProbeResult(False, str(exc), "error")
         try:

@@ -20,6 +20,7 @@ import pytest
 from tests.support.module_census import loaded_packages, with_census
 from tests.support.processes import (
     base_env,
+    engine_children,
     free_port,
     health,
     queen_process,
@@ -59,8 +60,7 @@ def test_the_headless_worker_serves_without_qt_or_queen_libraries(tmp_path: Path
         wait_for(lambda: MODEL.stem in health(port).get("models", []) or not worker.alive(), 180,
                  "the worker serving SmolLM2 to the queen")
         assert worker.alive(), worker.log()
-        engines = [child for child in psutil.Process(worker.popen.pid).children()
-                   if "desktop_worker.engine_child" in child.cmdline()]
+        engines = engine_children(worker.popen.pid)
         assert engines, worker.log()  # the model is served by an engine child ...
         assert any("libllama" in line for line in maps(engines[0].pid))
         assert not any("libllama" in line for line in maps(worker.popen.pid))  # ... not here

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from tests.support.processes import (
+    engine_children,
     free_port,
     health,
     queen_process,
@@ -34,9 +35,8 @@ pytestmark = [pytest.mark.timeout(300),
 
 def engines(worker_pid: int) -> list[psutil.Process]:
     """The worker's engine children that hold the model (not its device probe)."""
-    return [child for child in psutil.Process(worker_pid).children()
-            if "desktop_worker.engine_child" in " ".join(child.cmdline())
-            and any(held.path.endswith(".gguf") for held in child.memory_maps())]
+    return [child for child in engine_children(worker_pid)
+            if any(held.path.endswith(".gguf") for held in child.memory_maps())]
 
 
 def read_until_killed(client: openai.OpenAI, engine: psutil.Process) -> list[str]:

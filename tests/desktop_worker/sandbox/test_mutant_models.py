@@ -10,9 +10,7 @@ import importlib.resources
 import sys
 import threading
 from pathlib import Path
-from typing import Any
 
-import psutil
 import pytest
 
 from desktop_worker.errors import EngineCrashed, ModelLoadError, UnsupportedRequest
@@ -20,6 +18,7 @@ from desktop_worker.sandbox.context import SandboxedContexts
 from desktop_worker.store.gguf_info import read_gguf_info
 from shared_schema.fitting import plan_load
 from tests.support.gguf_mutants import accepted_mutant_files
+from tests.support.processes import engine_children
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox")
 
@@ -53,11 +52,6 @@ def try_model(contexts: SandboxedContexts, path: Path) -> str:
     finally:
         engine.close()
     return "served"
-
-
-def engine_children() -> list[Any]:
-    return [child for child in psutil.Process().children(recursive=True)
-            if "desktop_worker.engine_child" in " ".join(child.cmdline())]
 
 
 @pytest.mark.timeout(600)
