@@ -122,6 +122,21 @@ class SandboxedContext:
             if reply is not None:
                 return reply
 
+    def _send(self, data: bytes) -> None:
+        try:
+            self.process.send(data)
+        except EngineCrashed as exc:
+            self._lost(exc)
+            raise
+
+    def _broke(self, what: str) -> EngineCrashed:
+        """A reply that passed the protocol's checks but not this command's: the child is
+        stopped, as if it had crashed."""
+        self.process.kill()
+        crash = EngineCrashed(f"the engine sent {what}", reason=f"it sent {what}")
+        self._lost(crash)
+        return crash
+
     def _lost(self, exc: EngineCrashed) -> None:
         if self._crashed:
             return
@@ -137,14 +152,9 @@ class SandboxedContext:
                continuation: str | None = None) -> Iterator[dict[str, Any]]:
         """``LlamaContext.stream`` in the child: chat.completion.chunk dicts as they come."""
         self._usage = {}
-        process = self.process
-        try:
-            process.send(process.link.stream(Stream(
-                kind="chat" if kind == "chat" else "completion", request=request,
-                continuation=continuation)))
-        except EngineCrashed as exc:
-            self._lost(exc)
-            raise
+        self._send(self.process.link.stream(Stream(
+            kind="chat" if kind == "chat" else "completion", request=request,
+            continuation=continuation)))
         while True:
             reply = self._next(cancel)
             if isinstance(reply, Chunk):
@@ -159,15 +169,10 @@ class SandboxedContext:
         return self._usage
 
     def score(self, job: ScoreRequest, cancel: threading.Event) -> Score | None:
-        process = self.process
         if job.kind not in ("chat", "completions"):
             raise UnsupportedRequest(f"a score job's kind is {job.kind!r}")
-        try:
-            process.send(process.link.score(ScoreJob(kind=job.kind,  # type: ignore[arg-type]
-                                                     request=job.request, answer=job.answer)))
-        except EngineCrashed as exc:
-            self._lost(exc)
-            raise
+        self._send(self.process.link.score(ScoreJob(
+            kind=job.kind, request=job.request, answer=job.answer)))  # type: ignore[arg-type]
         reply = self._next(cancel)
         if isinstance(reply, Failed):
             raise_failure(reply)
@@ -177,30 +182,18 @@ class SandboxedContext:
         try:
             return Score.from_data(reply.data)
         except ValueError as exc:
-            self.process.kill()
-            crash = EngineCrashed(f"the engine sent {exc}", reason=f"it sent {exc}")
-            self._lost(crash)
-            raise crash from exc
+            raise self._broke(str(exc)) from exc
 
     def embed(self, inputs: list[str] | list[list[int]]) -> tuple[list[list[float]], int]:
         if not self.embedding:
             raise UnsupportedRequest("this context was not loaded for embeddings")
-        process = self.process
-        try:
-            process.send(process.link.embed(Embed(inputs=inputs)))
-        except EngineCrashed as exc:
-            self._lost(exc)
-            raise
+        self._send(self.process.link.embed(Embed(inputs=inputs)))
         reply = self._next(None)
         if isinstance(reply, Failed):
             raise_failure(reply)
         assert isinstance(reply, Embedded)
         if len(reply.vectors) != len(inputs):
-            self.process.kill()
-            crash = EngineCrashed("the engine answered the wrong number of vectors",
-                                  reason="it answered the wrong number of vectors")
-            self._lost(crash)
-            raise crash
+            raise self._broke(f"{len(reply.vectors)} vectors for {len(inputs)} inputs")
         return reply.vectors, reply.tokens
 
     def close(self) -> None:
