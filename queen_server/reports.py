@@ -46,6 +46,7 @@ WORKER_PAYOUTS = 10  # payouts a worker's earnings list
 WORKER_JOBS = 50  # jobs on an admin's page for one worker
 HISTORY_DAYS = 30  # days in a worker's earnings chart
 RECENT_JOBS = 50  # settled jobs in a worker's earnings table
+WORKER_MODELS = 64  # models priced in a worker's earnings
 
 
 def _iso(when: float | None) -> str | None:
@@ -103,10 +104,8 @@ def _totals(state: QueenState, peers: list[Any] | None
         p50, p95 = state.stats.ttft_percentiles()
     models = []
     for name, counts in summed["models"].items():
-        price = state.price_of(name)
-        models.append({"id": name, "workers": counts["workers"], "price": {
-            "size_class": price.size_class, "prompt_msat_per_1k": price.prompt_msat_per_1k,
-            "completion_msat_per_1k": price.completion_msat_per_1k}})
+        models.append({"id": name, "workers": counts["workers"],
+                       "price": state.model_price(name).model_dump(mode="json")})
     answer = {key: summed[key] for key in merge.SUMMED}
     answer.update({
         "models": models,
@@ -179,14 +178,20 @@ async def stats(state: QueenState) -> dict[str, Any]:
 
 
 def worker_terms(state: QueenState) -> dict[str, Any]:
-    """What this queen offers a worker, for the landing page's "Run a worker" part: whether it
-    pays (keys required and a ledger kept; an open queen serves for free and pays nothing),
-    the workers' share of a job's price, and the payout threshold."""
+    """What this queen offers a worker, for the landing page's "Run a worker" part and the
+    worker's earnings: whether it pays (keys required and a ledger kept; an open queen serves
+    for free and pays nothing) and how (``mode``: lightning, automatically through its
+    Lightning backend; manual, its operator pays by hand; none), the operator's note on
+    payouts, the workers' share of a job's price, and the payout threshold."""
     settings = state.settings
     pays = settings.auth == "keys" and state.billing.ledger is not None
-    return {"pays": pays, "open": settings.auth == "open",
+    mode = "none" if not pays else (
+        "lightning" if settings.lightning_backend != "none" else "manual")
+    return {"pays": pays, "open": settings.auth == "open", "mode": mode,
+            "note": settings.payout_note,
             "worker_share": settings.worker_share,
             "payout_threshold_sats": settings.payout_threshold_sats,
+            "payout_interval_s": settings.payout_interval_s,
             "escrow_jobs": settings.escrow_jobs}
 
 
@@ -448,6 +453,7 @@ async def worker_earnings(state: QueenState, pubkey: str, now: datetime) -> Work
         datetime(first.year, first.month, first.day, tzinfo=UTC))
     daily, recent = earnings_history(credits, midnight.date())
     terms = worker_terms(state)
+    pays = bool(terms["pays"])
     return WorkerEarnings(
         worker_id=public_id(pubkey),
         jobs_settled=settled,
@@ -462,11 +468,29 @@ async def worker_earnings(state: QueenState, pubkey: str, now: datetime) -> Work
         week_msat=sum(d.earned_msat for d in daily[-7:]),
         daily=daily,
         recent_jobs=recent,
-        pays_workers=terms["pays"],
-        payout_threshold_msat=int(terms["payout_threshold_sats"]) * 1000 if terms["pays"]
-        else None,
+        pays_workers=pays,
+        payout_threshold_msat=int(terms["payout_threshold_sats"]) * 1000 if pays else None,
         audit=await state.audits.view_of(pubkey),
+        payout_mode=terms["mode"],
+        payout_note=terms["note"],
+        payout_address=await queries.payout_address(store.engine, pubkey) if pays else None,
+        payout_interval_s=terms["payout_interval_s"] if pays else None,
+        # The worker's names were read when it joined: pricing them starts no hub reading.
+        models=[state.pricer.worker_price(name, state.settings.worker_share, pays)
+                for name in (await worker_models(state, pubkey))[:WORKER_MODELS]],
     )
+
+
+async def worker_models(state: QueenState, pubkey: str) -> list[str]:
+    """The models a worker holds now, as the replica it is connected to knows them (none
+    while it is not connected)."""
+    session = state.registry.get(pubkey)
+    if session is not None:
+        return sorted(session.cached)
+    for row in await _peers(state, "worker_key", pubkey):
+        if isinstance(row, dict) and row.get("online"):
+            return [name for name in _list(row.get("models")) if isinstance(name, str)]
+    return []
 
 
 def earnings_history(

@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 
 from queen_server.audits.service import AuditService
 from queen_server.billing.pricing import Price
+from queen_server.billing.quotes import Quote
 from queen_server.billing.service import Billing
 from queen_server.catalog import ModelCatalog
 from queen_server.placement.groups import GroupService
 from queen_server.placement.service import PlacementService
+from queen_server.quoting import Pricer
 from queen_server.settings import QueenSettings
 from queen_server.stats.metrics import Metrics
 from queen_server.stats.swarm import SwarmStats
@@ -19,6 +21,7 @@ from queen_server.storage.engine import Database
 from queen_server.swarm.dispatch import Dispatcher
 from queen_server.swarm.jobs import JobHandle
 from queen_server.swarm.registry import Registry
+from shared_schema import ModelPrice
 
 if TYPE_CHECKING:
     from queen_server.replicas import Replicas
@@ -37,14 +40,25 @@ class QueenState:
     audits: AuditService
     placement: PlacementService
     groups: GroupService
+    pricer: Pricer
     replicas: Replicas | None = None  # the other queen replicas (issue 18), with a Redis
 
-    def price_of(self, model: str) -> Price:
-        """The model's price: the operator's class for it, else by the size the queen read
-        itself (``catalog``), else the class for unverified models. Starts a reading of a hub
-        model that has no fresh one; a billed request ``settle``s the catalog first."""
+    def quote_of(self, model: str) -> Quote:
+        """The model's price and why (``billing.quotes``): the operator's class for it, else
+        by the size the queen read itself (``catalog``), else bounded by its holders' files,
+        else the class for unverified models. Starts a reading of a hub model that has no
+        fresh one; a billed request ``settle``s the catalog first."""
         self.catalog.refresh(model)
-        return self.billing.prices.for_model(model, self.catalog.parameter_count(model))
+        return self.pricer.quote(model)
+
+    def price_of(self, model: str) -> Price:
+        """``quote_of``'s price."""
+        return self.quote_of(model).price
+
+    def model_price(self, model: str) -> ModelPrice:
+        """``quote_of`` as the wire shows it: class, rates, basis and reason."""
+        self.catalog.refresh(model)
+        return self.pricer.model_price(model)
 
 
 class DispatchStats:

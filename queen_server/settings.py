@@ -24,6 +24,7 @@ DB_FORMS = "sqlite:///queen.db, sqlite:////abs/path.db or postgresql://user:pass
 ASYNC_DRIVERS = {"sqlite": "aiosqlite", "postgresql": "asyncpg"}
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 _REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+PAYOUT_NOTE_MAX = 160  # characters: one line in the worker's app
 
 
 def default_db_url() -> str:
@@ -234,6 +235,10 @@ class QueenSettings(BaseSettings):
     billing_refresh_s: float = Field(default=2.0, gt=0)
     # Payouts. "none" records payouts due for an admin to settle by hand.
     lightning_backend: Literal["none", "lnbits"] = "none"
+    # What the operator tells its workers about payouts, shown in their app's Earnings tab:
+    # who pays, how and when, whom to ask ("Paid by hand each Friday; ask bob@example.com").
+    # One line of at most 160 characters.
+    payout_note: str | None = Field(default=None, max_length=PAYOUT_NOTE_MAX)
     lnbits_url: str | None = None
     lnbits_admin_key: str | None = None
     payout_threshold_sats: int = Field(default=1000, ge=1)
@@ -284,6 +289,15 @@ class QueenSettings(BaseSettings):
             for url in value:
                 queen_origin(url)  # InvalidQueenUrl is a ValueError: a clear start-up error
         return value
+
+    @field_validator("payout_note")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in value):
+            raise ValueError("the payout note is one line of text, with no control characters")
+        return " ".join(value.split())
 
     @field_validator("db")
     @classmethod

@@ -36,6 +36,7 @@ from shared_schema.openai_types import (
     PayoutView,
     Usage,
     WorkerEarnings,
+    WorkerModelPrice,
 )
 from shared_schema.payout_address import (
     InvalidPayoutAddress,
@@ -134,6 +135,7 @@ __all__ = [
     "Usage",
     "Welcome",
     "WorkerEarnings",
+    "WorkerModelPrice",
     "check_payout_address",
     "decode",
     "earnings_auth_payload",

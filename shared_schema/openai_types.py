@@ -111,11 +111,20 @@ class EmbeddingResponse(LenientModel):
 
 
 class ModelPrice(WireModel):
-    """What a model costs, in millisatoshis per 1,000 tokens."""
+    """What a model costs, in millisatoshis per 1,000 tokens, and why."""
 
     size_class: str
     prompt_msat_per_1k: int = Field(ge=0)
     completion_msat_per_1k: int = Field(ge=0)
+    basis: str | None = Field(
+        default=None, description="Why this class: operator (the operator's price file names "
+        "the model), verified (the queen read the model's file on the hub), same_file (its "
+        "workers hold a file the queen read on the hub under another name), file_size (bounded "
+        "by the size of the file its workers report) or unverified (the class for models the "
+        "queen cannot read, by default the largest); null from an older queen.")
+    reason: str | None = Field(default=None, description="The same in words, e.g. \"unverified: "
+                               "the queen could not read this model's file on the hub, so it "
+                               "is priced as the largest class (xxl)\".")
 
 
 class ModelAvailability(WireModel):
@@ -200,6 +209,19 @@ class AuditStanding(WireModel):
                                        "reason, when flagged.")
 
 
+class WorkerModelPrice(WireModel):
+    """One of the worker's models as this queen prices it (``WorkerEarnings.models``)."""
+
+    name: str = Field(min_length=1)
+    price: ModelPrice
+    earn_msat_per_1k_tokens: int = Field(
+        ge=0, description="What the worker earns per 1,000 completion tokens of it, after the "
+        "queen's fee (0: the queen does not pay).")
+
+
+PAYOUT_MODES = ("lightning", "manual", "none")
+
+
 class WorkerEarnings(WireModel):
     worker_id: str
     jobs_settled: int = Field(ge=0)
@@ -225,3 +247,18 @@ class WorkerEarnings(WireModel):
         "this much; null when the queen does not say.")
     audit: AuditStanding | None = Field(
         default=None, description="This worker's audit standing; null from an older queen.")
+    payout_mode: str | None = Field(
+        default=None, description="How this queen pays: lightning (automatically, to the "
+        "worker's payout address), manual (its operator pays by hand) or none (it does not "
+        "pay); null from an older queen. A worker treats a mode it does not know as unsaid.")
+    payout_note: str | None = Field(
+        default=None, description="The operator's word to its workers about payouts "
+        "(APIARY_PAYOUT_NOTE): who pays, how, when, whom to ask.")
+    payout_address: str | None = Field(
+        default=None, description="The payout address this queen holds for the worker (from "
+        "its hello): where its payouts go. Null: none, so it is not paid.")
+    payout_interval_s: float | None = Field(
+        default=None, gt=0, description="How often the queen pays what is due.")
+    models: list[WorkerModelPrice] = Field(
+        default_factory=list, description="The worker's models on this queen (those it holds "
+        "now, connected), each with its price and why.")

@@ -11,6 +11,10 @@ app checks its settings field live with ``check_payout_address``, by the same ru
   decoded to its URL, which must be ``https`` (or ``http`` for a ``.onion`` host).
 * ``None``, ``""`` or whitespace: the worker does not want to be paid.
 
+What owners paste instead gets a reason that says what it is (``_what_it_is``): an on-chain
+Bitcoin address (``bc1...``, ``1...``, ``3...``, or a ``bitcoin:`` link; Apiary pays over
+Lightning) or a Lightning invoice (``lnbc...``; it can be paid only once).
+
 ``insecure_hosts`` lets tests point addresses at a local fake: a Lightning address on such a host
 may carry a port (``alice@127.0.0.1:8080``) and resolves to ``http://``; an LNURL may decode to
 an ``http://`` URL on such a host. Nothing here touches the network.
@@ -18,6 +22,7 @@ an ``http://`` URL on such a host. Nothing here touches the network.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import logging
 import re
@@ -31,7 +36,9 @@ from bech32 import bech32_decode, convertbits
 from shared_schema.errors import SchemaError
 
 __all__ = [
+    "INVOICE",
     "MAX_ADDRESS_CHARS",
+    "ON_CHAIN",
     "InvalidPayoutAddress",
     "PayoutAddress",
     "check_payout_address",
@@ -43,11 +50,20 @@ logger = logging.getLogger(__name__)
 
 MAX_ADDRESS_CHARS = 2000
 _NOT_AN_ADDRESS = "not a Lightning address (name@domain) or an LNURL (lnurl1...)"
+_USE_INSTEAD = "use a Lightning address like you@wallet.com or an LNURL (lnurl1...)"
+ON_CHAIN = f"that is an on-chain Bitcoin address; Apiary pays over Lightning: {_USE_INSTEAD}"
+INVOICE = f"{_NOT_AN_ADDRESS}: that is a Lightning invoice, which can be paid only once"
 
 _NAME = re.compile(r"[a-z0-9\-_.+]+")
 _LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 _TLD = re.compile(r"[a-z]{2,63}|xn--[a-z0-9-]{1,59}")
 _PORT = re.compile(r"[0-9]{1,5}")
+# On-chain Bitcoin addresses: segwit (bech32, mainnet, testnet, regtest) and legacy base58.
+_SEGWIT = re.compile(r"(?:bc|tb|bcrt)1[ac-hj-np-z02-9]{6,87}", re.IGNORECASE)
+_LEGACY = re.compile(r"[13mn2][1-9A-HJ-NP-Za-km-z]{25,34}")
+_BASE58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+# BOLT 11 invoices: ln + a network (bc, tb, tbs, bcrt, sb) + an amount or the separator.
+_INVOICE = re.compile(r"ln(?:bc|tbs|tb|bcrt|sb)[0-9a-z]*1[ac-hj-np-z02-9]{20,}", re.IGNORECASE)
 
 
 class InvalidPayoutAddress(SchemaError, ValueError):
@@ -87,7 +103,7 @@ def parse_payout_address(
     if "@" in body:
         url = _lightning_address_url(body, insecure)
         return PayoutAddress(kind="lightning_address", original=original, url=url)
-    raise InvalidPayoutAddress(_NOT_AN_ADDRESS)
+    raise InvalidPayoutAddress(_what_it_is(body))
 
 
 def check_payout_address(text: str | None) -> str | None:
@@ -98,6 +114,31 @@ def check_payout_address(text: str | None) -> str | None:
     except InvalidPayoutAddress as exc:
         return exc.message
     return None
+
+
+def _what_it_is(text: str) -> str:
+    """Why ``text`` (neither an address nor an LNURL) is refused: what it looks like when it is
+    something a wallet shows (an on-chain address, an invoice), else the plain refusal."""
+    if text[:8].lower() == "bitcoin:":  # a BIP 21 link: the address, then ?amount=...
+        return ON_CHAIN
+    if _INVOICE.fullmatch(text):
+        return INVOICE
+    if _SEGWIT.fullmatch(text) or (_LEGACY.fullmatch(text) and _base58check(text)):
+        return ON_CHAIN
+    return _NOT_AN_ADDRESS
+
+
+def _base58check(text: str) -> bool:
+    """Whether ``text`` is base58 whose last 4 bytes are the double-SHA256 checksum of the rest
+    (a legacy address, not just any string of those letters)."""
+    number = 0
+    for char in text:
+        number = number * 58 + _BASE58_ALPHABET.index(char)
+    raw = number.to_bytes(25, "big") if number < 1 << 200 else b""
+    if len(raw) != 25:
+        return False
+    body, checksum = raw[:-4], raw[-4:]
+    return hashlib.sha256(hashlib.sha256(body).digest()).digest()[:4] == checksum
 
 
 def _lightning_address_url(text: str, insecure: set[str]) -> str:

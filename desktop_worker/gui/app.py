@@ -7,8 +7,12 @@ the link closes) before the loop ends.
 
 The first-run wizard's Finish is ``finish_setup``: save the choices, get the model (download or
 import), start; a failure goes back to the wizard in plain words. When Start is skipped or
-fails, the header says why and offers the fix (``Header.fix_requested``: Choose a model,
-Retry download, Open Settings).
+fails, the header says why and offers the fix (``Header.fix_requested``: Add a model,
+Retry download, Fix the queen URL or the payout address, Retry now, Resume).
+
+Start at launch follows the owner's last word (issue 35, ``owner_toggle``): the wizard's Start
+Earning and a Start from the header or the tray turn it on, a Stop from them turns it off, so
+after a reboot the worker earns again unless its owner had stopped it.
 
 At launch, whether this build's llama.cpp has its RPC backend is probed in a thread (the same
 ``RpcSupport`` every run's worker uses), so the Settings tab can grey out the model-group
@@ -116,15 +120,17 @@ class ApiaryApp(QObject):
         self.header = Header(self.controller, self.icons)
         self.hardware_view = HardwareView()
         self.window = MainWindow(
-            self.header, self.hardware_view, ModelsView(self.models),
+            self.header, self.hardware_view, ModelsView(self.models, self.earnings),
             JobsView(self.controller, self.earnings), EarningsView(self.earnings),
-            SettingsView(self.settings_service, earning=lambda: self.controller.running),
+            SettingsView(self.settings_service, earning=lambda: self.controller.running,
+                         tester=self.probe_queen),
             LogsView(self.logs),
             on_hidden=self._hidden,
         )
         self.window.setWindowIcon(self.icons.app())
         self.tray = Tray(self.controller, self.earnings, self.icons,
-                         open_window=self.show_window, quit_app=self.quit)
+                         open_window=self.show_window, quit_app=self.quit,
+                         toggle=self.owner_toggle)
         self._told_hidden = False
         self._quit = asyncio.Event()
         self._ticker = QTimer(self)
@@ -148,6 +154,9 @@ class ApiaryApp(QObject):
         self.settings_service.changed.connect(self._on_settings)
         self.hardware_view.refresh_button.clicked.connect(lambda: spawn(self.detect()))
         self.header.fix_requested.connect(self.fix)
+        self.header.toggle_requested.connect(self.owner_toggle)
+        self.models.models_changed.connect(lambda _models: self.header.refresh())
+        self.settings_service.at_launch_changed.connect(self._on_at_launch)
         self.window.settings.reconnect.connect(lambda: spawn(self.controller.restart()))
         self.window.settings.restart_requested.connect(
             lambda: spawn(self.controller.restart()))
@@ -179,6 +188,27 @@ class ApiaryApp(QObject):
             self.open_wizard()
         elif self.settings.start_earning_at_launch:
             self.controller.start()
+
+    def owner_toggle(self) -> None:
+        """Start Earning / Stop from the header or the tray: done, and remembered, so earning
+        resumes at the next launch after a Start and a deliberate Stop survives a relaunch."""
+        starting = not self.controller.running
+        if starting:
+            self.controller.start()
+        else:
+            self.controller.stop(by_owner=True)
+        self._remember_start(starting)
+
+    def _remember_start(self, on: bool) -> None:
+        try:
+            self.settings_service.remember_start_at_launch(on)
+        except WorkerError as exc:  # earning goes on; only the next launch may differ
+            log.warning("could not save whether to start earning at launch: %s", exc)
+
+    def _on_at_launch(self, on: bool) -> None:
+        self.controller.settings = self.settings
+        self.window.settings.show_at_launch(on)
+        self.header.refresh()
 
     async def detect(self) -> HardwareReport | None:
         try:
@@ -246,7 +276,8 @@ class ApiaryApp(QObject):
                                      logo=self.icons.pixmap("app", 48), tester=self.test_queen,
                                      cancel_work=self.models.cancel,
                                      demand_source=self.demand_source,
-                                     held=lambda: {m.name for m in self.models.store.list()})
+                                     held=lambda: {m.name for m in self.models.store.list()},
+                                     hub_check=self.models.hub_problem)
         self.wizard.show_hardware(self.hardware, self.settings.vram_cap_mb)
         self.models.progress.connect(self.wizard.ready.show_progress)
         self.wizard.rejected.connect(self._wizard_closed)
@@ -260,6 +291,13 @@ class ApiaryApp(QObject):
     async def test_queen(self, url: str) -> ProbeResult:
         """The wizard's "Test connection": the real handshake, with the hello a Start sends
         (this worker's key, hardware and models, and the payout address typed)."""
+        ln_url = self.wizard.payout.field.value() if self.wizard is not None \
+            else self.settings.ln_url
+        return await self.probe_queen(url, ln_url)
+
+    async def probe_queen(self, url: str, ln_url: str | None) -> ProbeResult:
+        """Test connection (the wizard's and the Settings tab's): the real handshake with
+        ``url``, saying ``ln_url`` as the payout address."""
         service = self.controller.service
         if (self.controller.link_state == "connected" and service is not None
                 and url == self.settings.queen_url):
@@ -268,9 +306,7 @@ class ApiaryApp(QObject):
             who = f" (worker id {welcome.worker_id})" if welcome is not None else ""
             return ProbeResult(True, f"connected: this worker is earning on this queen now{who}",
                                "ok", welcome.worker_id if welcome is not None else None)
-        settings = self.settings.model_copy(update={"queen_url": url})
-        if self.wizard is not None:
-            settings = settings.model_copy(update={"ln_url": self.wizard.payout.field.value()})
+        settings = self.settings.model_copy(update={"queen_url": url, "ln_url": ln_url})
         try:
             service = WorkerService(settings, store=self.models.store, detector=self.detector,
                                     rpc=self.rpc)  # the app's one device probe, closed at quit
@@ -286,7 +322,7 @@ class ApiaryApp(QObject):
         worked, else why not, in plain words (the wizard shows it with Retry)."""
         try:
             self.settings_service.update(ln_url=choices.ln_url, queen_url=choices.queen_url,
-                                         first_run_done=True, **choices.disk_settings())
+                                         **choices.disk_settings())
         except WorkerError as exc:
             return f"Could not save your settings: {exc}"
         problem = await self._get_model(choices)
@@ -294,15 +330,17 @@ class ApiaryApp(QObject):
             self._retry = choices
             return problem
         self._retry = None
+        self.settings_service.update(first_run_done=True)  # only once it worked (issue 35)
         self.header.clear_problem()
         if choices.start:
+            self._remember_start(True)  # the wizard's Start: earning resumes at each launch
             self.controller.start()
         return None
 
     async def _get_model(self, choices: WizardChoices) -> str | None:
         if choices.local_file is not None:
             self._say_in_wizard(f"Importing {choices.local_file.name} (copying and hashing)…")
-            error = await self.models.import_file(Path(choices.local_file))
+            error = await self.models.import_file(Path(choices.local_file), choices.local_name)
             return None if error is None else \
                 f"Could not use {choices.local_file.name}: {error}"
         model = choices.model
@@ -347,6 +385,16 @@ class ApiaryApp(QObject):
             self.window.show_tab("Models")
         elif key == "settings":
             self.window.show_tab("Settings")
+        elif key == "queen_url":
+            self.window.show_tab("Settings")
+            self.window.settings.queen.setFocus()
+            self.window.settings.queen.selectAll()
+        elif key == "payout":
+            self.open_payout_setting()
+        elif key == "retry":
+            self.controller.retry_now()
+        elif key == "resume":
+            self.controller.resume()
         elif key == "retry_download":
             spawn(self.retry_download())
 

@@ -23,18 +23,6 @@ log = logging.getLogger(__name__)
 # --- numbers --------------------------------------------------------------------------------------
 
 
-def sats(msat: int) -> str:
-    """Millisatoshis as sats: ``1,234 sats``, or with the msat shown while under 100 sats
-    (``0.042 sats``: a small model's job earns a fraction of a sat)."""
-    return f"{sats_number(msat)} sats"
-
-
-def sats_number(msat: int) -> str:
-    if msat % 1000 == 0 or msat >= 100_000:
-        return f"{msat // 1000:,}"
-    return f"{msat / 1000:,.3f}".rstrip("0").rstrip(".")
-
-
 def size(n: int | float | None) -> str:
     """Bytes in binary units (``1.5 GB`` means GiB, as the rest of the worker counts)."""
     if n is None:

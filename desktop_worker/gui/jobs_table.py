@@ -3,6 +3,10 @@
 Widget-free (QtCore and QtGui only), so it is tested without a window: the rows, what each cell
 shows and the sats rule live here, and ``views/jobs.py`` only lays out a ``QTableView`` over it.
 
+The line above the table (``jobs_summary``) says what is true (issue 35): this session's jobs,
+or none since the app opened while the queen has settled earlier ones (the header's sats), and
+it points at Start Earning only while the worker is not earning.
+
 Sats come from the queen (``recent_jobs`` in the earnings answer), joined on the job's request
 id once it is settled. Jobs settle in order, so a finished job older than a settled one that the
 queen lists no earnings for earned nothing (a new worker's first job is its proof of work).
@@ -18,8 +22,8 @@ from typing import Any
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 from PySide6.QtGui import QColor
 
-from desktop_worker.gui.common import sats_number
 from desktop_worker.gui.services.worker import JobStart
+from desktop_worker.gui.units import sats_number
 from desktop_worker.jobs import JobRecord
 
 COLUMNS = ("Started", "Model", "Prompt tokens", "Completion tokens", "Tokens/s", "Duration",
@@ -39,6 +43,21 @@ OUTCOME_COLOURS = {RUNNING: "#1d4ed8", "ok": "#166534"}
 FAILED_COLOUR = "#b91c1c"
 
 Index = QModelIndex | QPersistentModelIndex
+
+
+def jobs_summary(*, served: int, tokens: int, earning: bool, settled_before: bool) -> str:
+    """The Jobs tab's line: this session's count, else why the table is empty. ``earning``:
+    the worker runs; ``settled_before``: the queen has settled jobs of this worker (earlier
+    sessions, shown in the Earnings tab and the header's Today)."""
+    if served:
+        return f"{served:,} job(s) served since the app opened, {tokens:,} tokens generated."
+    if settled_before:
+        head = "No jobs since the app opened; earlier ones are in the Earnings tab."
+    else:
+        head = "No jobs yet."
+    if earning:
+        return f"{head} Jobs appear here as the queen sends them."
+    return f"{head} Click Start Earning and jobs appear here as the queen sends them."
 
 
 @dataclass

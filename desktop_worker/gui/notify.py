@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from desktop_worker.gui.services.audit import AuditStanding, audit_text
 from desktop_worker.gui.services.sandbox import crash_text
+from desktop_worker.gui.units import sats
 from shared_schema import PayoutView
 
 
@@ -31,13 +32,6 @@ class Notice:
     title: str
     message: str
     level: str = "info"  # info, warning, error
-
-
-def _sats(msat: int) -> str:
-    """Sats as the app writes them (kept here so the policy needs no Qt import)."""
-    if msat % 1000 == 0 or msat >= 100_000:
-        return f"{msat // 1000:,} sats"
-    return f"{msat / 1000:,.3f}".rstrip("0").rstrip(".") + " sats"
 
 
 class NotificationPolicy:
@@ -79,7 +73,7 @@ class NotificationPolicy:
                 or self._address_told):
             return None
         self._address_told = True
-        return Notice("Add a payout address", f"The queen owes you {_sats(owed_msat)} but "
+        return Notice("Add a payout address", f"The queen owes you {sats(owed_msat)} but "
                       "you have set no Lightning payout address, so it cannot pay you. Add one "
                       "in Settings.", "warning")
 

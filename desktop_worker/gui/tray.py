@@ -1,5 +1,9 @@
 """The tray icon: one icon per state, a tooltip with the status and today's sats, and a menu
-(Start/Stop Earning, Open Apiary, today's sats, Quit) rebuilt every time it opens. While the
+(Start/Stop Earning, Pause/Resume Earning, Open Apiary, today's sats, Quit) rebuilt every time
+it opens. Start and Stop are the app's (``toggle``: it remembers whether to start at the next
+launch). Pause (issue 35) pauses this run only (``WorkerController.pause``, ``TRAY_PAUSE``), the
+queen told why, until Resume or the next Stop; it is offered while earning and not paused by
+the owner's settings, whose pauses lift by themselves. While the
 owner's controls pause the worker (issue 17), the icon is the paused one and the tooltip and
 the menu say why ("Paused: on battery"). While the worker serves a model group (issue 19), the
 tooltip and the menu say what it does for it, the queen's model name kept from being read as
@@ -17,7 +21,12 @@ from desktop_worker.gui.common import Icons, notification_text
 from desktop_worker.gui.notify import Notice
 from desktop_worker.gui.services.earnings import EarningsService, today_text
 from desktop_worker.gui.services.groups import tooltip_safe
-from desktop_worker.gui.services.worker import TrayState, WorkerController, status_text
+from desktop_worker.gui.services.worker import (
+    TRAY_PAUSE,
+    TrayState,
+    WorkerController,
+    status_text,
+)
 
 LEVELS = {
     "info": QSystemTrayIcon.MessageIcon.Information,
@@ -35,10 +44,13 @@ class Tray(QObject):
         *,
         open_window: Callable[[], None],
         quit_app: Callable[[], None],
+        toggle: Callable[[], None] | None = None,
         parent: QObject | None = None,
     ) -> None:
+        """``toggle``: Start/Stop Earning (None: the controller's own)."""
         super().__init__(parent)
         self.controller = controller
+        self.toggle = toggle or controller.toggle
         self.earnings = earnings
         self.icons = icons
         self.open_window = open_window
@@ -84,7 +96,23 @@ class Tray(QObject):
         reason = self.controller.paused
         if self.state != TrayState.PAUSED.value or not reason:
             return ""
-        return f"Paused: {reason}"
+        return "Paused from the tray" if reason == TRAY_PAUSE else f"Paused: {reason}"
+
+    def pause_action(self) -> str | None:
+        """"Pause Earning" while earning unpaused, "Resume Earning" after the tray's Pause;
+        None otherwise (stopped, starting, or paused by the owner's settings)."""
+        if self.state == TrayState.PAUSED.value:
+            return "Resume Earning" if self.controller.paused == TRAY_PAUSE else None
+        if self.state in (TrayState.IDLE.value, TrayState.WORKING.value,
+                          TrayState.CONNECTING.value) and self.controller.service is not None:
+            return "Pause Earning"
+        return None
+
+    def pause_or_resume(self) -> None:
+        if self.state == TrayState.PAUSED.value:
+            self.controller.resume()
+        else:
+            self.controller.pause(TRAY_PAUSE)
 
     def group_text(self) -> str:
         """What the worker does for a model group, while earning in one, else ""."""
@@ -101,7 +129,11 @@ class Tray(QObject):
         self.menu.clear()
         running = self.controller.running
         toggle = self.menu.addAction("Stop Earning" if running else "Start Earning")
-        toggle.triggered.connect(self.controller.toggle)
+        toggle.triggered.connect(self.toggle)
+        pause_text = self.pause_action()
+        pause = self.menu.addAction(pause_text) if pause_text else None
+        if pause is not None:
+            pause.triggered.connect(self.pause_or_resume)
         open_action = self.menu.addAction("Open Apiary")
         open_action.triggered.connect(self.open_window)
         today = self.menu.addAction(self.today_text())
@@ -121,6 +153,8 @@ class Tray(QObject):
                         "quit": quit_action}
         if why is not None:
             self.actions["paused"] = why
+        if pause is not None:
+            self.actions["pause"] = pause
         if group is not None:
             self.actions["group"] = group
 

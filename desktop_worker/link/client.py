@@ -7,7 +7,11 @@ failed, and a session that had been welcomed is retried within about a second, s
 whose replica was killed is back on another within seconds.
 
 The hello is signed for the origin of the URL the connection actually reached (the configured
-one, or where the queen's redirect led: websockets follows them), never one the queen names."""
+one, or where the queen's redirect led: websockets follows them), never one the queen names.
+
+``retry_now`` cuts the wait before the next attempt short (the app's "Retry now", issue 35): the
+backoff's sleep waits on that event as well as on ``stop``. The backoff itself goes on as it
+was, so an owner's retry that fails does not reset the wait."""
 
 from __future__ import annotations
 
@@ -178,6 +182,7 @@ class LinkClient:
         self._link: Link | None = None
         self._max_jobs = 0
         self._status_now = asyncio.Event()
+        self._retry_now = asyncio.Event()  # the owner's "Retry now": end the wait at once
         self.state = "stopped"
         self.welcome: Welcome | None = None  # the last session's
         self._ws: ClientConnection | None = None
@@ -215,11 +220,30 @@ class LinkClient:
                 break
             delay = rotation.after_attempt(welcomed=self._session_up,
                                            session_s=time.monotonic() - started)
+            self._retry_now.clear()
             self._set_state("disconnected", f"reconnecting in {delay:.1f} s")
             log.info("reconnecting to the queen in %.1f s (%s)", delay, rotation.current)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay)
+            await self._wait_to_retry(stop, delay)
         self._set_state("stopped")
+
+    def retry_now(self) -> bool:
+        """Dial again at once instead of waiting out the backoff. True when a wait was cut
+        short; False when the link is not waiting to reconnect (connecting, connected,
+        stopped), where there is nothing to cut."""
+        if self.state != "disconnected":
+            return False
+        log.info("retrying the queen now (asked by the owner)")
+        self._retry_now.set()
+        return True
+
+    async def _wait_to_retry(self, stop: asyncio.Event, delay_s: float) -> None:
+        """Sleep ``delay_s``, or less: until ``stop`` or ``retry_now``."""
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._retry_now.wait())]
+        try:
+            await asyncio.wait(waits, timeout=delay_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     async def _connect_and_serve(self, stop: asyncio.Event) -> None:
         hello_for, max_jobs = await self.hello_for()

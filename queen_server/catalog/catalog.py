@@ -10,6 +10,11 @@ repo) until ``ttl_s``, one that may pass (the hub out of reach) until ``retry_s`
 the model is priced as unverified, and a fresh failure never erases an earlier good reading of
 the same name unless the hub said the name is gone.
 
+Good readings are also kept by the sha256 of the file read (``same_file``): a worker that
+imported that very file under a name of its own can then be priced by the queen's reading of it
+(``queen_server.quoting``). ``version`` changes whenever a reading does, for callers that cache
+what they derive from the readings.
+
 Remembered failures are the queen's negative cache: a name the hub lacks is answered from it
 (``remembered_failure``) with no hub request until it expires, so a flood of made-up names costs
 one hub request per name per ``ttl_s`` (``retry_s`` for a hub out of reach). They are kept apart
@@ -104,6 +109,9 @@ class ModelCatalog:
         # repo that changes later does not change what workers fetch or what routing accepts.
         self._pins: OrderedDict[str, ModelFacts] = OrderedDict()
         self._headers: OrderedDict[str, HeaderFacts] = OrderedDict()  # by sha256
+        # Good readings by the sha256 of the file a worker loads (the first part).
+        self._by_file: OrderedDict[str, ModelFacts] = OrderedDict()
+        self.version = 0  # changes whenever a reading is remembered
         self._pending: dict[str, asyncio.Task[None]] = {}
         self._local: set[str] = set()  # names seen that are not hub names
         self._gate = asyncio.Semaphore(concurrency)
@@ -119,6 +127,11 @@ class ModelCatalog:
     def parameter_count(self, name: str) -> int | None:
         facts = self.facts(name)
         return facts.parameter_count if facts is not None else None
+
+    def same_file(self, sha256: str) -> ModelFacts | None:
+        """The queen's latest good reading of a hub model whose file has this sha256 (the
+        first part of a split model), under whatever name it was read; None if none."""
+        return self._by_file.get(sha256)
 
     def status(self, name: str) -> Status:
         if hub_name(name) is None:
@@ -244,6 +257,9 @@ class ModelCatalog:
         logger.info("read %s: %s parameters in %s (sha256 %s…)", name,
                     f"{facts.parameter_count:,}", ", ".join(facts.paths), facts.sha256[:12])
         self._remember(name, Reading(facts, None, now + self.ttl_s))
+        self._by_file[facts.sha256] = facts
+        self._by_file.move_to_end(facts.sha256)
+        _trim(self._by_file, self.max_entries)
         if name not in self._pins:
             self._pins[name] = facts
             _trim(self._pins, self.max_entries)
@@ -286,6 +302,7 @@ class ModelCatalog:
                        else (self._failures, self._readings))
         other.pop(name, None)
         kept[name] = reading
+        self.version += 1
         kept.move_to_end(name)
         _trim(kept, self.max_entries)
 

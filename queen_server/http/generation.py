@@ -84,7 +84,7 @@ async def hold_price(state: QueenState, model: str) -> Price:
     prices, catalog = state.billing.prices, state.catalog
     await catalog.awaited(model)
     if catalog.known(model) or model in prices.models:
-        return prices.for_model(model, catalog.parameter_count(model))
+        return state.pricer.price(model)
     dearest = max(prices.prices, key=lambda p: (p.completion_msat_per_1k, p.prompt_msat_per_1k))
     return Price(dearest.size_class, None,
                  max(p.prompt_msat_per_1k for p in prices.prices),

@@ -46,7 +46,6 @@ from shared_schema import (
     ModelAvailability,
     ModelCard,
     ModelList,
-    ModelPrice,
     capabilities,
 )
 from shared_schema.answers import AnswerStamp, embeddings_answer
@@ -257,7 +256,7 @@ def loading_card(state: QueenState, row: dict[str, Any]) -> ModelCard:
 def model_card(state: QueenState, name: str) -> ModelCard:
     """A model's card: who holds it now, its size as the queen read it, and its price."""
     holders = state.registry.holders(name)
-    price = state.price_of(name)
+    price = state.model_price(name)
     facts = state.catalog.facts(name)
     return ModelCard(
         id=name,
@@ -269,11 +268,7 @@ def model_card(state: QueenState, name: str) -> ModelCard:
             size_bytes=facts.size_bytes if facts is not None else None,
             sha256=facts.sha256 if facts is not None else None,
             verified=facts is not None,
-            price=ModelPrice(
-                size_class=price.size_class,
-                prompt_msat_per_1k=price.prompt_msat_per_1k,
-                completion_msat_per_1k=price.completion_msat_per_1k,
-            ),
+            price=price,
         ),
     )
 

@@ -17,7 +17,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from queen_server.storage.tables import LedgerEntry, LedgerTxn, Payout
+from queen_server.storage.tables import LedgerEntry, LedgerTxn, Payout, WorkerRecord
 
 
 @dataclass(frozen=True)
@@ -69,3 +69,11 @@ async def charges_credited(
     async with engine.connect() as conn:
         rows = (await conn.execute(query)).all()
     return [LedgerCredit(*row) for row in rows]
+
+
+async def payout_address(engine: AsyncEngine, worker_key: str) -> str | None:
+    """The payout address the queen holds for a worker (its last hello's; None: none), which
+    is where its payouts go."""
+    async with engine.connect() as conn:
+        return await conn.scalar(select(WorkerRecord.ln_url)
+                                 .where(WorkerRecord.key == worker_key))

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 
 from queen_server.swarm.capacity import FreeIndex
+from queen_server.swarm.claims import FileClaim, FileClaims
 from queen_server.swarm.jobs import JobHandle, WorkerLost
 from queen_server.swarm.queueing import Waiter, WaitQueue
 from queen_server.swarm.worker import NO_LEASES, Connection, Worker
@@ -56,8 +57,12 @@ class Registry:
         self._by_model: dict[str, set[Worker]] = {}
         self._profiles: dict[str, Counter[Profile]] = {}  # model -> profiles of its holders
         self._slots: Counter[str] = Counter()  # model -> job slots of its holders
-        # What _index recorded per worker: (model, profile, slots), to undo exactly that.
-        self._indexed: dict[Worker, list[tuple[str, Profile, int]]] = {}
+        # What _index recorded per worker: (model, profile, slots, file claim), to undo
+        # exactly that.
+        self._indexed: dict[Worker, list[tuple[str, Profile, int, FileClaim | None]]] = {}
+        # What the routable holders of each model say of its file (for pricing names the
+        # queen cannot read: ``quoting``).
+        self.claims = FileClaims()
         self._fetchers: set[Worker] = set()
         self._takers: set[Worker] = set()  # workers the queen may place models on (issue 17)
         self._leases: dict[str, JobHandle] = {}  # every lease, by job id
@@ -202,7 +207,7 @@ class Registry:
     def _index(self, worker: Worker) -> None:
         if not self.routable(worker):
             return  # in no index: routing never sees it (an auditor only audits)
-        entries: list[tuple[str, Profile, int]] = []
+        entries: list[tuple[str, Profile, int, FileClaim | None]] = []
         serves = self.serves_model
         for name in worker.cached:
             if not serves(worker, name):
@@ -212,12 +217,14 @@ class Registry:
             profile = (worker.legacy, worker.capabilities, held.sha256 if held else None)
             self._profiles.setdefault(name, Counter())[profile] += 1
             self._slots[name] += worker.max_jobs
-            entries.append((name, profile, worker.max_jobs))
+            claim: FileClaim = (held.sha256, held.size_bytes) if held else (None, 0)
+            self.claims.add(name, claim)
+            entries.append((name, profile, worker.max_jobs, claim))
         if worker.can_fetch:
             self._fetchers.add(worker)
             profile = (worker.legacy, worker.capabilities, None)
             self._profiles.setdefault(_FETCHING, Counter())[profile] += 1
-            entries.append((_FETCHING, profile, 0))
+            entries.append((_FETCHING, profile, 0, None))
         if worker.takes_fetch:
             self._takers.add(worker)
         if entries:
@@ -226,7 +233,9 @@ class Registry:
     def _unindex(self, worker: Worker) -> list[str]:
         """Take the worker out of the model indexes: the models left with no holder."""
         gone: list[str] = []
-        for name, profile, slots in self._indexed.pop(worker, ()):
+        for name, profile, slots, claim in self._indexed.pop(worker, ()):
+            if claim is not None:
+                self.claims.remove(name, claim)
             profiles = self._profiles[name]
             profiles[profile] -= 1
             if profiles[profile] <= 0:

@@ -277,11 +277,13 @@ MODEL_COLUMNS = (
            "As the queen read them from the model file on the hub"),
     Column("verified", "Size read", "text",
            "verified: the queen read the file's header; unverified or local: priced by the "
-           "price file or the class for unverified models; pending: reading now"),
+           "price file, its workers' file, or the class for unverified models; pending: "
+           "reading now"),
     Column("price.size_class", "Size class"),
     Column("price.prompt_msat_per_1k", "Prompt sats/1k", "price", "sats per 1,000 prompt tokens"),
     Column("price.completion_msat_per_1k", "Completion sats/1k", "price",
            "sats per 1,000 completion tokens"),
+    Column("price.reason", "Why this price", wrap=True),
 )
 PLACEMENT_COLUMNS = (
     Column("model", "Model", wrap=True),
@@ -324,6 +326,7 @@ PUBLIC_MODEL_COLUMNS = (
     Column("price.prompt_msat_per_1k", "Prompt", "price", "sats per 1,000 prompt tokens"),
     Column("price.completion_msat_per_1k", "Completion", "price",
            "sats per 1,000 completion tokens"),
+    Column("price.reason", "Why this price", wrap=True),
 )
 KEY_COLUMNS = (
     Column("id", "Id", "int"),

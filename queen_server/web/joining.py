@@ -103,6 +103,13 @@ def pay_sentence(terms: dict[str, Any]) -> str:
         return "This queen keeps no ledger, so it does not pay its workers."
     share = round(float(terms.get("worker_share", 0)) * 100)
     threshold = int(terms.get("payout_threshold_sats", 0))
-    return (f"This queen pays its workers {share}% of what each job costs, in sats over "
-            f"Lightning, once they have earned {threshold:,} sats and set a payout address "
-            "in the app.")
+    if terms.get("mode") == "manual":
+        sentence = (f"This queen pays its workers {share}% of what each job costs, in sats: "
+                    f"its operator pays by hand what is due once a worker has earned "
+                    f"{threshold:,} sats.")
+    else:
+        sentence = (f"This queen pays its workers {share}% of what each job costs, in sats "
+                    f"over Lightning, automatically, once they have earned {threshold:,} sats "
+                    "and set a payout address in the app.")
+    note = terms.get("note")
+    return f"{sentence} The operator says: {note}" if note else sentence

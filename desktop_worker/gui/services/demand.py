@@ -15,6 +15,11 @@ token rate of a GGUF model is bound by memory bandwidth, so about inversely prop
 file's bytes. It is the rate while the worker has work for that model ("up to"). Before any job
 is measured there is no figure ("—", with the price per 1,000 tokens instead): a guess from the
 hardware would be off by a factor of ten either way, and an owner would choose on it.
+
+A local file the queen knows (issue 35): the demand names each model's pinned file by sha256, so
+a .gguf the owner imports (or the small model that comes with Apiary) that is that very file is
+imported under the queen's hub name (``hub_name_of``), which the queen prices by its own reading
+instead of as "unverified". Only files whose size matches a pinned model are hashed.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ __all__ = [
     "demand_line",
     "demand_rows",
     "estimate_text",
+    "hub_name_of",
+    "pinned_candidates",
     "sats_per_hour",
 ]
 
@@ -211,3 +218,25 @@ def wizard_models(rows: Iterable[DemandRow], limit: int = 3) -> list[InDemandMod
         label = f"{d.name} (in demand: {demand_line(d)})"
         out.append(InDemandModel(d.name, label, d.size_bytes or 0, d.revision, d.sha256))
     return out
+
+
+# --- a local file the queen knows by a hub name (issue 35) --------------------------------------
+
+
+def pinned_candidates(demand: Demand | None, size_bytes: int) -> list[ModelDemand]:
+    """The models of the queen's demand pinned to a file (a sha256) that a local file of
+    ``size_bytes`` could be: only when there are any is the file worth hashing."""
+    if demand is None:
+        return []
+    return [d for d in demand.models
+            if d.sha256 is not None and d.size_bytes in (None, size_bytes)]
+
+
+def hub_name_of(demand: Demand | None, sha256: str, size_bytes: int) -> str | None:
+    """The hub name under which the queen's demand lists this very file (same sha256), or None.
+    A file imported under that name is priced by the queen's own reading of the hub, where under
+    a local name it is "unverified"."""
+    for d in pinned_candidates(demand, size_bytes):
+        if d.sha256 == sha256.lower():
+            return d.name
+    return None

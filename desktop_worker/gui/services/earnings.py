@@ -9,6 +9,11 @@ A queen that audits its workers (issue 16) also says how this worker's audits we
 unknown, good or flagged). It is read leniently (``services.audit.read_audit``: absent or
 malformed means nothing to show) and kept with the queen URL it came from (``audit``), so a
 flag from one queen is never shown for another.
+
+A newer queen (issue 35) also says how it pays (``payout_mode``: automatically over Lightning,
+by its operator's hand, or not at all; the operator's note; the address it pays) and how it
+prices each of this worker's models and why (``prices``). The texts below say it in the
+owner's words: who pays, how and when, and why a model earns what it earns.
 """
 
 from __future__ import annotations
@@ -22,10 +27,13 @@ from PySide6.QtCore import QObject, Signal
 
 from desktop_worker.earnings import fetch_earnings_json, read_earnings
 from desktop_worker.errors import WorkerError
-from desktop_worker.gui.common import sats
-from desktop_worker.gui.services.audit import AuditStanding, read_audit
+from desktop_worker.gui.services.audit import AuditStanding, clean_reason, read_audit
+from desktop_worker.gui.units import sats
 from desktop_worker.identity import WorkerIdentity
-from shared_schema import WorkerEarnings
+from shared_schema import PayoutView, WorkerEarnings, WorkerModelPrice
+from shared_schema.errors import ModelNameError
+from shared_schema.model_names import parse_model_name
+from shared_schema.openai_types import PAYOUT_MODES
 from shared_schema.protocol import Welcome
 
 log = logging.getLogger(__name__)
@@ -113,6 +121,24 @@ class EarningsService(QObject):
             if said is not None:
                 return said
         return self.earnings.payout_threshold_msat if self.fresh else None
+
+    @property
+    def payout_mode(self) -> str | None:
+        """How the current queen pays: "lightning", "manual" or "none"; None when it has not
+        said (an older queen, or not heard from yet) or said something this app does not
+        know."""
+        said = self.earnings.payout_mode if self.fresh else None
+        if said in PAYOUT_MODES:
+            return said
+        return "none" if self.pays is False else None
+
+    @property
+    def prices(self) -> dict[str, WorkerModelPrice]:
+        """This worker's models as the current queen prices them, by name (empty until it
+        has said: an older queen, not connected, or a queen that pays nothing)."""
+        if not self.fresh or self.pays is False:
+            return {}
+        return {entry.name: entry for entry in self.earnings.models}
 
     @property
     def audit(self) -> AuditStanding | None:
@@ -223,3 +249,116 @@ def address_nudge(earnings: WorkerEarnings, has_address: bool) -> str:
         return ("You have no Lightning payout address, so the queen cannot pay what it owes "
                 "you. Add one to be paid.")
     return "You have no Lightning payout address yet: add one so the queen can pay you."
+
+
+# --- how this queen pays, and what each model earns (pure) -----------------------------------
+
+MANUAL = "This queen's operator pays by hand: ask them how and when."
+NO_TERMS = ""  # an older queen says nothing of how it pays: nothing is claimed for it
+MAX_PRICE_LINES = 8  # models listed in the Earnings tab (a queen's list is its word: bounded)
+UNVERIFIED_HINT = ("Add the model by its Hugging Face name so the queen can read its file and "
+                   "price it by its size.")
+HUB_RETRY_HINT = ("The queen tries the hub again later: once it reads the file, it prices the "
+                  "model by its size.")
+PRICE_WHY = {
+    "operator": "this queen's operator set its price",
+    "verified": "the queen read its file on the hub and prices it by its size",
+    "same_file": "the queen knows this very file from the hub and prices it by its size",
+    "file_size": "the queen could not read this model on the hub, so it prices it by the size "
+                 "of your file",
+    "unverified": "the queen could not read this model's file on the hub, so it prices it as "
+                  "unverified: the class it gives every model it cannot check (by default its "
+                  "dearest, which few developers choose)",
+}
+
+
+def payout_terms_text(mode: str | None, address: str | None, note: str | None) -> str:
+    """Who pays this worker, and how, in one or two sentences ("" when the queen has not
+    said). ``address`` is the one the queen holds (it is where payouts go); ``note`` is the
+    operator's own word, shown as theirs."""
+    shown_note = clean_reason(note)
+    said = f" The operator says: \u201c{shown_note}\u201d" if shown_note else ""
+    if mode == "none":
+        return NOT_PAYING + "."
+    if mode == "manual":
+        return MANUAL + said
+    if mode == "lightning":
+        shown = clean_reason(address)
+        where = (f"Paid to {shown} over Lightning, automatically." if shown else
+                 "This queen pays automatically over Lightning, once you have a payout "
+                 "address.")
+        return where + said
+    return NO_TERMS
+
+
+PAYOUT_STATES = {
+    "recorded": ("Starting", ""),
+    "invoiced": ("Sending", "sent over Lightning, waiting for it to settle"),
+    "paid": ("Paid", ""),
+    "failed": ("Failed", "the queen tries again later"),
+    "manual": ("Due by hand", "the operator pays this by hand: ask them if it has not arrived"),
+}
+
+
+def payout_cells(payout: PayoutView) -> tuple[str, str, str, str]:
+    """A row of the Payouts table: when, how much, its state and what it means, in words (the
+    queen's own detail is shown only for a failure, where it says what went wrong)."""
+    state, meaning = PAYOUT_STATES.get(payout.state, (payout.state, ""))
+    if payout.state == "failed" and (detail := clean_reason(payout.detail)):
+        meaning = f"{detail}; {meaning}"
+    return (payout.updated_at.strftime("%Y-%m-%d %H:%M"), sats(payout.amount_msat), state,
+            meaning)
+
+
+def price_cell(entry: WorkerModelPrice | None) -> str:
+    """The Models tab's short price: "tiny: 0.16 sats per 1k tokens" ("—": not said)."""
+    if entry is None:
+        return "—"
+    mark = " (unverified)" if entry.price.basis == "unverified" else ""
+    return (f"{clean_reason(entry.price.size_class)}{mark}: "
+            f"{sats(entry.earn_msat_per_1k_tokens)} per 1k tokens")
+
+
+def price_text(entry: WorkerModelPrice) -> str:
+    """What a model earns here and why, in the owner's words: "smollm2 earns you 0.16 sats
+    per 1,000 tokens it writes (the tiny class): the queen could not read this model on the
+    hub, so it prices it by the size of your file." """
+    name, cls = clean_reason(entry.name), clean_reason(entry.price.size_class)
+    earns = (f"{name} earns you {sats(entry.earn_msat_per_1k_tokens)} per 1,000 tokens "
+             f"it writes (the {cls} class)")
+    why = PRICE_WHY.get(entry.price.basis or "")
+    return f"{earns}: {why}." if why else f"{earns}."
+
+
+def what_to_do(entry: WorkerModelPrice) -> str:
+    """For a model priced as unverified, what the owner can do about it ("" otherwise): add
+    it by its hub name, or, when it has one (the hub was out of reach), wait."""
+    if entry.price.basis != "unverified":
+        return ""
+    try:
+        parse_model_name(entry.name)
+    except ModelNameError:
+        return UNVERIFIED_HINT
+    return HUB_RETRY_HINT
+
+
+def prices_text(prices: dict[str, WorkerModelPrice], pays: bool | None) -> str:
+    """The Earnings tab's lines on this worker's models ("" when there is nothing to say)."""
+    if pays is False or not prices:
+        return ""
+    names = sorted(prices)
+    lines = [price_text(prices[name]) for name in names[:MAX_PRICE_LINES]]
+    if len(names) > MAX_PRICE_LINES:
+        lines.append(f"…and {len(names) - MAX_PRICE_LINES:,} more (the Models tab shows each).")
+    return "\n".join(lines)
+
+
+def price_line(entry: WorkerModelPrice | None, pays: bool | None) -> str:
+    """The Models tab's line under a selected model: its price here and why."""
+    if pays is False:
+        return "This queen does not pay its workers, so this model earns nothing here."
+    if entry is None:
+        return ("Its price on your queen shows here while you earn (the queen prices the "
+                "models it sees you hold).")
+    hint = what_to_do(entry)
+    return f"{price_text(entry)} {hint}" if hint else price_text(entry)

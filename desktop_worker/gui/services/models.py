@@ -5,7 +5,11 @@ It also keeps the "In demand" list (issue 17): the queen's latest ``Demand``, th
 measured speed (``SpeedMeter``, fed with the jobs it finishes) and the rows
 ``services/demand.py`` makes of them, as a ``DemandTableModel`` the Models tab shows (testable
 without a window). ``fetch_demand`` asks a queen for its demand over HTTP (the first-run
-wizard, before any worker session)."""
+wizard, before any worker session).
+
+For the first-run wizard (issue 35): ``hub_problem`` says whether anything can be downloaded now
+(the small model that comes with Apiary goes first when not), and ``demand_name_for`` finds the
+hub name under which the queen's demand lists a local file (by sha256), to import it under."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from huggingface_hub import constants as hub_constants
 from pydantic import ValidationError
 from PySide6.QtCore import (
     QAbstractTableModel,
@@ -34,12 +39,18 @@ from desktop_worker.earnings import queen_http_url
 from desktop_worker.errors import DownloadCancelled, HubError, HubOffline, WorkerError
 from desktop_worker.gui.common import size
 from desktop_worker.gui.services.advice import memory_verdict
-from desktop_worker.gui.services.demand import DemandRow, SpeedMeter, demand_rows
+from desktop_worker.gui.services.demand import (
+    DemandRow,
+    SpeedMeter,
+    demand_rows,
+    hub_name_of,
+    pinned_candidates,
+)
 from desktop_worker.hardware import HardwareReport
 from desktop_worker.jobs import JobRecord
 from desktop_worker.settings import WorkerSettings
 from desktop_worker.store import LocalModel, PullPlan, PullProgress, store_for
-from desktop_worker.store.hub import free_bytes
+from desktop_worker.store.hub import free_bytes, resolve_endpoint, sha256_file
 from desktop_worker.store.names import validate_local_name
 from shared_schema import Demand
 
@@ -54,6 +65,7 @@ class DiskUse:
 
 
 DEFAULT_HUB = "https://huggingface.co"
+HUB_CHECK_TIMEOUT_S = 3.0  # the wizard's "can anything be downloaded now?"
 
 
 def plain_pull_error(exc: WorkerError, endpoint: str | None = None) -> str:
@@ -220,15 +232,45 @@ class ModelsService(QObject):
     # --- importing and deleting -----------------------------------------------------------------
 
     async def import_file(self, path: Path, name: str | None = None) -> str | None:
-        """Copy a local .gguf into the store (hashing in a thread). Returns an error or None."""
+        """Copy a local .gguf into the store (hashing in a thread). Returns an error or None.
+        The same file imported under the same name before (the wizard run again with the
+        model that comes with Apiary, say) is already here: nothing is copied."""
         try:
             name = validate_local_name(name or Path(path).stem)
+            if self._imported_before(Path(path), name):
+                self.pull_finished.emit(name, "done", f"{name} is already here")
+                return None
             await asyncio.to_thread(self.store.import_file, Path(path), name)
         except WorkerError as exc:
             self.pull_finished.emit(name or str(path), "failed", str(exc))
             return str(exc)
         self.pull_finished.emit(name, "done", f"imported {Path(path).name} as {name}")
         self.refresh()
+        return None
+
+    def _imported_before(self, path: Path, name: str) -> bool:
+        held = next((m for m in self.store.list() if m.name == name), None)
+        if held is None or held.source != "import":
+            return False
+        try:
+            return held.origin == str(path.resolve()) and held.size_bytes == path.stat().st_size
+        except OSError:
+            return False
+
+    async def hub_problem(self, timeout_s: float = HUB_CHECK_TIMEOUT_S) -> str | None:
+        """Why nothing can be downloaded now, in plain words, or None when the hub answers
+        (any HTTP answer will do: a HEAD of its address). Offline mode (HF_HUB_OFFLINE=1) is
+        told without asking anything."""
+        endpoint = resolve_endpoint(self.settings.hf_endpoint)
+        host = urlsplit(endpoint).hostname or "the model hub"
+        if hub_constants.HF_HUB_OFFLINE:
+            return "offline mode is on (HF_HUB_OFFLINE=1)"
+        try:
+            async with httpx.AsyncClient(timeout=timeout_s) as client:
+                await client.head(endpoint + "/")
+        except httpx.HTTPError as exc:
+            log.info("the model hub %s cannot be reached: %r", endpoint, exc)
+            return f"{host} cannot be reached from this computer"
         return None
 
     async def remove(self, name: str) -> str | None:
@@ -261,6 +303,26 @@ def provenance(model: LocalModel) -> tuple[str, str, str]:
 
 
 # --- the queen's demand over HTTP (the wizard) ------------------------------------------------
+
+
+async def demand_name_for(path: Path, demand: Demand | None) -> str | None:
+    """The hub name under which the queen's ``demand`` lists the local file at ``path`` (the
+    same sha256; ``services.demand.hub_name_of``), or None. The file is hashed (in a thread)
+    only when a pinned model of the demand has its size."""
+    return await asyncio.to_thread(_demand_name_for, path, demand)
+
+
+def _demand_name_for(path: Path, demand: Demand | None) -> str | None:
+    try:
+        size_bytes = path.stat().st_size
+        if not pinned_candidates(demand, size_bytes):
+            return None
+        sha256 = sha256_file(path)
+    except OSError as exc:
+        log.info("could not read %s: %s", path, exc)
+        return None
+    return hub_name_of(demand, sha256, size_bytes)
+
 
 DEMAND_TIMEOUT_S = 5.0
 MAX_DEMAND_BYTES = 1 << 20

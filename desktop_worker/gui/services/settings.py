@@ -13,7 +13,12 @@ The volunteer's disk (issue 34): a save with no quota chosen yet (``disk_quota_g
 the default, half the free space of the models folder's disk (``default_quota_gb``), so the quota
 is chosen once and does not drift; 0 is "no quota". ``disk_headroom_gb`` (None: max(10 GB, 10 %
 of the disk)) is saved beside the app's fields. ``quota_gb`` and ``headroom_gb`` are what the
-wizard and the Settings tab show."""
+wizard and the Settings tab show.
+
+Start at launch (issue 35): the owner's last word wins. The wizard's Start Earning and a Start
+from the header or the tray turn ``start_earning_at_launch`` on, a Stop from them turns it off
+(``remember_start_at_launch``: that one field saved alone, announced by ``at_launch_changed``
+so the Settings checkbox shows it without losing the owner's unsaved edits there)."""
 
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from PySide6.QtCore import QObject, Signal
 
 from desktop_worker.desktop.config import APP_EDITABLE_FIELDS, save_settings
 from desktop_worker.errors import WorkerError
+from desktop_worker.link_probe import ProbeResult
 from desktop_worker.owner.policy import active_hours_problem
 from desktop_worker.settings import WorkerSettings
 from desktop_worker.store.disk import (
@@ -75,6 +81,12 @@ def classify_changes(old: WorkerSettings, new: dict[str, Any]) -> tuple[list[str
             [n for n in changed if n in RESTART_FIELDS])
 
 
+def probe_verdict(outcome: ProbeResult) -> tuple[bool, str]:
+    """Test connection's line under the queen URL: whether it worked, and the handshake's own
+    plain words after a tick or a cross."""
+    return outcome.ok, ("✓ " if outcome.ok else "✗ ") + outcome.message
+
+
 class AutostartLike(Protocol):
     def is_enabled(self) -> bool: ...
     def set_enabled(self, enabled: bool) -> None: ...
@@ -88,6 +100,7 @@ def validation_message(exc: ValidationError) -> str:
 
 class SettingsService(QObject):
     changed = Signal(object)  # WorkerSettings
+    at_launch_changed = Signal(bool)  # start_earning_at_launch, after a Start or Stop
 
     def __init__(
         self,
@@ -142,6 +155,17 @@ class SettingsService(QObject):
         self.settings = updated
         self.changed.emit(updated)
         return updated
+
+    def remember_start_at_launch(self, on: bool) -> None:
+        """Save whether earning starts when the app opens (the owner's Start: on, Stop: off),
+        that field alone. Raises ``WorkerError`` when it cannot be saved."""
+        if self.settings.start_earning_at_launch == on:
+            return
+        updated = self.settings.model_copy(update={"start_earning_at_launch": on})
+        save_settings(updated, ("start_earning_at_launch",))
+        self.settings = updated
+        log.info("earning %s when Apiary opens", "starts" if on else "does not start")
+        self.at_launch_changed.emit(on)
 
     def run_at_login(self) -> bool:
         if self.autostart is None:

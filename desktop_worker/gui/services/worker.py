@@ -11,6 +11,13 @@ through ``LogBridge``, a ``logging.Handler`` whose signal Qt queues onto the GUI
 While earning, the controller's ``GroupWatch`` reads the worker's part in a model group (issue
 19) each second; ``status_text`` puts it in the status line instead of "waiting for jobs"
 (``group_changed`` tells the header and the tray).
+
+Whenever the worker is not earning, the header says why in whole sentences, with the button that
+fixes it (issue 35): ``not_earning`` for a stop (no model yet, the owner's Stop, not started at
+launch), ``as_sentence`` for an error's words, ``FIX_LABELS`` for the fix. While the link waits
+to reconnect the fix is "Retry now" (``retry_now``: the wait ends at once). The tray's Pause
+(``pause``, ``TRAY_PAUSE``) uses the owner-pause path of the running service, so it lasts only
+as long as that run: a new Start is never paused by it.
 """
 
 from __future__ import annotations
@@ -63,12 +70,25 @@ STATE_TEXT = {
 
 # What the header's fix button says for each kind of problem the owner can fix.
 FIX_LABELS = {
-    "models": "Choose a model",
+    "models": "Add a model",
     "retry_download": "Retry download",
     "settings": "Open Settings",
+    "queen_url": "Fix the queen URL",
+    "payout": "Fix the payout address",
+    "retry": "Retry now",
+    "resume": "Resume",
 }
-# Refusals the owner fixes in Settings (the payout address the queen would not take).
-SETTINGS_REFUSALS = frozenset({"invalid_ln_url"})
+# Refusals the owner fixes in Settings' payout address field (the address the queen refused).
+PAYOUT_REFUSALS = frozenset({"invalid_ln_url"})
+# Why the worker is paused when its owner chose Pause in the tray (the queen sees it too).
+TRAY_PAUSE = "paused from the tray"
+# Why the worker is not earning, when it is stopped with nothing gone wrong (``not_earning``).
+NO_MODEL_YET = "There is no model to serve yet. Add one, then click Start Earning."
+OWNER_STOPPED = ("You stopped earning. Click Start Earning to earn again; until you do, Apiary "
+                 "stays stopped, even after a restart.")
+NOT_STARTED_AT_LAUNCH = ("Apiary does not start earning by itself when it opens. Click Start "
+                         "Earning, and it will from then on.")
+NOT_STARTED = "Not connected to the queen. Click Start Earning to earn."
 _RECONNECT_IN = re.compile(r"reconnecting in ([0-9]+(?:\.[0-9]+)?) s")
 
 
@@ -92,6 +112,66 @@ def countdown_text(reason: str, retry_at: float | None, now: float) -> str:
     return f"{head} {tail}".strip()
 
 
+def as_sentence(text: str) -> str:
+    """``text`` as a whole sentence: a capital first letter and a full stop at the end (error
+    messages are written to follow a colon: "the queen refused this worker: ...")."""
+    text = text.strip()
+    if not text:
+        return ""
+    text = text[0].upper() + text[1:]
+    return text if text[-1] in ".!?…" else text + "."
+
+
+def not_earning(*, has_model: bool, stopped_by_owner: bool,
+                starts_at_launch: bool) -> tuple[str, str | None]:
+    """Why a stopped worker is not earning, and the fix (a ``FIX_LABELS`` key; None: the
+    Start Earning button beside it is the fix)."""
+    if not has_model:
+        return NO_MODEL_YET, "models"
+    if stopped_by_owner:
+        return OWNER_STOPPED, None
+    if not starts_at_launch:
+        return NOT_STARTED_AT_LAUNCH, None
+    return NOT_STARTED, None
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?…])\s+")
+MORE = "…"  # what follows a reason cut to fit (its whole text is in the tooltip)
+
+
+def fit_reason(text: str, fits: Callable[[str], bool]) -> str:
+    """As much of ``text`` as ``fits`` the header's reason area: all of it when it fits, else
+    its first whole sentences and ``MORE``; only a first sentence too long on its own is cut
+    between words."""
+    if fits(text):
+        return text
+    kept = ""
+    for sentence in _SENTENCE_END.split(text):
+        longer = f"{kept} {sentence}".strip()
+        if not fits(f"{longer} {MORE}"):
+            break
+        kept = longer
+    if kept:
+        return f"{kept} {MORE}"
+    words = text.split(" ")
+    while len(words) > 1 and not fits(" ".join(words) + MORE):
+        words.pop()
+    return " ".join(words) + MORE
+
+
+def paused_detail(reason: str) -> str:
+    """The header's detail line while paused: why, and how earning comes back."""
+    if reason == TRAY_PAUSE:
+        return "You paused earning from the tray. Click Resume to take jobs again."
+    return f"Paused: {reason}. Earning resumes by itself when that changes."
+
+
+def reconnect_fix(reason_kind: str) -> str:
+    """The fix offered while the link waits to reconnect: Retry now, unless what answered is
+    no queen at all (a web page, another server), where only a new queen URL helps."""
+    return "queen_url" if reason_kind == "not_a_queen" else "retry"
+
+
 def reconnect_delay(detail: str) -> float | None:
     """The wait the link announced in its "disconnected" detail ("reconnecting in 12.9 s")."""
     match = _RECONNECT_IN.search(detail)
@@ -101,9 +181,9 @@ def reconnect_delay(detail: str) -> float | None:
 def fix_for(exc: BaseException) -> str | None:
     """Which fix to offer for an error that stopped the worker (a ``FIX_LABELS`` key)."""
     if isinstance(exc, HandshakeRefusedError):
-        return "settings" if exc.code in SETTINGS_REFUSALS else None
+        return "payout" if exc.code in PAYOUT_REFUSALS else None
     if isinstance(exc, LinkError):
-        return "settings"  # a queen address the link cannot use
+        return "queen_url"  # a queen address the link cannot use
     if isinstance(exc, ModelStoreError):
         return "models"
     return None
@@ -177,6 +257,7 @@ class WorkerController(QObject):
         self.clock = clock
         self.fix: str | None = None  # the fix for the failure on show (FIX_LABELS key)
         self.reason = ""  # why the link is waiting to reconnect, in plain words
+        self.reason_kind = ""  # and its kind (``explain_connect_error``: refused, dns, ...)
         self.retry_at: float | None = None  # when it tries again (``clock`` time)
         self.service: WorkerService | None = None
         self._task: asyncio.Task[None] | None = None
@@ -186,6 +267,7 @@ class WorkerController(QObject):
         self.detail = ""
         self.jobs_served = 0
         self.paused: str | None = None
+        self.stopped_by_owner = False  # the last run ended with the owner's Stop
         self._published: tuple[TrayState, str] = (TrayState.STOPPED, "")
         self.groups = GroupWatch(self._read_group, interval_ms=group_poll_ms, parent=self)
         self.groups.changed.connect(self.group_changed.emit)
@@ -197,6 +279,15 @@ class WorkerController(QObject):
 
     def status_text(self) -> str:
         return status_text(self.state, self.group)
+
+    def has_model(self) -> bool:
+        """Whether there is anything to serve (a model in the store, or one named to pull)."""
+        return bool(self.settings.models) or bool(self._store().list())
+
+    def not_earning(self) -> tuple[str, str | None]:
+        """Why the worker is stopped now, and the fix (``not_earning``)."""
+        return not_earning(has_model=self.has_model(), stopped_by_owner=self.stopped_by_owner,
+                           starts_at_launch=self.settings.start_earning_at_launch)
 
     def _read_group(self) -> GroupStatus | None:
         service = self.service
@@ -212,13 +303,19 @@ class WorkerController(QObject):
         """Start earning (no-op while running)."""
         if self.running:
             return
+        self.stopped_by_owner = False
+        self.paused = None  # a pause (the tray's, the owner's settings') was the last run's
+        self.service = None  # the last run's: this run builds its own at once
         self._stop = asyncio.Event()
         self._task = asyncio.ensure_future(self._run(self._stop))
         self.running_changed.emit(True)
 
-    def stop(self) -> None:
-        """Ask the worker to stop (it finishes or cancels its jobs, then closes)."""
+    def stop(self, *, by_owner: bool = False) -> None:
+        """Ask the worker to stop (it finishes or cancels its jobs, then closes). ``by_owner``:
+        the owner's Stop (the header says so), not a restart or the app quitting."""
         if self._stop is not None:
+            if by_owner and self.running:
+                self.stopped_by_owner = True
             self._stop.set()
 
     def toggle(self) -> None:
@@ -226,6 +323,28 @@ class WorkerController(QObject):
             self.stop()
         else:
             self.start()
+
+    def retry_now(self) -> bool:
+        """The owner's "Retry now": end the link's wait and dial the queen at once. False when
+        it is not waiting to reconnect."""
+        service = self.service
+        return service is not None and self.running and service.link.retry_now()
+
+    def pause(self, reason: str = TRAY_PAUSE) -> bool:
+        """Pause this run (the tray's Pause): no new jobs, the queen told why. False when
+        there is no run to pause yet."""
+        service = self.service
+        if service is None or not self.running:
+            return False
+        service.pause(reason)
+        return True
+
+    def resume(self) -> None:
+        """Take jobs again after the tray's Pause (a pause of the owner's settings is theirs
+        to lift: it comes back at their next check)."""
+        service = self.service
+        if service is not None and self.running:
+            service.resume()
 
     async def stop_and_wait(self, timeout_s: float = 20.0) -> None:
         self.stop()
@@ -258,7 +377,7 @@ class WorkerController(QObject):
         return service
 
     async def _run(self, stop: asyncio.Event) -> None:
-        self._set_link("connecting", "getting ready")
+        self._set_link("connecting", "Getting ready…")
         try:
             service = self._build()
             self.service = service
@@ -270,13 +389,13 @@ class WorkerController(QObject):
             service.pause_listeners.append(self._on_paused)
             service.engines.on_crash.append(self.engine_crashed.emit)
             self.groups.start()
-            if not service.store.list() and not self.settings.models:
+            if not self.has_model():
                 raise NoModelYet("there is no model to serve yet: add one in the Models tab")
             # Detect first: loading a model plans its GPU layers from the free VRAM detected.
             report = await service.detect()
             self.hardware_detected.emit(report)
             if self.settings.models:
-                self._set_link("connecting", "loading models")
+                self._set_link("connecting", "Loading the models…")
                 await service.prepare(self.settings.models)
             await service.serve(stop)
         except HandshakeRefusedError as exc:
@@ -316,7 +435,7 @@ class WorkerController(QObject):
         self.link_state = state
         if state == "disconnected":
             link = self.service.link if self.service is not None else None
-            _kind, self.reason = explain_connect_error(
+            self.reason_kind, self.reason = explain_connect_error(
                 link.last_error if link is not None else None, self.settings.queen_url)
             delay = reconnect_delay(detail)
             self.retry_at = None if delay is None else self.clock() + delay
@@ -327,6 +446,9 @@ class WorkerController(QObject):
         else:
             self.retry_at = None
             self.reason = ""
+            self.reason_kind = ""
+            if state == "connecting" and "://" in detail:  # the link names the URL it dials
+                detail = f"Connecting to the queen at {detail}…"
         self.detail = detail
         self.link_changed.emit(state, detail)
         self._publish()

@@ -5,7 +5,10 @@ that does not pay it says so (and shows no figures), the first job's proof of wo
 the jobs table, the payout threshold and an estimate of the next payout are shown, and with no
 payout address a nudge opens Settings at the field. Beside the escrow line, the queen's audits
 of this worker's answers (on a queen that says): not checked yet, checked and matching, or, in
-a red box, flagged with what to do."""
+a red box, flagged with what to do. On a queen that says how it pays (issue 35), who pays and
+how comes first ("Paid to you@wallet.example over Lightning, automatically", "This queen's
+operator pays by hand: ask them how and when", with the operator's note), each payout's state
+is in words, and each of this worker's models says what it earns here and why."""
 
 from __future__ import annotations
 
@@ -21,22 +24,28 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QPushButton,
+    QScrollArea,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
-from desktop_worker.gui.common import plain_label, sats
+from desktop_worker.gui.common import plain_label
 from desktop_worker.gui.services.audit import AuditStanding, audit_text
 from desktop_worker.gui.services.earnings import (
     NOT_PAYING_DETAIL,
     EarningsService,
     address_nudge,
     escrow_text,
+    payout_cells,
+    payout_terms_text,
+    prices_text,
     proof_of_work_row,
 )
 from desktop_worker.gui.services.payout_estimate import payout_outlook
+from desktop_worker.gui.units import sats, sats_number
+from desktop_worker.gui.views.jobs import SETTLED_ROWS_SHOWN, show_rows
 from shared_schema import WorkerEarnings
 
 BAR = QColor("#f59e0b")
@@ -141,6 +150,8 @@ class Card(QFrame):
 AUDIT_STYLE = "color: #166534;"
 FLAGGED_STYLE = ("font-weight: 600; color: #991b1b; background: #fee2e2; border-radius: 6px; "
                  "padding: 8px;")
+TERMS_STYLE = ("font-weight: 600; color: #78350f; background: #fef3c7; border-radius: 6px; "
+               "padding: 8px;")
 NUDGE_STYLE = ("QPushButton { background: #fde68a; color: #78350f; font-weight: 600; "
                "border-radius: 6px; padding: 4px 12px; }")
 
@@ -184,6 +195,11 @@ class EarningsView(QWidget):
         self.nudge_box = QWidget()
         self.nudge_box.setLayout(nudge_row)
         self.nudge_box.setVisible(False)
+        self.terms = plain_label()  # who pays and how (a queen that says)
+        self.terms.setObjectName("payout_terms")
+        self.terms.setWordWrap(True)
+        self.terms.setStyleSheet(TERMS_STYLE)
+        self.terms.setVisible(False)
         self.cards = {key: Card(title) for key, title in CARDS}
         grid = QGridLayout()
         for i, (key, _) in enumerate(CARDS):
@@ -199,28 +215,44 @@ class EarningsView(QWidget):
         self.threshold.setStyleSheet("color: #4b5563;")
         self.eta = plain_label()
         self.eta.setStyleSheet("color: #4b5563; font-weight: 600;")
+        self.model_prices = plain_label()  # what each of this worker's models earns, and why
+        self.model_prices.setObjectName("model_prices")
+        self.model_prices.setWordWrap(True)
+        self.model_prices.setStyleSheet("color: #4b5563;")
+        self.model_prices.setVisible(False)
         self.chart = DailyChart()
         self.jobs = _table(("Settled", "Job", "Sats"), 150)
+        show_rows(self.jobs, SETTLED_ROWS_SHOWN)  # never two rows and a scrollbar (issue 35)
         self.payouts = _table(("When", "Amount", "State", "Detail"), 120)
         self.figures = QWidget()  # everything that means nothing on a queen that pays nothing
         figures = QVBoxLayout(self.figures)
         figures.setContentsMargins(0, 0, 0, 0)
+        figures.addWidget(self.terms)
         figures.addWidget(self.nudge_box)
         figures.addLayout(grid)
         figures.addWidget(self.escrow)
         figures.addWidget(self.audit)
         figures.addWidget(self.threshold)
         figures.addWidget(self.eta)
+        figures.addWidget(self.model_prices)
         figures.addWidget(QLabel("<b>Daily earnings, last 30 days</b>"))
         figures.addWidget(self.chart, 1)
         figures.addWidget(QLabel("<b>Settled jobs</b>"))
         figures.addWidget(self.jobs)
         figures.addWidget(QLabel("<b>Payouts</b>"))
         figures.addWidget(self.payouts)
+        # The figures keep the room they need (the chart, the tables' rows); a small window
+        # scrolls them rather than drawing one over another.
+        self.scroll = QScrollArea()
+        self.scroll.setWidget(self.figures)
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.viewport().setAutoFillBackground(False)  # the tab's own background
+        self.figures.setAutoFillBackground(False)
         layout = QVBoxLayout(self)
         layout.addWidget(self.note)
         layout.addWidget(self.not_paying, 0, Qt.AlignmentFlag.AlignTop)
-        layout.addWidget(self.figures, 1)
+        layout.addWidget(self.scroll, 1)
         service.updated.connect(self.show_earnings)
         service.note.connect(self.show_note)
 
@@ -232,6 +264,7 @@ class EarningsView(QWidget):
     def show_earnings(self, earnings: WorkerEarnings) -> None:
         paying = self.service.pays is not False
         self.not_paying.setVisible(not paying)
+        self.scroll.setVisible(paying)
         self.figures.setVisible(paying)
         if not paying:
             self.note.setVisible(False)
@@ -246,15 +279,22 @@ class EarningsView(QWidget):
         self.nudge_box.setVisible(bool(nudge))
         self.escrow.setText(escrow_text(earnings))
         self.show_audit(self.service.audit)
+        mode = self.service.payout_mode
+        terms = payout_terms_text(mode, earnings.payout_address, earnings.payout_note)
+        self.terms.setText(terms)
+        self.terms.setVisible(bool(terms))
         outlook = payout_outlook(earnings, self.service.threshold_msat,
-                                 datetime.now(UTC).date())
+                                 datetime.now(UTC).date(), mode, earnings.payout_interval_s)
         self.threshold.setText(outlook.threshold if outlook else "")
         self.eta.setText(outlook.eta if outlook else "")
         self.threshold.setVisible(outlook is not None)
         self.eta.setVisible(outlook is not None)
+        prices = prices_text(self.service.prices, self.service.pays)
+        self.model_prices.setText(prices)
+        self.model_prices.setVisible(bool(prices))
         self.chart.set_days([(d.day, d.earned_msat / 1000) for d in earnings.daily])
         rows = [(job.settled_at.strftime("%Y-%m-%d %H:%M"), job.job_id,
-                 sats(job.earned_msat).removesuffix(" sats")) for job in earnings.recent_jobs]
+                 sats_number(job.earned_msat)) for job in earnings.recent_jobs]
         rows.append(proof_of_work_row(earnings))  # the oldest: the first job, unpaid
         self.jobs.setRowCount(len(rows))
         for row, cells in enumerate(rows):
@@ -262,9 +302,7 @@ class EarningsView(QWidget):
                 self.jobs.setItem(row, column, QTableWidgetItem(text))
         self.payouts.setRowCount(len(earnings.recent_payouts))
         for row, payout in enumerate(earnings.recent_payouts):
-            cells = (payout.updated_at.strftime("%Y-%m-%d %H:%M"), sats(payout.amount_msat),
-                     payout.state, payout.detail)
-            for column, text in enumerate(cells):
+            for column, text in enumerate(payout_cells(payout)):
                 self.payouts.setItem(row, column, QTableWidgetItem(text))
 
     def show_audit(self, standing: AuditStanding | None) -> None:
@@ -278,5 +316,13 @@ class EarningsView(QWidget):
 
     def job_rows(self) -> list[tuple[str, ...]]:
         """The settled-jobs table's text, row by row (for tests and screenshots)."""
-        return [tuple(self.jobs.item(r, c).text() for c in range(self.jobs.columnCount()))
-                for r in range(self.jobs.rowCount())]
+        return _rows(self.jobs)
+
+    def payout_rows(self) -> list[tuple[str, ...]]:
+        """The payouts table's text, row by row (for tests and screenshots)."""
+        return _rows(self.payouts)
+
+
+def _rows(table: QTableWidget) -> list[tuple[str, ...]]:
+    return [tuple(table.item(r, c).text() for c in range(table.columnCount()))
+            for r in range(table.rowCount())]

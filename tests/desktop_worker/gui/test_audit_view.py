@@ -124,7 +124,7 @@ async def test_a_flagged_worker_is_warned_in_the_tab_the_header_and_once_by_noti
             assert view.audit.text() == (
                 "Checked 40 answers: 1 did not match, which is normal now and then.")
             assert "fee2e2" not in view.audit.styleSheet()
-            assert header.detail.text() == ""
+            assert header.detail.text() == app.controller.not_earning()[0]  # the flag gone
             assert [n.title for n in app.tray.notices].count("Flag cleared") == 1
             assert len(flag_notices(app)) == 1
 
@@ -140,7 +140,7 @@ async def test_a_good_standing_shows_the_reassuring_line(settings_for, qtbot):
             await until(lambda: app.earnings.audit is not None, 20, "the audit standing")
             assert view.audit.isVisibleTo(view)
             assert view.audit.text() == "Checked 14 answers: all matched the model."
-            assert app.header.detail.text() == ""
+            assert app.header.detail.text() == app.controller.not_earning()[0]  # no flag
             assert not flag_notices(app)
             # A new worker's standing: not checked yet, said plainly.
             queen.body = answer({"state": "unknown", "audited": 0, "failed": 0,
@@ -170,7 +170,7 @@ async def test_an_older_queen_or_an_unreadable_audit_shows_no_line_and_keeps_the
                 assert view.cards["available"].value.text() == "13 sats"
                 assert app.earnings.audit is None
                 assert not view.audit.isVisibleTo(view)
-                assert app.header.detail.text() == ""
+                assert app.header.detail.text() == app.controller.not_earning()[0]  # no flag
                 queen.body = answer(available_msat=12_000)
                 await app.earnings.refresh()
             assert not flag_notices(app)
@@ -200,7 +200,7 @@ async def test_another_queens_flag_is_not_shown(settings_for, qtbot):
             # The owner moves to another queen: its standing is unknown until it answers.
             app.settings_service.update(queen_url="ws://127.0.0.1:9/worker")
             assert app.earnings.audit is None
-            assert app.header.detail.text() == ""
+            assert app.header.detail.text() == app.controller.not_earning()[0]  # no flag
             assert not app.window.earnings.audit.isVisibleTo(app.window.earnings)
 
 
@@ -228,4 +228,4 @@ async def test_a_new_worker_on_a_real_queen_is_not_checked_yet(tmp_path, setting
         await until(lambda: app.earnings.audit is not None, 20, "the audit standing")
         assert app.earnings.audit == AuditStanding("unknown", 0, 0, False, None)
         assert view.audit.text() == NOT_CHECKED
-        assert app.header.detail.text() == ""
+        assert app.header.detail.text() == app.controller.not_earning()[0]  # no flag

@@ -105,6 +105,7 @@ async def to_model_page(app, queen_ws: str):
     next_page(wizard)  # queen
     next_page(wizard)  # hardware: the demand is asked for from here
     await until(lambda: wizard.demand_task is None, 20, "the queen's demand")
+    await until(lambda: wizard.hub_task is not None and wizard.hub_task.done(), 20, "the hub")
     assert wizard.currentPage() is wizard.model
     return wizard
 
@@ -141,9 +142,10 @@ async def test_the_wizard_offers_the_in_demand_model_first_and_pulls_the_pinned_
     (b'{"type": "demand", "models": [{"name": "x", "requests_per_min": -4}]}', 200),  # hostile
     (b"not json", 200),
 ])
-async def test_no_usable_demand_leaves_the_built_in_list(settings_for, qtbot, body, status):
+async def test_no_usable_demand_leaves_the_built_in_list(settings_for, hub, qtbot, body,
+                                                         status):
     async with FakeQueenDemand(body, status) as queen:
-        settings = settings_for(first_run_done=False)
+        settings = settings_for(hf_endpoint=hub.url, first_run_done=False)
         async with open_app(settings, detector=laptop) as app:
             app.launch()
             wizard = await to_model_page(app, queen.ws_url)

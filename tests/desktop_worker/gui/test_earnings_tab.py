@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from desktop_worker.gui.common import sats, sats_number
+from desktop_worker.gui.units import sats, sats_number
 from tests.desktop_worker.gui.conftest import MODEL, MODEL_NAME, open_app, until
 from tests.queen_server.billing.test_billing_api import funded_key
 from tests.support.queen import running_queen
@@ -61,8 +61,13 @@ async def test_jobs_show_what_they_earned(tmp_path, settings_for, qtbot):
         assert rows[-1] == ("first job", "proof of work: your first job is unpaid (done)", "0")
         assert app.earnings.pays is True
         assert app.earnings.threshold_msat == 1_000_000
-        assert view.threshold.text().startswith("Payouts are sent once you are owed 1,000 sats")
-        assert view.eta.text().startswith("At this rate, the next payout comes in ")
+        # This queen has no Lightning backend: its operator pays by hand, and the tab says so.
+        assert app.earnings.payout_mode == "manual"
+        assert view.terms.text() == "This queen's operator pays by hand: ask them how and when."
+        assert view.threshold.text() == (f"You are owed {sats(earnings.available_msat)}. Once "
+                                         "you are owed 1,000 sats, the queen asks its operator "
+                                         "to pay you, by hand.")
+        assert view.eta.text().startswith("At your recent rate you reach 1,000 sats in ")
         assert view.nudge_box.isVisibleTo(view)
         assert "no Lightning payout address" in view.nudge.text()
         waiting = [n for n in app.tray.notices if n.title == "Add a payout address"]

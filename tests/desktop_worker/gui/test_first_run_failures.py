@@ -1,6 +1,8 @@
 """When the first run cannot finish: a failed download keeps the wizard open with the reason in
-plain words and Retry; closing it leaves the header saying why Start was skipped, with the fix.
-Also the model step's choices and "use a .gguf file I already have"."""
+plain words and Retry; closing it leaves the header saying why Start was skipped, with the fix,
+and the first run not done (the next launch opens the wizard again). Going Back to another model
+(the bundled one, or a .gguf file) clears that error and its Retry. Also the model step's
+choices and "use a .gguf file I already have"."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from PySide6.QtWidgets import QWizard
 
 from desktop_worker.gui.services.advice import SMOLLM2
 from desktop_worker.hardware import HardwareReport, NullGpuDetector, SystemInfo, detect_hardware
+from desktop_worker.settings import WorkerSettings
 from tests.desktop_worker.gui.conftest import MODEL, open_app, until
 from tests.support.hardware_fixtures import FixedSystemProbe
 from tests.support.queen import running_queen
@@ -39,14 +42,35 @@ def to_last_page(wizard: QWizard) -> None:
         wizard.button(QWizard.WizardButton.NextButton).click()
 
 
+async def to_model_page(app) -> QWizard:
+    """The model page, once the wizard knows whether the hub answers."""
+    await until(lambda: app.hardware is not None, 20, "hardware detection")
+    wizard = app.wizard
+    while wizard.currentPage() is not wizard.model:
+        wizard.button(QWizard.WizardButton.NextButton).click()
+    await until(lambda: wizard.hub_task is not None and wizard.hub_task.done(), 20, "the hub")
+    return wizard
+
+
+async def fail_a_download(app) -> QWizard:
+    """The owner insists on the download although the hub is out of reach: it fails."""
+    wizard = await to_model_page(app)
+    wizard.model.buttons[0].click()  # the suggestion, over the bundled model offered first
+    to_last_page(wizard)
+    wizard.button(QWizard.WizardButton.FinishButton).click()
+    await until(lambda: wizard.failure is not None, 60, "the download to fail")
+    return wizard
+
+
 async def test_an_unreachable_hub_keeps_the_wizard_open_then_the_header_says_why(
         settings_for, qtbot):
     hub_url = f"http://127.0.0.1:{closed_port()}"
     settings = settings_for(hf_endpoint=hub_url, first_run_done=False)
     async with open_app(settings, detector=two_threads) as app:
         app.launch()
-        await until(lambda: app.hardware is not None, 20, "hardware detection")
-        wizard = app.wizard
+        wizard = await to_model_page(app)
+        assert wizard.model.bundled_chosen()  # offered first, offline
+        wizard.model.buttons[0].click()  # the owner wants the download anyway
         to_last_page(wizard)
         wizard.button(QWizard.WizardButton.FinishButton).click()
         await until(lambda: wizard.failure is not None, 60, "the download to fail")
@@ -159,3 +183,56 @@ async def test_a_file_that_is_not_gguf_keeps_the_wizard_open(tmp_path, settings_
         assert wizard.isVisible()
         assert wizard.ready.status.text().startswith("Could not use notes.gguf:")
         assert not app.controller.running
+
+
+@pytest.mark.parametrize("instead", ["bundled", "own file"])
+async def test_back_from_a_failed_download_to_another_model_clears_the_error_and_retry(
+        settings_for, qtbot, instead):
+    async with open_app(settings_for(first_run_done=False), detector=two_threads) as app:
+        app.launch()
+        wizard = await fail_a_download(app)
+        ready = wizard.ready
+        assert ready.retry.isVisibleTo(wizard)
+        # Back and Next with the same choices: the error still stands, with Retry.
+        wizard.back()
+        wizard.button(QWizard.WizardButton.NextButton).click()
+        assert ready.status.text().startswith("The model download failed")
+        assert ready.retry.isVisibleTo(wizard)
+        # Back, and another model: the Ready page is about that one now.
+        wizard.back()
+        assert wizard.currentPage() is wizard.model
+        if instead == "bundled":
+            wizard.model.bundled.click()
+        else:
+            wizard.model.pick_file = lambda: str(MODEL)
+            wizard.model.browse.click()
+        wizard.button(QWizard.WizardButton.NextButton).click()
+        assert wizard.currentPage() is ready
+        assert ready.status.text() == ""
+        assert not ready.retry.isVisibleTo(wizard)
+        assert wizard.failure is None
+        assert MODEL.name in ready.summary.text()
+        wizard.button(QWizard.WizardButton.FinishButton).click()
+        await until(lambda: not wizard.isVisible(), 60, "the import and start")
+        assert [m.name for m in app.models.store.list()] == [MODEL.stem]
+        assert app.settings.first_run_done
+
+
+async def test_cancel_after_a_failed_download_opens_the_wizard_again_next_launch(
+        settings_for, qtbot):
+    settings = settings_for(first_run_done=False)
+    async with open_app(settings, detector=two_threads) as app:
+        app.launch()
+        wizard = await fail_a_download(app)
+        wizard.reject()
+        assert not wizard.isVisible()
+        assert not app.settings.first_run_done
+        assert app.header.fix.text() == "Retry download"  # this run still offers the fix
+    saved = WorkerSettings()
+    assert not saved.first_run_done  # nothing served yet: the wizard is not done
+    assert saved.queen_url == settings.queen_url  # what the owner typed is kept
+    saved = saved.model_copy(update={"key_path": settings.key_path, "key_store": "file"})
+    async with open_app(saved, detector=two_threads) as again:
+        again.launch()
+        assert again.wizard is not None
+        assert again.wizard.isVisible()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from desktop_worker.gui.common import duration, sats, size
+from desktop_worker.gui.common import duration, size
+from desktop_worker.gui.units import sats
 
 
 @pytest.mark.parametrize(("msat", "text"), [
-    (0, "0 sats"), (8, "0.008 sats"), (1500, "1.5 sats"), (42_000, "42 sats"),
+    (0, "0 sats"), (8, "0.008 sats"), (1000, "1 sat"), (1500, "1.5 sats"), (42_000, "42 sats"),
     (99_999, "99.999 sats"), (123_456, "123 sats"), (12_345_000, "12,345 sats"),
 ])
 def test_sats(msat, text):

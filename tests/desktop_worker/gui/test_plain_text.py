@@ -8,6 +8,7 @@ from PySide6.QtGui import Qt as GuiQt
 from PySide6.QtWidgets import QLabel
 
 from desktop_worker.gui.common import notification_text, plain_label
+from desktop_worker.gui.services.worker import as_sentence
 from tests.desktop_worker.gui.conftest import open_app, until
 
 HOSTILE = 'refused: <b>x</b><img src="http://127.0.0.1:9/track.png"><a href="x">click</a>'
@@ -20,7 +21,8 @@ def shows_literally(label: QLabel, text: str) -> bool:
 async def test_a_refusal_reason_from_the_queen_shows_literally(settings_for, qtbot):
     async with open_app(settings_for()) as app:
         app.controller.state_changed.emit("error", HOSTILE)
-        assert shows_literally(app.header.detail, HOSTILE)
+        # Shown as a whole sentence (a capital, a full stop), every character as it came.
+        assert shows_literally(app.header.detail, as_sentence(HOSTILE))
         app.controller.failed.emit(HOSTILE)
         await until(lambda: any(HOSTILE in n.message for n in app.tray.notices), 5,
                     "the notice")

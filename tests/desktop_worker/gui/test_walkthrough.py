@@ -1,8 +1,9 @@
 """The README's "From launch to your first sat", as ONE test: a real queen with billing on and a
 funded key, the real app window, the wizard driven by clicks and typing (payout address, the
-queen's address as its landing page shows it, the bundled SmolLM2 .gguf through "use a .gguf I
-already have"), Start Earning, two requests with the key through the openai SDK, then the Jobs
-tab shows the jobs and the Earnings tab the unpaid proof-of-work job and real sats."""
+queen's address as its landing page shows it, "Use the small model that comes with Apiary",
+offered first since nothing downloads here), Start Earning, two requests with the key through
+the openai SDK, then the Jobs tab shows the jobs and the Earnings tab the unpaid proof-of-work
+job and real sats."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import asyncio
 import pytest
 from PySide6.QtWidgets import QWizard
 
-from desktop_worker.gui.common import sats
+from desktop_worker.gui.units import sats
 from tests.desktop_worker.gui.conftest import MODEL, open_app, until
 from tests.queen_server.billing.test_billing_api import funded_key
 from tests.support.queen import running_queen
@@ -44,13 +45,14 @@ async def test_from_launch_to_the_first_sat(tmp_path, settings_for, qtbot):
         qtbot.keyClicks(wizard.queen.edit, f"http://127.0.0.1:{queen.port}/")
         assert wizard.queen.url == queen.ws_url
         click_next(wizard)
-        # 3. The hardware, 4. the model: the bundled SmolLM2 file (the file dialog's seam).
+        # 3. The hardware, 4. the model: with no internet, the small model that comes with
+        # Apiary is offered first, selected, and the page says why.
         assert wizard.currentPage() is wizard.hardware
         click_next(wizard)
         assert wizard.currentPage() is wizard.model
-        wizard.model.pick_file = lambda: str(MODEL)
-        wizard.model.browse.click()
-        assert wizard.model.own.isChecked()
+        await until(lambda: wizard.model.offline, 20, "the hub found out of reach")
+        assert wizard.model.bundled.isChecked()
+        assert "Nothing can be downloaded right now" in wizard.model.offline_note.text()
         click_next(wizard)
         assert wizard.currentPage() is wizard.ready
         assert MODEL.name in wizard.ready.summary.text()
@@ -64,6 +66,7 @@ async def test_from_launch_to_the_first_sat(tmp_path, settings_for, qtbot):
         await until(lambda: app.controller.link_state == "connected", 30, "connected")
         await queen.wait_until(lambda: queen.state.registry.model_names(), 10)
         [model] = queen.state.registry.model_names()
+        assert model == MODEL.stem  # "SmolLM2-135M-Instruct.Q4_1", as the README's curl says
         assert app.earnings.pays is True  # the welcome said so
         # 6. A developer's request with a funded key (the landing page's openai snippet).
         secret, _ = await funded_key(queen, 10)
@@ -95,5 +98,6 @@ async def test_from_launch_to_the_first_sat(tmp_path, settings_for, qtbot):
         assert rows[0][1] == ids[1]
         assert rows[-1][1].startswith("proof of work: your first job is unpaid")
         assert not view.nudge_box.isVisibleTo(view)  # a payout address is set
-        assert view.threshold.text().startswith("Payouts are sent once you are owed 1,000 sats")
+        assert view.threshold.text().endswith("Once you are owed 1,000 sats, the queen asks its "
+                                              "operator to pay you, by hand.")  # no Lightning
         assert app.header.today.text() == f"Today: {sats(earned)}"

@@ -24,7 +24,9 @@ HELLO = [{"role": "user", "content": "Hello"}]
 
 
 def claiming(worker: ScriptedWorker, parameter_count: int) -> ScriptedWorker:
-    worker.models = [m.model_copy(update={"parameter_count": parameter_count})
+    """The worker claims ``parameter_count`` and says nothing of its file's size (a size
+    bounds a model the queen cannot read: ``test_unverified_prices``)."""
+    worker.models = [m.model_copy(update={"parameter_count": parameter_count, "size_bytes": 0})
                      for m in worker.models]
     return worker
 
@@ -87,7 +89,8 @@ async def test_the_operator_prices_models_the_queen_cannot_read(tmp_path, hub):
     prices.write_text(json.dumps({"models": {LOCAL: "small", BIG: "medium"}}))
     async with running_queen(tmp_path, hub_endpoint=hub.url, prices_file=prices,
                              unverified_price_class="large") as queen:
-        workers = [await ScriptedWorker(queen.ws_url, models=[LOCAL, BIG, "other-local"]).start()]
+        workers = [await claiming(ScriptedWorker(queen.ws_url, models=[LOCAL, BIG, "other-local"]),
+                                  1).start()]
         try:
             await queen.state.catalog.settle(BIG)
             assert queen.state.price_of(LOCAL).size_class == "small"  # the price file

@@ -73,7 +73,9 @@ async def test_a_trillion_parameter_claim_is_accepted_but_moves_no_price(tmp_pat
     hub) is priced as unverified, here the largest class, whatever the worker says."""
     async with running_queen(tmp_path, unverified_price_class=None) as queen:
         worker = ScriptedWorker(queen.ws_url, models=["org/huge:Q2"])
-        worker.models = [worker.models[0].model_copy(update={"parameter_count": 10**12})]
+        # (Its file's size, which would bound the price, it does not say.)
+        worker.models = [worker.models[0].model_copy(update={"parameter_count": 10**12,
+                                                             "size_bytes": 0})]
         await worker.start()
         try:
             async with httpx.AsyncClient(base_url=queen.base_url) as client:

@@ -100,7 +100,10 @@ def kept_within_budget(answer: dict[str, Any]) -> None:
 ])
 async def test_a_stuffing_worker_fails_its_job_and_a_twin_finishes_the_answer(
         tmp_path, shape, refusal):
-    async with running_queen(tmp_path, total_timeout_s=30.0) as queen:
+    # Heartbeats every 5 s, not the harness's 0.5 s: decoding the stuffed frames takes the
+    # loop (queen and workers share it here) long enough on a loaded machine that a twin could
+    # miss a beat, which is not what this test is about.
+    async with running_queen(tmp_path, total_timeout_s=30.0, heartbeat_interval_s=5.0) as queen:
         hostile = await StuffingWorker(queen.ws_url, continues=True, capabilities=LOGPROBS,
                                        shape=shape).start()
         twin: ScriptedWorker | None = None

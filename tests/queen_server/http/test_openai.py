@@ -111,8 +111,11 @@ async def test_models_lists_what_connected_workers_hold(queen, worker):
         # prices a model on no hub as unverified (the test queen's class for those: tiny)
         assert extra["parameter_count"] is None
         assert extra["verified"] is False
-        assert extra["price"] == {"size_class": "tiny", "prompt_msat_per_1k": 100,
-                                  "completion_msat_per_1k": 200}
+        assert extra["price"] == {
+            "size_class": "tiny", "prompt_msat_per_1k": 100, "completion_msat_per_1k": 200,
+            "basis": "unverified", "reason": "unverified: the queen could not read this "
+            "model's file on the hub, so it is priced as the tiny class, this queen's class for "
+            "unverified models"}
     finally:
         await other.stop()
     await queen.wait_until(lambda: len(queen.state.registry) == 1)

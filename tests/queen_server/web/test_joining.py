@@ -56,10 +56,16 @@ def test_first_url_reads_every_shape_of_the_setting() -> None:
 
 
 def test_the_pay_sentence() -> None:
-    paying = {"pays": True, "open": False, "worker_share": 0.8, "payout_threshold_sats": 1000}
+    paying = {"pays": True, "open": False, "worker_share": 0.8, "payout_threshold_sats": 1000,
+              "mode": "lightning"}
     assert pay_sentence(paying) == (
-        "This queen pays its workers 80% of what each job costs, in sats over Lightning, once "
-        "they have earned 1,000 sats and set a payout address in the app.")
+        "This queen pays its workers 80% of what each job costs, in sats over Lightning, "
+        "automatically, once they have earned 1,000 sats and set a payout address in the app.")
+    by_hand = {**paying, "mode": "manual", "note": "Ask bob@queen.example."}
+    assert pay_sentence(by_hand) == (
+        "This queen pays its workers 80% of what each job costs, in sats: its operator pays "
+        "by hand what is due once a worker has earned 1,000 sats. The operator says: Ask "
+        "bob@queen.example.")
     assert "does not pay" in pay_sentence({"pays": False, "open": True})
     assert "keeps no ledger" in pay_sentence({"pays": False, "open": False})
 

@@ -65,8 +65,11 @@ async def test_landing_page_shows_the_swarm_models_prices_and_a_working_sdk_exam
         models = page.locator("#models tbody tr")
         await expect(models).to_have_count(1)
         row = page.locator(f'#models tbody tr[data-key="{ECHO_MODEL}"]')
-        # 135M parameters: the "tiny" class, 100 and 200 msat per 1k tokens.
-        await expect(row.locator("td")).to_have_text([ECHO_MODEL, "1", "tiny", "0.1", "0.2"])
+        # 135M parameters: the "tiny" class, 100 and 200 msat per 1k tokens; and why (issue 35).
+        await expect(row.locator("td")).to_have_text([
+            ECHO_MODEL, "1", "tiny", "0.1", "0.2",
+            "unverified: the queen could not read this model's file on the hub, so it is priced "
+            "as the tiny class, this queen's class for unverified models"])
         await expect(page.locator('[data-field="workers_online"]')).to_have_text("1")
         await expect(page.locator('[data-kind="gpu_share"]')).to_have_text("1 with a GPU")
         await expect(page.locator('[data-field="vram_total_mb"]')).to_have_text("24.0 GB")
@@ -317,7 +320,9 @@ async def test_models_and_jobs_pages_update_live(
         page = await new_page(browser, errors)
         await log_in(page, web_queen.base_url, then="/admin/models")
         await expect(page.locator(f'#rows tbody tr[data-key="{ALPHA}"] td')).to_have_text(
-            [ALPHA, "1", "1", "7B", "verified", "medium", "0.8", "1.6"])
+            [ALPHA, "1", "1", "7B", "verified", "medium", "0.8", "1.6",
+             "verified: the queen read this model's file on the hub (7B parameters), so it is "
+             "priced as the medium class"])
         async with workers(ScriptedWorker(web_queen.ws_url, models=[ALPHA, GAMMA])):
             await expect(page.locator("#rows tbody tr")).to_have_count(2)
             await expect(page.locator(f'#rows tbody tr[data-key="{ALPHA}"] td').nth(1)
