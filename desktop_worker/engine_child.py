@@ -35,6 +35,8 @@ from desktop_worker.sandbox.process import (
 )
 from shared_schema.engine_ipc import (
     ENGINE_IPC_VERSION,
+    DeviceInfo,
+    Done,
     Embed,
     Embedded,
     Failed,
@@ -42,6 +44,7 @@ from shared_schema.engine_ipc import (
     ListDevices,
     Load,
     Loaded,
+    Probed,
     Scored,
     ScoreJob,
     Serve,
@@ -217,7 +220,9 @@ def _run(channel: Channel, context: Any, job: Any, cancel: threading.Event) -> N
         for chunk in context.stream(job.kind, job.request, cancel, job.continuation):
             channel.send_chunk(chunk)
         usage = context.usage()
-        channel.send(_done(usage))
+        channel.send(Done(prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                          completion_tokens=int(usage.get("completion_tokens", 0)),
+                          total_tokens=int(usage.get("total_tokens", 0))))
     elif isinstance(job, ScoreJob):
         from desktop_worker.engine.scores import ScoreRequest
 
@@ -228,14 +233,6 @@ def _run(channel: Channel, context: Any, job: Any, cancel: threading.Event) -> N
         channel.send(Embedded(vectors=vectors, tokens=tokens))
     else:
         raise ValueError(f"a {job.type!r} message is not a job")
-
-
-def _done(usage: dict[str, int]) -> Any:
-    from shared_schema.engine_ipc import Done
-
-    return Done(prompt_tokens=int(usage.get("prompt_tokens", 0)),
-                completion_tokens=int(usage.get("completion_tokens", 0)),
-                total_tokens=int(usage.get("total_tokens", 0)))
 
 
 # --- member and probe ----------------------------------------------------------------------------
@@ -253,7 +250,6 @@ def serve_member(channel: Channel) -> int:
 
 def serve_probe(channel: Channel) -> int:
     from desktop_worker.groups.rpc_backend import LlamaRpc
-    from shared_schema.engine_ipc import DeviceInfo, Probed
 
     rpc = LlamaRpc()
     while (message := channel.read()) is not None:

@@ -26,10 +26,10 @@ from desktop_worker.errors import (
     MemberShort,
     UnsupportedRequest,
 )
-from desktop_worker.sandbox.context import SandboxedContext, head_load
+from desktop_worker.sandbox.context import SandboxedContext
 from desktop_worker.sandbox.policy import policy_for, split_parts
 from desktop_worker.sandbox.process import EngineProcess
-from shared_schema.engine_ipc import HeadLoaded, Load
+from shared_schema.engine_ipc import HeadLoad, HeadLoaded, Load
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +109,10 @@ class GroupHead:
         process = EngineProcess("head", policy, label=f"group head {config.name}")
         load = Load(name=config.name, model_path=config.model_path, n_ctx=config.n_ctx,
                     n_gpu_layers=-1, n_threads=config.n_threads,
-                    head=head_load(config.endpoints, config.n_layer, config.cpu_layers,
-                                   config.device_layers, config.output_on_cpu))
+                    head=HeadLoad(endpoints=list(config.endpoints), n_layer=config.n_layer,
+                                  cpu_layers=config.cpu_layers,
+                                  device_layers=list(config.device_layers),
+                                  output_on_cpu=config.output_on_cpu))
         try:
             self._context = SandboxedContext(config.name, process, load,
                                              ready_timeout_s=self.ready_timeout_s)

@@ -160,7 +160,3 @@ def _drop_capabilities(libc: ctypes.CDLL) -> bool:
     data = (_CapData * 2)()
     return libc.capset(ctypes.byref(header), data) == 0
 
-
-def no_new_privs_set() -> bool:
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1

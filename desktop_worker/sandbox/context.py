@@ -32,7 +32,6 @@ from shared_schema.engine_ipc import (
     Embed,
     Embedded,
     Failed,
-    HeadLoad,
     HeadLoaded,
     Load,
     Loaded,
@@ -238,8 +237,3 @@ class SandboxedContexts:
         self._tell(context)
         return context
 
-
-def head_load(endpoints: Sequence[str], n_layer: int, cpu_layers: int,
-              device_layers: Sequence[int], output_on_cpu: bool) -> HeadLoad:
-    return HeadLoad(endpoints=list(endpoints), n_layer=n_layer, cpu_layers=cpu_layers,
-                    device_layers=list(device_layers), output_on_cpu=output_on_cpu)

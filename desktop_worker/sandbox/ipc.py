@@ -126,10 +126,6 @@ class EngineLink:
         self._frames = FrameDecoder(max_frame_bytes)
         self._cancelled = False
 
-    @property
-    def busy(self) -> bool:
-        return self.state in _REPLIES
-
     # --- commands --------------------------------------------------------------------------
 
     def _send(self, message: Any, expect: set[State], then: State) -> bytes:

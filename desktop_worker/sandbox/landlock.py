@@ -24,7 +24,6 @@ import errno
 import logging
 import os
 import sys
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from desktop_worker.errors import SandboxError
@@ -186,6 +185,3 @@ def _add_port(libc: ctypes.CDLL, ruleset: int, port: int, right: int) -> None:
                     ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
         raise SandboxError(f"Landlock refused the rule for port {port}: {_err()}")
 
-
-def existing(paths: Iterable[str]) -> list[str]:
-    return [path for path in paths if os.path.exists(path)]

@@ -106,6 +106,3 @@ def policy_for(
         memory_mb=memory_mb + RUNTIME_ALLOWANCE_MB if memory_mb is not None else None,
     )
 
-
-def role_reads_model(role: Role) -> bool:
-    return role in ("context", "head")

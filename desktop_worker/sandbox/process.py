@@ -74,6 +74,14 @@ def child_environment(scratch: str) -> dict[str, str]:
     return env
 
 
+def printable(line: bytes) -> str:
+    """A child's log line as the worker logs it: what llama.cpp prints is text, but a hostile
+    model's bytes could be anything, so control characters (terminal escapes, carriage returns
+    that hide the line before) become ``?``."""
+    text = line.decode("utf-8", errors="replace").rstrip()
+    return "".join(ch if ch.isprintable() or ch == "\t" else "?" for ch in text)
+
+
 def describe_exit(code: int | None) -> str:
     """A child's exit status in plain words."""
     if code is None:
@@ -107,7 +115,7 @@ class _LogReader(threading.Thread):
     def run(self) -> None:
         with contextlib.suppress(OSError, ValueError):
             while line := self.stream.readline(MAX_LINE_CHARS):
-                text = line.decode("utf-8", errors="replace").rstrip()
+                text = printable(line)
                 if not text:
                     continue
                 self.last.append(text)

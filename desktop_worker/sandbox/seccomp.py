@@ -33,7 +33,6 @@ import ctypes
 import errno
 import platform
 import struct
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from desktop_worker.errors import SandboxError
@@ -226,10 +225,6 @@ def program(arch: Arch, sockets: Sockets = NO_SOCKETS) -> bytes:
 
 def current_arch() -> Arch | None:
     return ARCHES.get(platform.machine().lower())
-
-
-def denied_names() -> Iterable[str]:
-    return DENIED
 
 
 class _SockFprog(ctypes.Structure):

@@ -68,3 +68,10 @@ def test_the_tcp_transport_takes_only_the_child_with_the_token(monkeypatch) -> N
     assert reply.type == "probed"
     readers[0].join(10)
     assert strangers == [b""]  # the stranger was hung up on, told nothing
+
+
+def test_a_childs_log_lines_reach_the_owners_log_without_control_characters() -> None:
+    from desktop_worker.sandbox.process import printable
+
+    assert printable(b"\x1b[2J\x1b]0;owned\x07fake line\r\n") == "?[2J?]0;owned?fake line"
+    assert printable("llama.cpp: ok \u00e9\tdone\n".encode()) == "llama.cpp: ok \u00e9\tdone"
