@@ -115,13 +115,17 @@ def _confine_linux(policy: SandboxPolicy, role: Role) -> Confinement:
         except SandboxError as exc:
             notes.append(str(exc))
     sockets = sockets_for(role, policy)
+    if policy.memory_mb is not None and policy.device_paths:
+        notes.append("with a GPU to share memory with, the engine's memory limit does not count "
+                     "shared memory")
     filtered = False
     arch = seccomp.current_arch()
     if arch is None:
         notes.append(f"no system call filter for this processor ({os.uname().machine})")
     elif no_new_privs:
         try:
-            seccomp.install(seccomp.program(arch, sockets))
+            seccomp.install(seccomp.program(arch, sockets,
+                                            shared_memory=bool(policy.device_paths)))
             filtered = True
         except SandboxError as exc:
             notes.append(str(exc))

@@ -43,6 +43,12 @@ TOKEN_VARIABLE = "APIARY_ENGINE_TOKEN"  # and the one-time token to prove itself
 TOKEN_BYTES = 32
 ENGINE_CHILD_FLAG = "--engine-child"  # the frozen app's entry point starts a child with it
 START_TIMEOUT_S = 60.0  # a fresh Python importing numpy, jinja2 and llama.cpp on a slow disk
+# A child's scratch folder (the only place it may write) is held to this much disk and this many
+# entries, checked every ``SCRATCH_CHECK_S``: past either, the child is stopped. Each file is
+# also held to the policy's ``max_file_mb`` by the child's own rlimit.
+SCRATCH_QUOTA_MB = 1024
+SCRATCH_ENTRIES = 10_000
+SCRATCH_CHECK_S = 1.0
 READ_BYTES = 1 << 20
 LOG_LINES_PER_MINUTE = 240
 LAST_LINES = 40
@@ -80,6 +86,53 @@ def printable(line: bytes) -> str:
     that hide the line before) become ``?``."""
     text = line.decode("utf-8", errors="replace").rstrip()
     return "".join(ch if ch.isprintable() or ch == "\t" else "?" for ch in text)
+
+
+def scratch_problem(folder: str, quota_bytes: int, max_entries: int = SCRATCH_ENTRIES
+                    ) -> str | None:
+    """Why a child's scratch folder is over its quota (the disk its files really use, so a
+    sparse file counts as what it holds), or None. The walk stops at ``max_entries``: a
+    folder with more is over its quota too."""
+    used = entries = 0
+    stack = [folder]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as listing:
+                for entry in listing:
+                    entries += 1
+                    if entries > max_entries:
+                        return f"it made more than {max_entries:,} files in its scratch folder"
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    else:
+                        stat = entry.stat(follow_symlinks=False)
+                        blocks = getattr(stat, "st_blocks", None)  # POSIX: what is on disk
+                        used += blocks * 512 if blocks is not None else stat.st_size
+                    if used > quota_bytes:
+                        return (f"it wrote more than {quota_bytes // 2**20:,} MB to its scratch "
+                                "folder")
+        except OSError:
+            continue  # removed meanwhile
+    return None
+
+
+class _ScratchWatch(threading.Thread):
+    """Stops a child whose scratch folder goes past its quota: the owner's disk is theirs."""
+
+    def __init__(self, process: EngineProcess, quota_bytes: int) -> None:
+        super().__init__(name=f"{process.label}-scratch", daemon=True)
+        self.process = process
+        self.quota_bytes = quota_bytes
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(SCRATCH_CHECK_S):
+            problem = scratch_problem(self.process.scratch, self.quota_bytes)
+            if problem is not None:
+                log.error("%s was stopped: %s", self.process.label, problem)
+                self.process.stopped_because = problem
+                self.process.kill()
+                return
 
 
 def describe_exit(code: int | None) -> str:
@@ -144,12 +197,13 @@ class EngineProcess:
     """One engine child, started in the ``role`` under ``policy``."""
 
     def __init__(self, role: Role, policy: SandboxPolicy, *, label: str,
-                 start_timeout_s: float = START_TIMEOUT_S, transport: str | None = None) -> None:
+                 start_timeout_s: float = START_TIMEOUT_S, transport: str | None = None,
+                 scratch_quota_mb: int = SCRATCH_QUOTA_MB) -> None:
         """``transport``: "socketpair" (POSIX: the child inherits its end) or "tcp" (Windows,
         which cannot pass a socket to a child that simply: the child dials a one-time
         listener on 127.0.0.1 and proves itself with a one-time token). The child's scratch
-        folder is ``policy.scratch`` (a new one when the policy names none), removed when the
-        child is closed."""
+        folder is ``policy.scratch`` (a new one when the policy names none), held to
+        ``scratch_quota_mb`` while the child runs and removed when it is closed."""
         self.role = role
         self.transport = transport or ("tcp" if os.name == "nt" else "socketpair")
         if policy.scratch is None:
@@ -165,6 +219,8 @@ class EngineProcess:
         self._pending: list[Any] = []
         self._lock = threading.Lock()  # sends (a cancel comes from the job's thread too)
         self.confinement: Confinement | None = None
+        self.stopped_because: str | None = None  # the worker stopped it, and why
+        self._watch = _ScratchWatch(self, scratch_quota_mb * 2**20)
 
     @staticmethod
     def scratch_folder() -> str:
@@ -199,6 +255,7 @@ class EngineProcess:
         assert process.stdout is not None
         self._log = _LogReader(process.stdout, f"{self.label}[{process.pid}]")
         self._log.start()
+        self._watch.start()
         self.send(self.link.start(self.policy))
         hello = self.wait_for(self.start_timeout_s)
         if hello is None:
@@ -303,7 +360,7 @@ class EngineProcess:
         if self._log is not None:
             self._log.join(timeout=1)
         words = self._log.last_words() if self._log is not None else ""
-        how = detail or describe_exit(code)
+        how = detail or self.stopped_because or describe_exit(code)
         reason = f"the engine process ended: {how}" + (f" ({words})" if words else "")
         return EngineCrashed(f"{self.label}: {reason}", reason=reason)
 
@@ -331,6 +388,7 @@ class EngineProcess:
         if sock is not None:
             sock.close()
         self._sock = None
+        self._watch.done.set()
         if self._log is not None:
             self._log.join(timeout=2)
         if process is not None and process.stdout is not None:

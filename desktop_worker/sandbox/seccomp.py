@@ -15,6 +15,9 @@ loads it into the calling process (``no_new_privs`` must be set first). What it 
   ``umount2``, ``pivot_root``, ``chroot``, ``unshare``, ``setns``, ``open_by_handle_at``,
   ``name_to_handle_at``, ``setrlimit`` and ``prlimit64`` with a new limit (reading one is
   fine), ``capset``, ``set*uid``/``set*gid``/``setgroups``;
+- memory its data limit (``RLIMIT_DATA``) does not count: System V shared memory (``shmget``,
+  ``shmat``, ``shmctl``) always, and where the child has no GPU device to share memory with,
+  ``memfd_create`` and ``mmap`` of shared anonymous memory (``shared_memory=False``);
 - sockets: none at all (``socket``, ``socketpair``, ``connect``, ``bind``, ``listen``,
   ``accept``), unless the role needs TCP: a group head may create IPv4/IPv6 stream sockets and
   ``connect`` (Landlock then limits the ports), a member's RPC server may create them, ``bind``,
@@ -60,6 +63,7 @@ def _arg_high(index: int) -> int:
 
 
 CLONE_THREAD = 0x00010000
+MAP_SHARED, MAP_ANONYMOUS = 0x01, 0x20
 AF_INET, AF_INET6 = 2, 10
 SOCK_STREAM = 1
 SOCK_TYPE_MASK = 0xF  # the type without SOCK_NONBLOCK and SOCK_CLOEXEC
@@ -93,6 +97,7 @@ _COMMON_GENERIC = {  # asm-generic/unistd.h (aarch64)
     "kcmp": 272, "sethostname": 161, "setdomainname": 162, "vhangup": 58,
     "lookup_dcookie": 18, "capset": 91, "setuid": 146, "setgid": 144, "setreuid": 145,
     "setregid": 143, "setresuid": 147, "setresgid": 149, "setgroups": 159,
+    "shmget": 194, "shmctl": 195, "shmat": 196, "memfd_create": 279, "mmap": 222,
 }
 
 X86_64 = Arch("x86_64", 0xC000003E, {
@@ -112,7 +117,8 @@ X86_64 = Arch("x86_64", 0xC000003E, {
     "process_madvise": 440, "pidfd_getfd": 438, "kcmp": 312, "sethostname": 170,
     "setdomainname": 171, "vhangup": 153, "lookup_dcookie": 212, "capset": 126,
     "setuid": 105, "setgid": 106, "setreuid": 113, "setregid": 114, "setresuid": 117,
-    "setresgid": 119, "setgroups": 116,
+    "setresgid": 119, "setgroups": 116, "shmget": 29, "shmat": 30, "shmctl": 31,
+    "memfd_create": 319, "mmap": 9,
 }, x32=True)
 AARCH64 = Arch("aarch64", 0xC00000B7, _COMMON_GENERIC)
 
@@ -130,6 +136,7 @@ DENIED = (
     "fsmount", "fspick", "mount_setattr", "setrlimit", "process_madvise", "pidfd_getfd", "kcmp",
     "sethostname", "setdomainname", "vhangup", "lookup_dcookie", "capset", "setuid", "setgid",
     "setreuid", "setregid", "setresuid", "setresgid", "setgroups", "socketpair",
+    "shmget", "shmat", "shmctl",
 )
 
 
@@ -168,8 +175,10 @@ def _when(number: int, body: list[bytes]) -> list[bytes]:
     return [_insn(_JEQ_K, number, 0, len(body)), *body]
 
 
-def program(arch: Arch, sockets: Sockets = NO_SOCKETS) -> bytes:
-    """The filter's instructions (``struct sock_filter`` each), ready for ``install``."""
+def program(arch: Arch, sockets: Sockets = NO_SOCKETS, *, shared_memory: bool = True) -> bytes:
+    """The filter's instructions (``struct sock_filter`` each), ready for ``install``.
+    ``shared_memory``: the child may make shared memory its data limit does not count
+    (``memfd_create``, shared anonymous ``mmap``): a GPU runtime may need it."""
     eperm = _errno(errno.EPERM)
     numbers = arch.numbers
     out: list[bytes] = [
@@ -201,6 +210,16 @@ def program(arch: Arch, sockets: Sockets = NO_SOCKETS) -> bytes:
         _ret(RET_ALLOW),
         _ret(eperm),
     ])
+    if not shared_memory:
+        out += _deny(numbers["memfd_create"], eperm)
+        # mmap(addr, length, prot, flags, fd, offset): shared and anonymous together, refused
+        out += _when(numbers["mmap"], [
+            _insn(_LD_W_ABS, _arg_low(3)),
+            _insn(_AND_K, MAP_SHARED | MAP_ANONYMOUS),
+            _insn(_JEQ_K, MAP_SHARED | MAP_ANONYMOUS, 0, 1),
+            _ret(eperm),
+            _ret(RET_ALLOW),
+        ])
     if sockets.tcp:
         out += _when(numbers["socket"], [
             _insn(_LD_W_ABS, _arg_low(0)),

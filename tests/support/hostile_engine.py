@@ -88,6 +88,23 @@ def main() -> None:
 
     if policy.memory_mb is not None:
         results["allocate_past_limit"] = attempt(allocate)
+
+    def sysv_shared_memory() -> None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.shmget(0, 1 << 20, 0o1600) < 0:  # IPC_PRIVATE, IPC_CREAT | 0600
+            raise OSError(ctypes.get_errno(), "shmget")
+
+    def shared_anonymous() -> None:
+        import mmap
+
+        mmap.mmap(-1, 1 << 20).close()  # MAP_SHARED | MAP_ANONYMOUS
+
+    # Memory the data limit does not count: refused, so the limit holds.
+    results["sysv_shm"] = attempt(sysv_shared_memory)
+    results["shared_anonymous"] = attempt(shared_anonymous)
+    results["memfd"] = attempt(lambda: os.close(os.memfd_create("more")))
     report = {"confinement": confinement.model_dump(), "results": results}
     sys.stdout.write(json.dumps(report) + "\n")
 

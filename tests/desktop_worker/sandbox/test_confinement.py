@@ -95,6 +95,10 @@ def test_a_confined_context_reaches_nothing_of_the_volunteers(targets, scratch) 
     assert results["udp"] in DENIED
     assert results["raise_rlimit"] == "ValueError"  # Python's word for EPERM here
     assert results["allocate_past_limit"] == "MemoryError"
+    assert results["sysv_shm"] in DENIED  # memory the data limit would not count
+    if not policy.device_paths:  # no GPU to share memory with: none of it either
+        assert results["shared_anonymous"] in DENIED
+        assert results["memfd"] in DENIED
     assert results["read_model"] == "ok"
     assert results["write_scratch"] == "ok"
     if LANDLOCK >= 1:

@@ -168,3 +168,41 @@ def test_the_child_gets_none_of_the_workers_secrets(monkeypatch) -> None:
         assert engine.process.confinement.seccomp
     finally:
         engine.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_child_filling_its_scratch_folder_is_stopped_and_the_folder_removed(
+        monkeypatch, tmp_path) -> None:
+    """The scratch folder is the only place a child may write, and it is the owner's disk: a
+    child that writes past its quota (here 16 MB) is stopped, and its folder goes with it."""
+    script = tmp_path / "filler.py"
+    script.write_text(
+        "import time\n"
+        "for i in range(200):\n"  # 800 MB, if nothing stopped it
+        "    with open(f'junk-{i}', 'wb') as out:\n"
+        "        out.write(b'x' * (4 << 20))\n"
+        "time.sleep(60)\n")
+    monkeypatch.setattr(process_module, "child_command", lambda: [sys.executable, str(script)])
+    from desktop_worker.sandbox.policy import policy_for
+
+    engine = process_module.EngineProcess("context", policy_for("context"), label="filler",
+                                          scratch_quota_mb=16)
+    with pytest.raises(EngineCrashed, match="wrote more than 16 MB to its scratch folder"):
+        engine.start()
+    assert not engine.alive
+    engine.close()
+    assert not Path(engine.scratch).exists()
+
+
+def test_the_scratch_check_counts_what_is_on_disk_and_the_number_of_files(tmp_path) -> None:
+    from desktop_worker.sandbox.process import scratch_problem
+
+    (tmp_path / "deep" / "er").mkdir(parents=True)
+    (tmp_path / "deep" / "er" / "data").write_bytes(b"x" * (3 << 20))
+    with open(tmp_path / "sparse", "wb") as sparse:  # 1 GB long, nothing on disk
+        sparse.truncate(1 << 30)
+    assert scratch_problem(str(tmp_path), 4 << 20) is None
+    assert "wrote more than 2 MB" in (scratch_problem(str(tmp_path), 2 << 20) or "")
+    for i in range(5):
+        (tmp_path / f"f{i}").touch()
+    assert "more than 5 files" in (scratch_problem(str(tmp_path), 4 << 20, max_entries=5) or "")
