@@ -6,14 +6,15 @@ It reads the worker's ``start`` message, confines itself (``confine.py``) while 
 thread and before it imports llama.cpp or reads a model or peer byte, says hello with what
 holds, then serves its role until told to stop or its socket closes:
 
-- ``context``: one llama.cpp context of one model: ``stream``, ``score`` and ``embed``;
+- ``context``: one model: its streams side by side in one batch (``engine.batch``, issue 36),
+  ``score`` and ``embed`` between the batch's steps;
 - ``head``: a model group's head (issue 19): the members' RPC servers (through the worker's
   dialers on 127.0.0.1) as devices, the model loaded with the queen's layers, then ``stream``;
 - ``member``: llama.cpp's RPC server on 127.0.0.1 (reached only through the worker's gate);
 - ``probe``: llama.cpp's build and devices, for the hello and the queen's group planning.
 
-A ``cancel`` may arrive while a job runs, so a reader thread takes the worker's messages and
-the main thread runs the jobs and writes every reply.
+A ``cancel`` or a new job may arrive while jobs run, so a reader thread takes the worker's
+messages and the main thread runs the jobs and writes every reply.
 """
 
 from __future__ import annotations
@@ -78,11 +79,11 @@ class Channel:
     def send(self, message: Any) -> None:
         self.sock.sendall(ChildLink.reply(message))
 
-    def send_chunk(self, data: dict[str, Any]) -> None:
+    def send_chunk(self, job: int, data: dict[str, Any]) -> None:
         """A chunk without a pydantic round trip: it is the hot path (one per token)."""
         import orjson
 
-        self.sock.sendall(frame(orjson.dumps({"type": "chunk", "data": data})))
+        self.sock.sendall(frame(orjson.dumps({"type": "chunk", "job": job, "data": data})))
 
 
 def main() -> int:
@@ -152,11 +153,12 @@ def _load(message: Load) -> tuple[Any, Loaded, Any]:
     from pathlib import Path
 
     context = LlamaContext(message.name, Path(message.model_path), plan,
-                           n_threads=message.n_threads, embedding=message.embedding)
-    return context, Loaded(n_ctx=context.llama.n_ctx()), None
+                           n_threads=message.n_threads, embedding=message.embedding,
+                           slots=message.slots)
+    return context, Loaded(n_ctx=context.llama.n_ctx(), slots=context.slots), None
 
 
-def _failure(exc: BaseException) -> Failed:
+def _failure(exc: BaseException, job: int | None = None) -> Failed:
     from desktop_worker.errors import (
         InvalidModelFile,
         MemberShort,
@@ -166,14 +168,16 @@ def _failure(exc: BaseException) -> Failed:
 
     message = str(exc)[:4000] or type(exc).__name__
     if isinstance(exc, MemberShort):
-        return Failed(code="member_short", message=message, endpoint=exc.endpoint[:64])
+        return Failed(job=job, code="member_short", message=message,
+                      endpoint=exc.endpoint[:64])
     if isinstance(exc, InvalidModelFile):
-        return Failed(code="invalid_model", message=message)
+        return Failed(job=job, code="invalid_model", message=message)
     if isinstance(exc, UnsupportedRequest):
-        return Failed(code="unsupported", message=message)
+        return Failed(job=job, code="unsupported", message=message)
     if isinstance(exc, ModelLoadError):
-        return Failed(code="load_failed", message=message)
-    return Failed(code="engine_error", message=f"{type(exc).__name__}: {message}")
+        return Failed(job=job, code="load_failed", message=message)
+    return Failed(job=job, code="engine_error",
+                  message=f"{type(exc).__name__}: {message}"[:4000])
 
 
 def serve_engine(channel: Channel, role: str) -> int:
@@ -186,53 +190,126 @@ def serve_engine(channel: Channel, role: str) -> int:
         channel.send(_failure(exc))
         return 1
     channel.send(loaded)
-    jobs: queue.Queue[Any] = queue.Queue()
-    cancel = threading.Event()
-
-    def read() -> None:
-        while True:
-            try:
-                message = channel.read()
-            except (OSError, ValueError):
-                message = None
-            if message is None or isinstance(message, Stop):
-                jobs.put(None)
-                return
-            if message.type == "cancel":
-                cancel.set()
-            else:
-                jobs.put(message)
-
-    threading.Thread(target=read, name="engine-ipc", daemon=True).start()
-    while (job := jobs.get()) is not None:
-        cancel.clear()
-        try:
-            _run(channel, context, job, cancel)
-        except Exception as exc:
-            channel.send(_failure(exc))
+    server = _Server(channel, context)
+    threading.Thread(target=server.read, name="engine-ipc", daemon=True).start()
+    server.run()
     context.close()
     del keep
     return 0
 
 
-def _run(channel: Channel, context: Any, job: Any, cancel: threading.Event) -> None:
-    if isinstance(job, Stream):
-        for chunk in context.stream(job.kind, job.request, cancel, job.continuation):
-            channel.send_chunk(chunk)
-        usage = context.usage()
-        channel.send(Done(prompt_tokens=int(usage.get("prompt_tokens", 0)),
-                          completion_tokens=int(usage.get("completion_tokens", 0)),
-                          total_tokens=int(usage.get("total_tokens", 0))))
-    elif isinstance(job, ScoreJob):
+class _Server:
+    """A loaded model's jobs: streams run side by side in its batch engine (issue 36), one
+    step at a time; scores and embeddings run between steps (a score waits for an idle batch
+    when the engine shares the model's own context). A reader thread takes the worker's
+    messages, so a cancel reaches a running score at once."""
+
+    def __init__(self, channel: Channel, context: Any) -> None:
+        self.channel = channel
+        self.context = context
+        self.engine = getattr(context, "engine", None)
+        self.shared = getattr(context, "_batch_ctx", None) is None
+        self.inbox: queue.Queue[Any] = queue.Queue()
+        self.cancels: dict[int, threading.Event] = {}  # running or queued scores
+        self.lock = threading.Lock()
+        self.deferred: list[Any] = []  # scores waiting for the shared context
+
+    def read(self) -> None:
+        while True:
+            try:
+                message = self.channel.read()
+            except (OSError, ValueError):
+                message = None
+            if message is None or isinstance(message, Stop):
+                self.inbox.put(None)
+                return
+            if message.type == "cancel":
+                with self.lock:
+                    event = self.cancels.get(message.job)
+                if event is not None:
+                    event.set()
+            elif message.type == "score":
+                with self.lock:
+                    self.cancels[message.job] = threading.Event()
+            self.inbox.put(message)
+
+    @property
+    def generating(self) -> bool:
+        return self.engine is not None and self.engine.busy
+
+    def run(self) -> None:
+        while True:
+            if self.deferred and not self.generating:
+                self._score(self.deferred.pop(0))
+                continue
+            messages: list[Any] = []
+            try:
+                messages.append(self.inbox.get(block=not self.generating))
+                while True:
+                    messages.append(self.inbox.get_nowait())
+            except queue.Empty:
+                pass
+            for message in messages:
+                if message is None:
+                    return
+                self._handle(message)
+            if self.generating:
+                try:
+                    events = self.context.step()
+                except Exception as exc:  # the whole step failed: every job in it does
+                    events = self.engine.abort(exc)
+                self._send(events)
+
+    def _handle(self, message: Any) -> None:
+        job = getattr(message, "job", None)
+        try:
+            if isinstance(message, Stream):
+                self.context.submit(message.job, message.kind, message.request,
+                                    message.continuation, message.scope)
+            elif message.type == "cancel":
+                if self.engine is not None:
+                    self._send(self.engine.cancel(message.job))
+            elif isinstance(message, ScoreJob):
+                if self.shared and self.generating:
+                    self.deferred.append(message)
+                else:
+                    self._score(message)
+            elif isinstance(message, Embed):
+                vectors, tokens = self.context.embed(message.inputs)
+                self.channel.send(Embedded(job=message.job, vectors=vectors, tokens=tokens))
+            else:
+                raise ValueError(f"a {message.type!r} message is not a job")
+        except Exception as exc:
+            self.channel.send(_failure(exc, job))
+
+    def _score(self, message: ScoreJob) -> None:
         from desktop_worker.engine.scores import ScoreRequest
 
-        score = context.score(ScoreRequest(job.kind, job.request, job.answer), cancel)
-        channel.send(Scored(data=score.data() if score is not None else None))
-    elif isinstance(job, Embed):
-        vectors, tokens = context.embed(job.inputs)
-        channel.send(Embedded(vectors=vectors, tokens=tokens))
-    else:
-        raise ValueError(f"a {job.type!r} message is not a job")
+        with self.lock:
+            cancel = self.cancels.get(message.job) or threading.Event()
+        try:
+            score = self.context.score(ScoreRequest(message.kind, message.request,
+                                                    message.answer), cancel)
+            self.channel.send(Scored(job=message.job,
+                                     data=score.data() if score is not None else None))
+        except Exception as exc:
+            self.channel.send(_failure(exc, message.job))
+        finally:
+            with self.lock:
+                self.cancels.pop(message.job, None)
+
+    def _send(self, events: list[Any]) -> None:
+        for event in events:
+            if event.kind == "chunk":
+                self.channel.send_chunk(event.job, event.data)
+            elif event.kind == "done":
+                usage = event.data or {}
+                self.channel.send(Done(job=event.job,
+                                       prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                                       completion_tokens=int(usage.get("completion_tokens", 0)),
+                                       total_tokens=int(usage.get("total_tokens", 0))))
+            else:
+                self.channel.send(_failure(event.error, event.job))
 
 
 # --- member and probe ----------------------------------------------------------------------------

@@ -186,11 +186,14 @@ class JobRunner:
                 unsaved.clear()
                 unsaved_logprobs.clear()
 
+        # The queen's hash of the caller: cached prefixes are reused within it only (issue 36).
+        scope = getattr(job, "cache_scope", None)
         if kind == "completions":
-            counts = await self.pool.complete(model, job.openai_req, cancel, on_chunk)
+            counts = await self.pool.complete(model, job.openai_req, cancel, on_chunk,
+                                              scope=scope)
         else:
             counts = await self.pool.chat(model, job.openai_req, cancel, on_chunk,
-                                          continuation=job.continuation)
+                                          continuation=job.continuation, scope=scope)
         usage = Usage(**counts)
         if not cancel.is_set():
             await sink.result(job.id, {} if stream else answer_from_chunks(collected), usage)

@@ -123,7 +123,7 @@ class WorkerService:
         self.group_contexts = GroupContexts(self.local_group or self.engines)
         self.pool = ModelPool(
             self.store.get,
-            max_jobs=settings.max_jobs,
+            max_jobs=settings.jobs_at_once,
             gpu_layers=settings.gpu_layers,
             n_ctx=settings.n_ctx,
             n_threads=settings.threads,  # None: llama.cpp picks half the cores
@@ -338,7 +338,7 @@ class WorkerService:
                 ln_url=settings.ln_url,
                 models=models,
                 capabilities=worker_capabilities(settings, rpc),
-                max_jobs=settings.max_jobs,
+                max_jobs=settings.jobs_at_once,
                 memory_budget_mb=self.pool.budget_mb,
                 model_room_mb=room_mb,
                 swarm_models=settings.swarm_models,
@@ -350,7 +350,7 @@ class WorkerService:
                 **fields,
             )
 
-        return hello_for, settings.max_jobs
+        return hello_for, settings.jobs_at_once
 
     async def status(self) -> Status:
         report = await self.detect()
@@ -358,7 +358,7 @@ class WorkerService:
                    else None)
         return Status(
             active_jobs=self.runner.active,
-            max_jobs=self.settings.max_jobs,
+            max_jobs=self.settings.jobs_at_once,
             models=self.store.descriptors(self.pool.loaded()),
             downloads=self.fetcher.downloads(),
             model_room_mb=await asyncio.to_thread(self.model_room_mb),

@@ -33,6 +33,7 @@ from desktop_worker.errors import QueenAddressError
 from desktop_worker.group_family import normalise_family_code
 from desktop_worker.queen_url import normalise_queen_url, parse_queen_urls
 from desktop_worker.resources import resources_dir
+from shared_schema.fitting import MAX_BATCH_SLOTS
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,9 @@ class WorkerSettings(BaseSettings):
     models: Annotated[list[str], NoDecode] = Field(default_factory=list)
     models_dir: Path = Field(default_factory=default_models_dir)
     key_path: Path = Field(default_factory=default_key_path)
-    max_jobs: int = Field(default=1, ge=1, le=64)
+    # Jobs at once (issue 36): None is automatic, up to eight streams in one batch as the
+    # memory budget allows for the model's context (``shared_schema.fitting.batch_slots``).
+    max_jobs: int | None = Field(default=None, ge=1, le=64)
     gpu_layers: int | Literal["auto"] = "auto"
     n_ctx: int | None = Field(default=None, ge=512)
     threads: int | None = Field(default=None, ge=1)
@@ -237,6 +240,12 @@ class WorkerSettings(BaseSettings):
         except QueenAddressError as exc:
             raise ValueError(str(exc)) from None
         return {**data, "queen_url": urls[0], "queen_urls": urls}
+
+    @property
+    def jobs_at_once(self) -> int:
+        """The most jobs this worker takes at once: the owner's number, or automatic (each
+        model's batch then holds as many as memory allows, up to this)."""
+        return self.max_jobs if self.max_jobs is not None else MAX_BATCH_SLOTS
 
     @property
     def disk_quota_bytes(self) -> int | None:

@@ -13,18 +13,21 @@ The sequence (``docs/ARCHITECTURE.md``, "The engine boundary")::
     worker                                         engine child
       | -- start {version, role, policy} ------------> |  confines itself (policy), then
       | <-------------- hello {version, pid, confinement} |
-      | -- load {name, model_path, n_ctx, ...} -------> |  context and head roles
-      | <----------------------- loaded {n_ctx, head} -- |  or error {code, message}
-      | -- stream {kind, request, continuation} ------> |
-      | <-------------------------------- chunk {data} . |  ... then done {usage} or error
-      | -- cancel -----------------------------------> |  at any time during a stream
-      | -- score {kind, request, answer} ------------> |  <- scored {data} or error
-      | -- embed {inputs} ---------------------------> |  <- embedded {vectors, tokens}
+      | -- load {name, model_path, n_ctx, slots, ...} -> |  context and head roles
+      | <---------------- loaded {n_ctx, slots, head} -- |  or error {code, message}
+      | -- stream {job, kind, request, scope, ...} ---> |  up to ``slots`` jobs at once
+      | <--------------------------- chunk {job, data} . |  ... then done {job, usage} or
+      | -- cancel {job} -----------------------------> |  error {job}; cancel at any time
+      | -- score {job, kind, request, answer} -------> |  <- scored {job, data} or error
+      | -- embed {job, inputs} ----------------------> |  <- embedded {job, vectors, tokens}
       | -- serve {endpoint, n_threads, devices, gpus} -> |  member role: llama.cpp's RPC server
       | -- devices {gpus} ---------------------------> |  probe role: <- probed {...}
       | -- stop --------------------------------------> |  the child exits
 
-``ENGINE_IPC_VERSION`` counts changes to these messages: a child of another version is refused.
+Every job carries the worker's number for it (``job``), and every reply names the job it
+answers: a context child runs its jobs side by side in one batch (issue 36), so their chunks
+interleave. ``ENGINE_IPC_VERSION`` counts changes to these messages: a child of another version
+is refused.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 from shared_schema.base import WireModel
 from shared_schema.errors import ProtocolError
 
-ENGINE_IPC_VERSION = 1
+ENGINE_IPC_VERSION = 2
 HEADER_BYTES = 4
 # A job's request as the queen sent it (its frames are at most 16 MiB), with room to spare.
 MAX_TO_CHILD_BYTES = 32 * 1024 * 1024
@@ -53,6 +56,9 @@ Path_ = Annotated[str, Field(min_length=1, max_length=4096)]
 Port = Annotated[int, Field(ge=1, le=65535, strict=True)]
 Text = Annotated[str, Field(max_length=MAX_MESSAGE_CHARS)]
 Count = Annotated[int, Field(ge=0, le=2**53, strict=True)]
+JobId = Annotated[int, Field(ge=1, le=2**53, strict=True)]
+Slots = Annotated[int, Field(ge=1, le=256, strict=True)]
+Scope = Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
 
 
 class SandboxPolicy(WireModel):
@@ -139,21 +145,26 @@ class Load(WireModel):
     n_threads: Annotated[int, Field(ge=1, le=4096)] | None = None
     embedding: bool = False
     head: HeadLoad | None = None
+    slots: Slots = 1  # sequences decoded in one batch (issue 36); 1 for heads and embeddings
 
 
 class Stream(WireModel):
     type: Literal["stream"] = "stream"
+    job: JobId
     kind: Literal["chat", "completion"]
     request: dict[str, Any]
     continuation: str | None = None
+    scope: Scope | None = None  # whose cached prefixes it may reuse (the queen's cache_scope)
 
 
 class Cancel(WireModel):
     type: Literal["cancel"] = "cancel"
+    job: JobId
 
 
 class ScoreJob(WireModel):
     type: Literal["score"] = "score"
+    job: JobId
     kind: Literal["chat", "completions"]
     request: dict[str, Any]
     answer: str
@@ -161,6 +172,7 @@ class ScoreJob(WireModel):
 
 class Embed(WireModel):
     type: Literal["embed"] = "embed"
+    job: JobId
     inputs: list[str] | list[list[int]]
 
 
@@ -206,16 +218,19 @@ class HeadLoaded(WireModel):
 class Loaded(WireModel):
     type: Literal["loaded"] = "loaded"
     n_ctx: Annotated[int, Field(ge=1, le=2**24, strict=True)]
+    slots: Slots = 1
     head: HeadLoaded | None = None
 
 
 class Chunk(WireModel):
     type: Literal["chunk"] = "chunk"
+    job: JobId
     data: dict[str, Any]
 
 
 class Done(WireModel):
     type: Literal["done"] = "done"
+    job: JobId
     prompt_tokens: Count
     completion_tokens: Count
     total_tokens: Count
@@ -228,11 +243,13 @@ class Done(WireModel):
 
 class Scored(WireModel):
     type: Literal["scored"] = "scored"
+    job: JobId
     data: dict[str, Any] | None  # None: cancelled
 
 
 class Embedded(WireModel):
     type: Literal["embedded"] = "embedded"
+    job: JobId
     vectors: list[list[float]]
     tokens: Count
 
@@ -265,6 +282,7 @@ FailureCode = Literal["unsupported", "load_failed", "member_short", "engine_erro
 
 class Failed(WireModel):
     type: Literal["error"] = "error"
+    job: JobId | None = None  # the job it ends; None: the load or the probe
     code: FailureCode
     message: Text
     endpoint: Annotated[str, Field(max_length=64)] | None = None

@@ -113,3 +113,35 @@ def plan_load(
         used // MB,
         f"{offloaded} of {blocks} layers fit in {free_vram_mb} MB of free VRAM",
     )
+
+
+# The most sequences one batched context serves (issue 36): past eight, a consumer machine's
+# streams each get too little for interactive use, and the queen routes by what one gets.
+MAX_BATCH_SLOTS = 8
+
+
+def batch_slots(
+    shape: ModelShape,
+    size_bytes: int,
+    plan: LoadPlan,
+    *,
+    budget_mb: int,
+    used_mb: int = 0,
+    free_vram_mb: int | None = None,
+    max_slots: int = MAX_BATCH_SLOTS,
+) -> int:
+    """How many sequences a model's batched context can hold at ``plan.n_ctx`` each (at least
+    one). With one, generation shares the model's own context; with more, a batched context
+    of that many sequences comes beside it, each costing its KV cache at that size: in RAM,
+    out of what the worker's budget leaves after the other loaded models (``used_mb``), the
+    file and the model's own context; on a GPU, also out of what the free VRAM leaves after
+    the plan (its layers, one cache, the margin), at the offloaded layers' share of a cache."""
+    kv_layer = kv_bytes_per_layer(shape, plan.n_ctx)
+    kv_sequence = max(1, kv_layer * max(1, shape.block_count))
+    room = (budget_mb - used_mb) * MB - size_bytes - kv_sequence
+    slots = max(1, min(max_slots, room // kv_sequence))
+    if plan.offloaded_layers > 0 and free_vram_mb:
+        spare = (free_vram_mb - safety_margin_mb(free_vram_mb) - plan.vram_needed_mb) * MB
+        per_sequence = max(1, kv_layer * plan.offloaded_layers)
+        slots = min(slots, max(1, spare // per_sequence))
+    return int(slots)

@@ -1,25 +1,24 @@
-"""The generation loop: prompts in, chat-completion chunks out, over one llama.cpp context.
+"""One choice's generation, token by token: what the batch engine (``engine.batch``) runs
+for every sequence it holds.
 
-One loop serves chat and text completions, every choice and every feature: the prompt is
-evaluated (reusing the context's cached prefix, so the n choices of one prompt read it once),
-then per step the choice's ``SamplerChain`` picks a token in C, its log probability is read
-from the last position's logits when asked, and ``TextStream`` decides which text may go out.
-Chunks have the shapes of wire15: choices one after another, ``index`` set, the role on a
-choice's first chunk, a finish chunk per choice. Blocking; runs in a worker thread.
+Chat and text completions, every feature: per step the choice's ``SamplerChain`` picks a token
+in C from the logits the engine computed for it, its log probability is read from those logits
+when asked, and ``TextStream`` decides which text may go out. Chunks have the shapes of wire15:
+``index`` set, the role on a choice's first chunk, a finish chunk per choice (the choices of
+one job run side by side, so their chunks interleave, as OpenAI's do). Blocking; runs in the
+engine's thread.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import llama_cpp
 import numpy as np
-from llama_cpp import Llama
 
 from desktop_worker.engine.logprobs import Scorer
 from desktop_worker.engine.sampler import SamplerChain
@@ -73,97 +72,100 @@ class Pieces:
         return piece
 
 
-def evaluate_prompt(llama: Llama, tokens: Sequence[int]) -> None:
-    """Evaluate ``tokens`` into the context, keeping the longest cached prefix (at least the
-    last token is evaluated again: its logits are the first step's)."""
-    cached = llama.n_tokens
-    limit = min(cached, len(tokens) - 1)
-    common = 0
-    if limit > 0:
-        same = llama.input_ids[:limit] == np.asarray(tokens[:limit], dtype=llama.input_ids.dtype)
-        common = limit if same.all() else int(np.argmin(same))
-    if common > 0 and llama._ctx.kv_cache_seq_rm(-1, common, -1):
-        llama.n_tokens = common
-    else:
-        llama.reset()
-        common = 0
-    llama.eval(list(tokens[common:]))
+class Choice:
+    """One choice of one job as the batch engine runs it (``engine.batch``): its sampler
+    chain, log probabilities, stop strings and chunks. ``advance`` takes the logits the engine
+    computed for it (output ``index`` of the last decode) and returns the chunks to send and the
+    token to evaluate next, or None once the choice ended (``finished``)."""
 
-
-class Generation:
-    """The choices of one job on one ``Llama``; ``counts`` holds its usage when it ends."""
-
-    def __init__(self, llama: Llama, settings: GenerationSettings, grammar: str | None,
-                 cancel: threading.Event, pieces: Pieces) -> None:
-        self.llama = llama
-        self.settings = settings
-        self.grammar = grammar
-        self.cancel = cancel
-        self.pieces = pieces
-        self.counts = Counts()
-        self._vocab = llama._model.vocab
-        self._n_vocab = llama.n_vocab()
-        settings.check_vocabulary(self._n_vocab)
-
-    def run(self, prompts: Sequence[Prompt]) -> Iterator[dict[str, Any]]:
-        """Every choice's chunks: prompt by prompt, ``n`` choices each."""
-        n = self.settings.n
-        for prompt_index, prompt in enumerate(prompts):
-            if len(prompt.tokens) >= self.llama.n_ctx():
-                raise UnsupportedRequest(
-                    f"the prompt is {len(prompt.tokens)} tokens, which does not fit this "
-                    f"worker's context of {self.llama.n_ctx()} tokens with room to answer")
-            self.counts.prompt_tokens += len(prompt.tokens)
-            for i in range(n):
-                yield from self._choice(prompt, prompt_index * n + i, choice_seed(
-                    self.settings.seed, i))
-                if self.cancel.is_set():
-                    return
-
-    def _choice(self, prompt: Prompt, index: int, seed: int) -> Iterator[dict[str, Any]]:
-        settings, llama = self.settings, self.llama
-        budget = llama.n_ctx() - len(prompt.tokens)
+    def __init__(self, index: int, prompt: Prompt, settings: GenerationSettings,
+                 grammar: str | None, seed: int, *, vocab: llama_cpp.llama_vocab_p,
+                 n_vocab: int, n_ctx: int, pieces: Pieces) -> None:
+        self.index = index
+        self.prompt = prompt
+        self._vocab = vocab
+        self._n_vocab = n_vocab
+        self._pieces = pieces
+        budget = n_ctx - len(prompt.tokens)
         if settings.max_tokens is not None:
             budget = min(budget, settings.max_tokens)
-        chain = SamplerChain(self._vocab, self._n_vocab, llama.n_ctx(), settings, seed,
-                             self.grammar)
+        self.budget = budget
+        self.completion_tokens = 0
+        self.finished = False
+        self.chain = SamplerChain(vocab, n_vocab, n_ctx, settings, seed, grammar)
         try:
-            if prompt.delivered and chain.constrained:
-                chain.accept_prefix(prompt.delivered)
-            evaluate_prompt(llama, prompt.tokens)
-            scorer = (Scorer(settings.logit_bias, settings.top_logprobs, self.pieces)
-                      if settings.logprobs else None)
-            stream: TextStream[dict[str, Any] | None] = TextStream(settings.stops)
-            emitter = _Emitter(index, settings.logprobs)
-            finish = "length"
-            ctx = llama._ctx.ctx
-            for step in range(budget):
-                if self.cancel.is_set():
-                    return
-                token = chain.sample(ctx)
-                if llama_cpp.llama_vocab_is_eog(self._vocab, token):
-                    finish = "stop"
-                    break
-                self.counts.completion_tokens += 1
-                piece = self.pieces(token)
-                entry = None
-                if scorer is not None:
-                    logits = np.ctypeslib.as_array(
-                        llama_cpp.llama_get_logits_ith(ctx, -1), shape=(self._n_vocab,))
-                    entry = scorer.score(logits, token, piece)
-                released = stream.push(piece, entry)
-                if (chunk := emitter.content(released)) is not None:
-                    yield chunk
-                if released.stopped:
-                    finish = "stop"
-                    break
-                if step + 1 < budget:
-                    llama.eval([token])
-            if (chunk := emitter.content(stream.finish(), last=True)) is not None:
-                yield chunk
-            yield from emitter.finish(finish)
-        finally:
-            chain.close()
+            if prompt.delivered and self.chain.constrained:
+                self.chain.accept_prefix(prompt.delivered)
+        except BaseException:
+            self.chain.close()
+            raise
+        self._scorer = (Scorer(settings.logit_bias, settings.top_logprobs, pieces)
+                        if settings.logprobs else None)
+        self._stream: TextStream[dict[str, Any] | None] = TextStream(settings.stops)
+        self._emitter = _Emitter(index, settings.logprobs)
+
+    def advance(self, ctx: llama_cpp.llama_context_p, output: int
+                ) -> tuple[list[dict[str, Any]], int | None]:
+        """Sample from output ``output`` of the last decode: the chunks it releases, and the
+        token to evaluate next (None: the choice ended, its finish chunk is in the list)."""
+        if self.budget <= 0:
+            return self.end("length"), None
+        token = self.chain.sample(ctx, output)
+        if llama_cpp.llama_vocab_is_eog(self._vocab, token):
+            return self.end("stop"), None
+        self.completion_tokens += 1
+        piece = self._pieces(token)
+        entry = None
+        if self._scorer is not None:
+            logits = np.ctypeslib.as_array(
+                llama_cpp.llama_get_logits_ith(ctx, output), shape=(self._n_vocab,))
+            entry = self._scorer.score(logits, token, piece)
+        released = self._stream.push(piece, entry)
+        chunks = [chunk] if (chunk := self._emitter.content(released)) is not None else []
+        if released.stopped:
+            return chunks + self.end("stop"), None
+        if self.completion_tokens >= self.budget:
+            return chunks + self.end("length"), None
+        return chunks, token
+
+    def end(self, reason: str) -> list[dict[str, Any]]:
+        """The last chunks: text held back for a stop string that never came, then the
+        finish."""
+        self.finished = True
+        chunks: list[dict[str, Any]] = []
+        if (chunk := self._emitter.content(self._stream.finish(), last=True)) is not None:
+            chunks.append(chunk)
+        chunks.extend(self._emitter.finish(reason))
+        return chunks
+
+    def close(self) -> None:
+        self.chain.close()
+
+
+def job_choices(prompts: Sequence[Prompt], settings: GenerationSettings, grammar: str | None,
+                *, vocab: llama_cpp.llama_vocab_p, n_vocab: int, n_ctx: int,
+                pieces: Pieces) -> list[Choice]:
+    """Every choice of a job (prompt by prompt, ``n`` each, ``index`` in that order), or
+    ``UnsupportedRequest`` naming what cannot be served (nothing is left open then)."""
+    settings.check_vocabulary(n_vocab)
+    choices: list[Choice] = []
+    try:
+        for prompt_index, prompt in enumerate(prompts):
+            if len(prompt.tokens) >= n_ctx:
+                raise UnsupportedRequest(
+                    f"the prompt is {len(prompt.tokens)} tokens, which does not fit this "
+                    f"worker's context of {n_ctx} tokens with room to answer")
+            if not prompt.tokens:
+                raise UnsupportedRequest("the prompt is empty")
+            for i in range(settings.n):
+                choices.append(Choice(prompt_index * settings.n + i, prompt, settings, grammar,
+                                      choice_seed(settings.seed, i), vocab=vocab,
+                                      n_vocab=n_vocab, n_ctx=n_ctx, pieces=pieces))
+    except BaseException:
+        for choice in choices:
+            choice.close()
+        raise
+    return choices
 
 
 class _Emitter:

@@ -1,12 +1,16 @@
-"""One loaded llama.cpp context: blocking generation (chat and text completions) and
-embeddings, with true usage.
+"""One loaded model in llama.cpp: blocking generation (chat and text completions) through its
+batch engine, scores and embeddings, with true usage.
 
-Everything here blocks and runs in a worker thread, never on the event loop. One context
-serves one generation at a time; ``ModelPool`` hands contexts out.
+Generation runs in ``engine.batch.BatchEngine``: on the model's own context when it serves one
+sequence at a time, or on a batched context of ``slots`` sequences beside it (issue 36); the
+model's own context then stays for scores (audits). ``submit`` and ``step`` are what the
+engine child drives for many jobs at once; ``stream`` runs one job to its end in this process.
+Everything here blocks and runs in one thread, never on the event loop.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections.abc import Iterator
@@ -15,10 +19,12 @@ from typing import Any
 
 import llama_cpp
 from llama_cpp import Llama
+from llama_cpp import _internals as internals
 from llama_cpp.llama_chat_format import format_llama2
 
+from desktop_worker.engine.batch import BatchEngine, Event
 from desktop_worker.engine.chat_template import ChatTemplate
-from desktop_worker.engine.generation import Counts, Generation, Pieces, Prompt
+from desktop_worker.engine.generation import Pieces, Prompt
 from desktop_worker.engine.grammar import grammar_text
 from desktop_worker.engine.logprobs import Bias
 from desktop_worker.engine.scoring import (
@@ -73,10 +79,12 @@ class LlamaContext:
         n_threads: int | None = None,
         embedding: bool = False,
         tensor_split: tuple[float, ...] | None = None,
+        slots: int = 1,
     ) -> None:
         self.name = name
         self.plan = plan
         self.embedding = embedding
+        self.slots = 1 if embedding else max(1, slots)
         kwargs: dict[str, Any] = {
             "model_path": str(path),
             "n_ctx": plan.n_ctx,
@@ -93,13 +101,76 @@ class LlamaContext:
             self.llama = Llama(**kwargs)
         except (ValueError, RuntimeError, OSError) as exc:
             raise ModelLoadError(f"llama.cpp could not load {name}: {exc}") from exc
-        self.busy = threading.Lock()
+        self.busy = threading.Lock()  # in this process, one job at a time (``stream``)
         self._pieces = Pieces(self.llama._model.vocab)
-        self._counts = Counts()
+        self._usage: dict[str, int] = {}
         self._end_tokens: list[int] | None = None
+        self._jobs = itertools.count(1)
+        self._batch_ctx: Any = None
+        self.engine: BatchEngine | None = None
+        if not embedding:
+            self.engine = self._batch_engine(n_threads)
+
+    def _batch_engine(self, n_threads: int | None) -> BatchEngine:
+        """The batch engine: on the model's own context for one sequence, on a new context of
+        ``slots`` sequences for more. Each sequence has a cache of its own (llama.cpp's
+        non-unified cache): its attention reads its own cells only, in the order it wrote
+        them, so a greedy answer is the same token for token whatever runs beside it."""
+        llama = self.llama
+        ctx = llama._ctx
+        n_batch = llama.n_batch
+        if self.slots > 1:
+            params = llama_cpp.llama_context_default_params()
+            for name, _ in params._fields_:
+                setattr(params, name, getattr(llama.context_params, name))
+            params.n_ctx = self.plan.n_ctx * self.slots
+            params.n_seq_max = self.slots
+            params.kv_unified = False
+            n_batch = max(llama.n_batch, 256 + self.slots)
+            params.n_batch = n_batch
+            params.n_ubatch = min(n_batch, 512)
+            try:
+                ctx = self._batch_ctx = internals.LlamaContext(
+                    model=llama._model, params=params, verbose=False)
+            except ValueError as exc:
+                raise ModelLoadError(f"llama.cpp could not make a context of {self.slots} "
+                                     f"sequences for {self.name}: {exc}") from exc
+        return BatchEngine(ctx, vocab=llama._model.vocab, n_vocab=llama.n_vocab(),
+                           n_ctx_seq=llama.n_ctx(), slots=self.slots, n_batch=n_batch,
+                           pieces=self._pieces)
 
     def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        if self._batch_ctx is not None:
+            self._batch_ctx.close()
         self.llama.close()
+
+    def submit(self, job: int, kind: str, request: dict[str, Any],
+               continuation: str | None = None, scope: str | None = None) -> None:
+        """Queue a job in the batch engine (``step`` runs it). ``kind``: "chat" (messages, the
+        chat template) or "completion" (raw prompts). With ``continuation`` (assistant text
+        another worker already delivered), the model goes on from the end of that text (a
+        grammar must accept it first); the chunks carry only the new text, and the
+        continuation counts as prompt. ``scope``: whose cached prefixes it may reuse."""
+        if self.engine is None:
+            raise UnsupportedRequest("this context was loaded for embeddings")
+        settings = read_settings(request)
+        grammar = grammar_text(settings.response_format)
+        if kind == "chat":
+            prompts = [self._chat_prompt(request, continuation)]
+        else:
+            prompts = [Prompt(self._completion_tokens(prompt))
+                       for prompt in completion_prompts(request)]
+        self.engine.submit(job, prompts, settings, grammar, scope)
+
+    def step(self) -> list[Event]:
+        """One step of every running job (``BatchEngine.step``)."""
+        assert self.engine is not None
+        try:
+            return self.engine.step()
+        except ValueError as exc:  # llama.cpp's own checks
+            raise UnsupportedRequest(str(exc)) from exc
 
     def stream(
         self,
@@ -107,28 +178,30 @@ class LlamaContext:
         request: dict[str, Any],
         cancel: threading.Event,
         continuation: str | None = None,
+        scope: str | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Yield chat.completion.chunk dicts as tokens are produced; stops within a token of
-        ``cancel``. ``kind``: "chat" (messages, the chat template) or "completion" (raw
-        prompts). With ``continuation`` (assistant text another worker already delivered), the
-        model goes on from the end of that text (a grammar must accept it first); the chunks
-        carry only the new text. After the generator ends, ``usage()`` gives the true token
-        counts (the continuation counts as prompt)."""
-        settings = read_settings(request)
-        grammar = grammar_text(settings.response_format)
-        llama = self.llama
-        self._counts = Counts()
-        if kind == "chat":
-            prompts = [self._chat_prompt(request, continuation)]
-        else:
-            prompts = [Prompt(self._completion_tokens(prompt))
-                       for prompt in completion_prompts(request)]
-        generation = Generation(llama, settings, grammar, cancel, self._pieces)
-        self._counts = generation.counts
+        """One job to its end in this process (``submit``, then steps): chat.completion.chunk
+        dicts as tokens are produced; stops within a token of ``cancel``. After the generator
+        ends, ``usage()`` gives the true token counts."""
+        job = next(self._jobs)
+        self._usage = {}
+        self.submit(job, kind, request, continuation, scope)
+        assert self.engine is not None
         try:
-            yield from generation.run(prompts)
-        except ValueError as exc:  # llama.cpp's own checks (e.g. a decode that failed)
-            raise UnsupportedRequest(str(exc)) from exc
+            while True:
+                events = self.engine.cancel(job) if cancel.is_set() else self.step()
+                for event in events:
+                    if event.kind == "chunk":
+                        assert event.data is not None
+                        yield event.data
+                    elif event.kind == "done":
+                        self._usage = event.data or {}
+                        return
+                    else:
+                        assert event.error is not None
+                        raise event.error
+        finally:
+            self.engine.cancel(job)  # a consumer that stopped early: the job leaves
 
     def score(self, job: ScoreRequest, cancel: threading.Event) -> Score | None:
         """The scores of ``job.answer`` as the continuation of the prompt generation would
@@ -152,8 +225,12 @@ class LlamaContext:
             self._end_tokens = end_tokens(llama)
         sampling = (Sampling(settings.temperature, settings.top_p)
                     if settings.temperature > 0 else None)
-        return teacher_forced(llama, prompt, answer, Bias(settings.logit_bias), cancel,
-                              self._end_tokens, sampling)
+        try:
+            return teacher_forced(llama, prompt, answer, Bias(settings.logit_bias), cancel,
+                                  self._end_tokens, sampling)
+        finally:
+            if self.engine is not None and self._batch_ctx is None:
+                self.engine.forget()  # the shared context's cache was cleared
 
     def _chat_prompt(self, request: dict[str, Any], continuation: str | None) -> Prompt:
         llama = self.llama
@@ -177,7 +254,7 @@ class LlamaContext:
         return tokens
 
     def usage(self) -> dict[str, int]:
-        return self._counts.usage()
+        return self._usage
 
     def embed(self, inputs: list[str] | list[list[int]]) -> tuple[list[list[float]], int]:
         """One mean-pooled vector per input (texts, or token-id lists), and the number of
@@ -241,8 +318,9 @@ def check_before_load(path: str) -> None:
 
 
 def llama_context(model: Any, plan: LoadPlan, n_threads: int | None,
-                  embedding: bool) -> LlamaContext:
+                  embedding: bool, slots: int = 1) -> LlamaContext:
     """A context in this process: what an engine child makes, and what the benchmarks and
     the engine's own tests compare against. The worker's pool makes its contexts in engine
     children (``sandbox.context.SandboxedContexts``)."""
-    return LlamaContext(model.name, model.path, plan, n_threads=n_threads, embedding=embedding)
+    return LlamaContext(model.name, model.path, plan, n_threads=n_threads, embedding=embedding,
+                        slots=slots)

@@ -25,6 +25,7 @@ from shared_schema.fitting import (
     MB,
     LoadPlan,
     ModelShape,
+    batch_slots,
     kv_bytes_per_layer,
     memory_cost_mb,
     plan_load,
@@ -35,9 +36,10 @@ log = logging.getLogger(__name__)
 
 class EngineContext(Protocol):
     """What the pool needs of a context (``LlamaContext`` in an engine child, a
-    ``SandboxedContext`` here, a group's ``GroupHead``). Blocking; one job at a time."""
+    ``SandboxedContext`` here, a group's ``GroupHead``). Blocking; ``busy`` holds one permit
+    per job it runs at once (a lock: one; a batched context: its slots)."""
 
-    busy: threading.Lock
+    busy: threading.Lock | threading.Semaphore
 
     def stream(self, kind: str, request: dict[str, Any], cancel: threading.Event,
                continuation: str | None = None) -> Iterator[dict[str, Any]]: ...
@@ -100,11 +102,19 @@ class _Loaded:
     last_used: float = field(default_factory=time.monotonic)
     active: int = 0
     making: int = 0  # chat contexts being made now (counted against the limit)
+    slots: int = 1  # sequences in its one batched context (issue 36); 1: a context per job
+
+    @property
+    def caches(self) -> int:
+        """KV caches of ``plan.n_ctx`` its contexts hold: a batched context's sequences and
+        the model's own context beside them."""
+        per_context = self.slots + 1 if self.slots > 1 else 1
+        return per_context * max(1, len(self.contexts)) + (1 if self.embedder else 0)
 
     @property
     def cost_mb(self) -> int:
-        count = len(self.contexts) + (1 if self.embedder else 0)
-        return memory_cost_mb(self.model.info, self.model.size_bytes, self.plan.n_ctx, count)
+        return memory_cost_mb(self.model.info, self.model.size_bytes, self.plan.n_ctx,
+                              self.caches)
 
 
 _END = object()
@@ -145,8 +155,17 @@ class ModelPool:
     def loaded(self) -> set[str]:
         return set(self._loaded)
 
+    @property
+    def batched(self) -> bool:
+        """Whether the factory's contexts run several jobs in one batch (issue 36)."""
+        return bool(getattr(self.contexts, "batched", False))
+
     def context_limit(self, name: str) -> int:
-        """How many chat contexts of ``name`` may exist at once (at least one)."""
+        """How many chat contexts of ``name`` may exist at once (at least one): one when its
+        context batches its jobs."""
+        entry = self._loaded.get(name)
+        if entry is not None and entry.slots > 1:
+            return 1
         limit = self.max_contexts(name) if self.max_contexts is not None else None
         return max(1, min(self.max_jobs, limit)) if limit is not None else self.max_jobs
 
@@ -171,22 +190,45 @@ class ModelPool:
             model = self.resolve(name)
             plan = plan_load(model.info, self.free_vram_mb(), gpu_layers=self.gpu_layers,
                              n_ctx=self.n_ctx)
-            entry = _Loaded(model, plan)
+            entry = _Loaded(model, plan, slots=self._slots(name, model, plan))
             await self._make_room(entry.cost_mb + self._context_mb(entry), exclude=name)
             self._loaded[name] = entry
             log.info("loading %s: n_ctx=%d, gpu layers=%d (%s)", name, plan.n_ctx,
                      plan.n_gpu_layers, plan.reason)
             return entry
 
+    def _slots(self, name: str, model: ServableModel, plan: LoadPlan) -> int:
+        """Sequences in the model's batch: ``max_jobs`` as memory allows (``batch_slots``);
+        one when the factory does not batch or the model is held to one context (a group's
+        head)."""
+        if not self.batched or self.max_jobs <= 1:
+            return 1
+        if self.max_contexts is not None and self.max_contexts(name) == 1:
+            return 1
+        used = sum(entry.cost_mb for entry in self._loaded.values())
+        return batch_slots(model.info, model.size_bytes, plan, budget_mb=self.budget_mb,
+                           used_mb=used, free_vram_mb=self.free_vram_mb(),
+                           max_slots=self.max_jobs)
+
+    def slots(self, name: str) -> int:
+        """Jobs of ``name`` that run at once (its batch, or its contexts)."""
+        entry = self._loaded.get(name)
+        return entry.slots if entry is not None and entry.slots > 1 else self.context_limit(name)
+
     def _context_mb(self, entry: _Loaded) -> int:
         info = entry.model.info
-        return kv_bytes_per_layer(info, entry.plan.n_ctx) * info.block_count // MB
+        caches = entry.slots + 1 if entry.slots > 1 else 1
+        return kv_bytes_per_layer(info, entry.plan.n_ctx) * info.block_count * caches // MB
 
     async def _new_context(self, entry: _Loaded, *, embedding: bool) -> EngineContext:
         await self._make_room(self._context_mb(entry), exclude=entry.model.name)
         started = time.perf_counter()
-        context = await self._run(
-            lambda: self.contexts(entry.model, entry.plan, self.n_threads, embedding))
+        if entry.slots > 1 and not embedding:
+            context = await self._run(lambda: self.contexts(
+                entry.model, entry.plan, self.n_threads, embedding, slots=entry.slots))
+        else:
+            context = await self._run(
+                lambda: self.contexts(entry.model, entry.plan, self.n_threads, embedding))
         log.info("loaded a %s context for %s in %.2f s", "embedding" if embedding else "chat",
                  entry.model.name, time.perf_counter() - started)
         return context
@@ -273,10 +315,13 @@ class ModelPool:
         cancel: threading.Event,
         on_chunk: Callable[[dict[str, Any]], Awaitable[None]],
         continuation: str | None = None,
+        scope: str | None = None,
     ) -> dict[str, int]:
         """Generate a chat answer in a thread, awaiting ``on_chunk`` for every chunk; returns
-        the usage. ``continuation``: assistant text to go on from (see ``LlamaContext.stream``)."""
-        return await self._generate(name, "chat", request, cancel, on_chunk, continuation)
+        the usage. ``continuation``: assistant text to go on from (see ``LlamaContext.submit``);
+        ``scope``: the queen's cache scope of the caller, whose cached prefixes it may reuse."""
+        return await self._generate(name, "chat", request, cancel, on_chunk, continuation,
+                                    scope)
 
     async def complete(
         self,
@@ -284,9 +329,10 @@ class ModelPool:
         request: dict[str, Any],
         cancel: threading.Event,
         on_chunk: Callable[[dict[str, Any]], Awaitable[None]],
+        scope: str | None = None,
     ) -> dict[str, int]:
         """A ``/v1/completions`` job (raw prompts, no chat template), as ``chat``."""
-        return await self._generate(name, "completion", request, cancel, on_chunk, None)
+        return await self._generate(name, "completion", request, cancel, on_chunk, None, scope)
 
     async def score(self, name: str, job: ScoreRequest,
                     cancel: threading.Event) -> Score | None:
@@ -313,14 +359,16 @@ class ModelPool:
         cancel: threading.Event,
         on_chunk: Callable[[dict[str, Any]], Awaitable[None]],
         continuation: str | None,
+        scope: str | None = None,
     ) -> dict[str, int]:
         entry, context = await self._acquire(name)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
+        extra = {"scope": scope} if scope is not None else {}
 
         def generate() -> dict[str, int]:
             try:
-                for chunk in context.stream(kind, request, cancel, continuation):
+                for chunk in context.stream(kind, request, cancel, continuation, **extra):
                     loop.call_soon_threadsafe(queue.put_nowait, chunk)
                 return context.usage()
             finally:
@@ -375,6 +423,13 @@ class ModelPool:
 
 def _close_when_idle(context: EngineContext) -> None:
     """Free a context, but only once no generation is using it: freeing llama.cpp's memory
-    under a running generation crashes the process. A job being stopped ends within a token."""
-    with context.busy:
+    under a running generation crashes the process. A job being stopped ends within a token.
+    A batched context is idle once every one of its slots is back."""
+    slots = int(getattr(context, "slots", 1))
+    for _ in range(slots):
+        context.busy.acquire()
+    try:
         context.close()
+    finally:
+        for _ in range(slots):
+            context.busy.release()

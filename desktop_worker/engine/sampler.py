@@ -95,11 +95,12 @@ class SamplerChain:
     def constrained(self) -> bool:
         return self._grammar is not None
 
-    def sample(self, ctx: llama_cpp.llama_context_p) -> int:
-        """Sample (and accept) a token from the last evaluated position's logits."""
+    def sample(self, ctx: llama_cpp.llama_context_p, output: int = -1) -> int:
+        """Sample (and accept) a token from the logits of output ``output`` of the last
+        decode (-1: its last)."""
         if self._grammar is None:
-            return int(llama_cpp.llama_sampler_sample(self._chain, ctx, -1))
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1),
+            return int(llama_cpp.llama_sampler_sample(self._chain, ctx, output))
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, output),
                                        shape=(self._n_vocab,))
         token = self._pick(logits, constrained=False)
         if not self.allows(token):

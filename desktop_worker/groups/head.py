@@ -125,13 +125,14 @@ class GroupHead:
         return self.report
 
     def stream(self, kind: str, request: dict[str, Any], cancel: threading.Event,
-               continuation: str | None = None) -> Iterator[dict[str, Any]]:
+               continuation: str | None = None,
+               scope: str | None = None) -> Iterator[dict[str, Any]]:
         """``LlamaContext.stream`` through the head's child; raises ``GroupLost`` when the
         child ends mid-answer."""
         if self._context is None:
             raise GroupError("the group's head is not running")
         try:
-            yield from self._context.stream(kind, request, cancel, continuation)
+            yield from self._context.stream(kind, request, cancel, continuation, scope)
         except EngineCrashed as exc:
             raise GroupLost(f"the group's head process ended ({exc.reason}): a member is gone "
                             f"or the head crashed") from exc

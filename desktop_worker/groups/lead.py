@@ -117,10 +117,17 @@ class GroupContexts:
         """For ``ModelPool(max_contexts=)``: one head at a time for a group model."""
         return 1 if self.binding(model) is not None else None
 
+    @property
+    def batched(self) -> bool:
+        """A model outside any group batches its jobs when the fallback's contexts do."""
+        return bool(getattr(self.fallback, "batched", False))
+
     def __call__(self, model: Any, plan: LoadPlan, n_threads: int | None,
-                 embedding: bool) -> Any:
+                 embedding: bool, slots: int = 1) -> Any:
         binding = self.binding(model.name)
         if binding is None:
+            if slots > 1:
+                return self.fallback(model, plan, n_threads, embedding, slots=slots)
             return self.fallback(model, plan, n_threads, embedding)
         if embedding:
             raise UnsupportedRequest("a model group serves chat and completions, not embeddings")

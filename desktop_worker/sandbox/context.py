@@ -12,6 +12,7 @@ over), ``alive`` turns false, the pool drops the context and the next job gets a
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -65,7 +66,9 @@ def raise_failure(failed: Failed, *, loading: str | None = None) -> None:
 
 
 class SandboxedContext:
-    """One model (or one group head) loaded in its own engine child."""
+    """One model (or one group head) loaded in its own engine child, running up to ``slots``
+    jobs at once (the child's batch, issue 36): each job's thread sends its command and waits
+    on its own queue; one reader thread takes the child's replies and hands each to its job."""
 
     def __init__(self, name: str, process: EngineProcess, load: Load, *,
                  ready_timeout_s: float | None = None,
@@ -74,9 +77,11 @@ class SandboxedContext:
         self.embedding = load.embedding
         self.process = process
         self.on_crash = list(on_crash)
-        self.busy = threading.Lock()
-        self._usage: dict[str, int] = {}
-        self._crashed = False
+        self._crashed: EngineCrashed | None = None
+        self._jobs: dict[int, queue.SimpleQueue[Any]] = {}
+        self._lock = threading.Lock()  # job numbers, the job table and commands' order
+        self._local = threading.local()  # each job thread's last usage
+        self._closing = False
         self.head_report: HeadLoaded | None = None
         process.start()
         try:
@@ -94,7 +99,12 @@ class SandboxedContext:
             raise_failure(reply, loading=name)
         assert isinstance(reply, Loaded)
         self.n_ctx = reply.n_ctx
+        self.slots = reply.slots
         self.head_report = reply.head
+        self.busy = threading.BoundedSemaphore(self.slots)  # the pool's share of the slots
+        self._reader = threading.Thread(target=self._read, name=f"engine-replies {name}",
+                                        daemon=True)
+        self._reader.start()
 
     @property
     def pid(self) -> int | None:
@@ -103,30 +113,90 @@ class SandboxedContext:
     @property
     def alive(self) -> bool:
         """False once the child ended: the pool then drops this context for a new one."""
-        return not self._crashed and self.process.alive
+        return self._crashed is None and self.process.alive
 
-    def _next(self, cancel: threading.Event | None) -> Any:
-        """The child's next reply, telling it to stop when ``cancel`` is set."""
-        process = self.process
+    # --- the replies ----------------------------------------------------------------------
+
+    def _read(self) -> None:
+        """Every reply to its job's queue, until the child ends (then every job hears it)."""
         while True:
-            if cancel is not None and cancel.is_set():
-                stop = process.link.cancel()
-                if stop is not None:
-                    process.send(stop)
             try:
-                reply = process.wait_for(POLL_S if cancel is not None else None)
-            except EngineCrashed as exc:
-                self._lost(exc)
-                raise
-            if reply is not None:
-                return reply
+                reply = self.process.wait_for(None)
+            except (EngineCrashed, OSError, ValueError) as exc:  # ValueError: a closed socket
+                self._ended(exc)
+                return
+            job = getattr(reply, "job", None)
+            with self._lock:
+                waiting = self._jobs.get(job) if job is not None else None
+            if waiting is not None:
+                waiting.put(reply)
 
-    def _send(self, data: bytes) -> None:
+    def _ended(self, exc: Exception) -> None:
+        """The child's socket ended: closed by the worker, or the child is gone."""
+        if self._closing:
+            closed = EngineCrashed("the engine was closed", reason="it was closed")
+            with self._lock:
+                waiting = list(self._jobs.values())
+            for replies in waiting:
+                replies.put(closed)
+            return
+        self._lost(exc if isinstance(exc, EngineCrashed) else self.process.crashed(str(exc)))
+
+    def _lost(self, exc: EngineCrashed) -> None:
+        with self._lock:
+            if self._crashed is not None:
+                return
+            self._crashed = exc
+            waiting = list(self._jobs.values())
+        for replies in waiting:
+            replies.put(exc)
+        log.error("the engine for %s ended: %s", self.name, exc.reason)
+        for listener in list(self.on_crash):
+            try:
+                listener(self.name, exc.reason)
+            except Exception:  # a broken listener must not hide the crash
+                log.exception("an engine crash listener failed")
+
+    def _begin(self, command: Callable[[int], bytes]) -> tuple[int, queue.SimpleQueue[Any]]:
+        """A new job: its number, its queue, and its command sent."""
+        replies: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        with self._lock:
+            if self._crashed is not None:
+                raise self._crashed
+            job = self.process.link.next_job()
+            self._jobs[job] = replies
+            data = command(job)
         try:
             self.process.send(data)
         except EngineCrashed as exc:
+            self._end(job)
             self._lost(exc)
             raise
+        return job, replies
+
+    def _end(self, job: int) -> None:
+        with self._lock:
+            self._jobs.pop(job, None)
+
+    def _next(self, job: int, replies: queue.SimpleQueue[Any],
+              cancel: threading.Event | None) -> Any:
+        """The job's next reply, telling the child to stop it when ``cancel`` is set."""
+        while True:
+            if cancel is not None and cancel.is_set():
+                with self._lock:
+                    stop = self.process.link.cancel(job)
+                if stop is not None:
+                    try:
+                        self.process.send(stop)
+                    except EngineCrashed as exc:
+                        self._lost(exc)
+            try:
+                reply = replies.get(timeout=POLL_S if cancel is not None else None)
+            except queue.Empty:
+                continue
+            if isinstance(reply, EngineCrashed):
+                raise reply
+            return reply
 
     def _broke(self, what: str) -> EngineCrashed:
         """A reply that passed the protocol's checks but not this command's: the child is
@@ -136,43 +206,44 @@ class SandboxedContext:
         self._lost(crash)
         return crash
 
-    def _lost(self, exc: EngineCrashed) -> None:
-        if self._crashed:
-            return
-        self._crashed = True
-        log.error("the engine for %s ended: %s", self.name, exc.reason)
-        for listener in list(self.on_crash):
-            try:
-                listener(self.name, exc.reason)
-            except Exception:  # a broken listener must not hide the crash
-                log.exception("an engine crash listener failed")
+    # --- the jobs -------------------------------------------------------------------------
 
     def stream(self, kind: str, request: dict[str, Any], cancel: threading.Event,
-               continuation: str | None = None) -> Iterator[dict[str, Any]]:
-        """``LlamaContext.stream`` in the child: chat.completion.chunk dicts as they come."""
-        self._usage = {}
-        self._send(self.process.link.stream(Stream(
-            kind="chat" if kind == "chat" else "completion", request=request,
-            continuation=continuation)))
-        while True:
-            reply = self._next(cancel)
-            if isinstance(reply, Chunk):
-                yield reply.data
-            elif isinstance(reply, Done):
-                self._usage = reply.usage()
-                return
-            else:
-                raise_failure(reply)
+               continuation: str | None = None,
+               scope: str | None = None) -> Iterator[dict[str, Any]]:
+        """``LlamaContext.stream`` in the child: chat.completion.chunk dicts as they come;
+        ``usage()`` in the same thread then gives the job's counts."""
+        self._local.usage = {}
+        job, replies = self._begin(lambda job: self.process.link.stream(Stream(
+            job=job, kind="chat" if kind == "chat" else "completion", request=request,
+            continuation=continuation, scope=scope)))
+        try:
+            while True:
+                reply = self._next(job, replies, cancel)
+                if isinstance(reply, Chunk):
+                    yield reply.data
+                elif isinstance(reply, Done):
+                    self._local.usage = reply.usage()
+                    return
+                else:
+                    raise_failure(reply)
+        finally:
+            self._end(job)
 
     def usage(self) -> dict[str, int]:
-        return self._usage
+        """The usage of this thread's last stream."""
+        return getattr(self._local, "usage", {})
 
     def score(self, job: ScoreRequest, cancel: threading.Event) -> Score | None:
         if job.kind not in ("chat", "completions"):
             raise UnsupportedRequest(f"a score job's kind is {job.kind!r}")
-        self._send(self.process.link.score(ScoreJob(
-            kind=job.kind, request=job.request, answer=job.answer)))  # type: ignore[arg-type]
-        reply = self._next(cancel)
+        number, replies = self._begin(lambda number: self.process.link.score(ScoreJob(
+            job=number, kind=job.kind, request=job.request,  # type: ignore[arg-type]
+            answer=job.answer)))
+        try:
+            reply = self._next(number, replies, cancel)
+        finally:
+            self._end(number)
         if isinstance(reply, Failed):
             raise_failure(reply)
         assert isinstance(reply, Scored)
@@ -186,8 +257,12 @@ class SandboxedContext:
     def embed(self, inputs: list[str] | list[list[int]]) -> tuple[list[list[float]], int]:
         if not self.embedding:
             raise UnsupportedRequest("this context was not loaded for embeddings")
-        self._send(self.process.link.embed(Embed(inputs=inputs)))
-        reply = self._next(None)
+        job, replies = self._begin(lambda job: self.process.link.embed(
+            Embed(job=job, inputs=inputs)))
+        try:
+            reply = self._next(job, replies, None)
+        finally:
+            self._end(job)
         if isinstance(reply, Failed):
             raise_failure(reply)
         assert isinstance(reply, Embedded)
@@ -196,6 +271,7 @@ class SandboxedContext:
         return reply.vectors, reply.tokens
 
     def close(self) -> None:
+        self._closing = True
         self.process.close()
 
 
@@ -222,16 +298,21 @@ class SandboxedContexts:
                 self._told.add(note)
                 log.warning("the engine's sandbox is incomplete here: %s", note)
 
+    batched = True  # its contexts serve ``slots`` sequences in one batch (``ModelPool``)
+
     def __call__(self, model: Any, plan: LoadPlan, n_threads: int | None,
-                 embedding: bool) -> SandboxedContext:
+                 embedding: bool, slots: int = 1) -> SandboxedContext:
         files = [str(path) for path in getattr(model, "paths", None) or (model.path,)]
-        cost = memory_cost_mb(model.info, model.size_bytes, plan.n_ctx, 1)
+        slots = 1 if embedding else slots
+        cost = memory_cost_mb(model.info, model.size_bytes, plan.n_ctx,
+                              slots + 1 if slots > 1 else 1)
         policy = policy_for("context", model_files=files,
                             memory_mb=cost if self.memory_limits else None,
                             extra_read=self.extra_read, gpus=plan.n_gpu_layers != 0)
         process = EngineProcess("context", policy, label=f"engine {model.name}")
         load = Load(name=model.name, model_path=str(model.path), n_ctx=plan.n_ctx,
-                    n_gpu_layers=plan.n_gpu_layers, n_threads=n_threads, embedding=embedding)
+                    n_gpu_layers=plan.n_gpu_layers, n_threads=n_threads, embedding=embedding,
+                    slots=slots)
         context = SandboxedContext(model.name, process, load,
                                    ready_timeout_s=self.load_timeout_s, on_crash=self.on_crash)
         self._tell(context)

@@ -4,7 +4,9 @@
 ``EngineLink`` is the worker's side of one engine child as a state machine: the worker asks it
 for the bytes of each command (``start``, ``load``, ``stream`` ...), feeds it whatever the
 socket gave (``receive``), and gets the child's messages back, each checked against what was
-asked. A message out of turn, a malformed or oversized frame, or another protocol version is an
+asked: once a model is loaded, several jobs may be in flight (the child's batch), and each
+reply must answer one of them as its kind allows. A message out of turn or for no job in
+flight, a malformed or oversized frame, or another protocol version is an
 ``EngineProtocolError``: the worker then ends the child, as it would a crashed one.
 ``ChildLink`` is the child's side: frames in, commands out, replies encoded.
 
@@ -96,35 +98,49 @@ class State(enum.Enum):
     STARTING = "starting"  # start sent, waiting for the hello
     IDLE = "idle"  # confined, nothing loaded (or a probe, or a member serving)
     LOADING = "loading"
-    READY = "ready"  # a model loaded, no command in flight
-    STREAMING = "streaming"
-    SCORING = "scoring"
-    EMBEDDING = "embedding"
+    READY = "ready"  # a model loaded: up to ``slots`` jobs in flight
     PROBING = "probing"
     SERVING = "serving"  # a member: its RPC server runs until the child ends
     CLOSED = "closed"
 
 
-# What each waiting state accepts, and where each message leads.
+# What each waiting state accepts, and where each message leads (jobs' replies: ``_JOB_REPLIES``).
 _REPLIES: dict[State, dict[type, State]] = {
     State.STARTING: {Hello: State.IDLE},
     State.LOADING: {Loaded: State.READY, Failed: State.CLOSED},
-    State.STREAMING: {Chunk: State.STREAMING, Done: State.READY, Failed: State.READY},
-    State.SCORING: {Scored: State.READY, Failed: State.READY},
-    State.EMBEDDING: {Embedded: State.READY, Failed: State.READY},
     State.PROBING: {Probed: State.IDLE, Failed: State.IDLE},
+}
+
+# A job's kind, and the replies that answer it: (goes on, ends it).
+_JOB_REPLIES: dict[str, tuple[tuple[type, ...], tuple[type, ...]]] = {
+    "stream": ((Chunk,), (Done, Failed)),
+    "score": ((), (Scored, Failed)),
+    "embed": ((), (Embedded, Failed)),
 }
 
 
 class EngineLink:
-    """The worker's side of one engine child."""
+    """The worker's side of one engine child. Once loaded, it may run up to ``slots`` jobs at
+    once (the child's batch, issue 36); each command gets a new job number (``next_job``),
+    and every reply must answer a job in flight, in a way its kind allows."""
 
     def __init__(self, role: Role, *, max_frame_bytes: int = MAX_FROM_CHILD_BYTES) -> None:
         self.role = role
         self.state = State.NEW
         self.hello: Hello | None = None
+        self.slots = 1
         self._frames = FrameDecoder(max_frame_bytes)
-        self._cancelled = False
+        self._jobs: dict[int, str] = {}  # in flight: job -> kind
+        self._cancelled: set[int] = set()
+        self._last_job = 0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._jobs)
+
+    def next_job(self) -> int:
+        self._last_job += 1
+        return self._last_job
 
     # --- commands --------------------------------------------------------------------------
 
@@ -133,6 +149,17 @@ class EngineLink:
             raise EngineProtocolError(f"cannot send {message.type!r} to an engine child that "
                                       f"is {self.state.value}")
         self.state = then
+        return frame(encode(message))
+
+    def _job(self, message: Stream | ScoreJob | Embed, kind: str) -> bytes:
+        if self.state is not State.READY:
+            raise EngineProtocolError(f"cannot send {message.type!r} to an engine child that "
+                                      f"is {self.state.value}")
+        if message.job in self._jobs or message.job > self._last_job:
+            raise EngineProtocolError(f"job {message.job} is not a new job of this link")
+        if len(self._jobs) >= self.slots:
+            raise EngineProtocolError(f"the engine child runs {self.slots} jobs at once")
+        self._jobs[message.job] = kind
         return frame(encode(message))
 
     def start(self, policy: SandboxPolicy) -> bytes:
@@ -145,22 +172,20 @@ class EngineLink:
         return self._send(message, {State.IDLE}, State.LOADING)
 
     def stream(self, message: Stream) -> bytes:
-        self._cancelled = False
-        return self._send(message, {State.READY}, State.STREAMING)
+        return self._job(message, "stream")
 
-    def cancel(self) -> bytes | None:
-        """The cancel frame, once per command in flight; None when there is nothing to stop."""
-        if self.state not in (State.STREAMING, State.SCORING) or self._cancelled:
+    def cancel(self, job: int) -> bytes | None:
+        """The cancel frame, once per job in flight that can be stopped; None otherwise."""
+        if self._jobs.get(job) not in ("stream", "score") or job in self._cancelled:
             return None
-        self._cancelled = True
-        return frame(encode(Cancel()))
+        self._cancelled.add(job)
+        return frame(encode(Cancel(job=job)))
 
     def score(self, message: ScoreJob) -> bytes:
-        self._cancelled = False
-        return self._send(message, {State.READY}, State.SCORING)
+        return self._job(message, "score")
 
     def embed(self, message: Embed) -> bytes:
-        return self._send(message, {State.READY}, State.EMBEDDING)
+        return self._job(message, "embed")
 
     def serve(self, message: Serve) -> bytes:
         if self.role != "member":
@@ -180,7 +205,7 @@ class EngineLink:
 
     def receive(self, data: bytes) -> list[Any]:
         """The child's messages in ``data`` (and what earlier calls left), each checked against
-        the command in flight."""
+        the commands in flight."""
         try:
             payloads = self._frames.feed(data)
         except ProtocolError as exc:
@@ -188,26 +213,44 @@ class EngineLink:
             raise EngineProtocolError(f"the engine sent {exc.message}") from exc
         return [self._accept(payload) for payload in payloads]
 
+    def _broken(self, why: str) -> EngineProtocolError:
+        self.state = State.CLOSED
+        return EngineProtocolError(f"the engine sent {why}")
+
     def _accept(self, payload: bytes) -> Any:
         try:
             message = decode_from_child(payload)
         except ProtocolError as exc:
             self.state = State.CLOSED
             raise EngineProtocolError(f"the engine sent {exc.message}") from exc
+        if self.state is State.READY:
+            return self._job_reply(message)
         allowed = _REPLIES.get(self.state, {})
         then = allowed.get(type(message))
-        if then is None:
-            state = self.state
-            self.state = State.CLOSED
-            raise EngineProtocolError(f"the engine sent {message.type!r} out of turn (while "
-                                      f"{state.value})")
+        if then is None or getattr(message, "job", None) is not None:
+            raise self._broken(f"{message.type!r} out of turn (while {self.state.value})")
         if isinstance(message, Hello):
             if message.version != ENGINE_IPC_VERSION:
                 self.state = State.CLOSED
                 raise EngineProtocolError(f"the engine speaks protocol {message.version}, not "
                                           f"{ENGINE_IPC_VERSION}: reinstall the worker")
             self.hello = message
+        if isinstance(message, Loaded):
+            self.slots = message.slots
         self.state = then
+        return message
+
+    def _job_reply(self, message: Any) -> Any:
+        job = getattr(message, "job", None)
+        kind = self._jobs.get(job) if isinstance(job, int) else None
+        if kind is None:
+            raise self._broken(f"{message.type!r} for no job in flight ({job})")
+        goes_on, ends = _JOB_REPLIES[kind]
+        if isinstance(message, ends):
+            del self._jobs[job]
+            self._cancelled.discard(job)
+        elif not isinstance(message, goes_on):
+            raise self._broken(f"{message.type!r} in answer to a {kind} job")
         return message
 
 

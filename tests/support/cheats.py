@@ -269,17 +269,18 @@ class CheatPool:
         return self._vocabs[name]
 
     async def chat(self, name: str, request: dict[str, Any], cancel: threading.Event,
-                   on_chunk: OnChunk, continuation: str | None = None) -> dict[str, int]:
+                   on_chunk: OnChunk, continuation: str | None = None,
+                   scope: str | None = None) -> dict[str, int]:
         self.last = None
         if not self._bends(request, continuation):
-            return await self.pool.chat(name, request, cancel, on_chunk, continuation)
+            return await self.pool.chat(name, request, cancel, on_chunk, continuation, scope)
         return await self._serve(name, "chat", request, cancel, on_chunk)
 
     async def complete(self, name: str, request: dict[str, Any], cancel: threading.Event,
-                       on_chunk: OnChunk) -> dict[str, int]:
+                       on_chunk: OnChunk, scope: str | None = None) -> dict[str, int]:
         self.last = None
         if not self._bends(request, None) or len(completion_prompts(request)) != 1:
-            return await self.pool.complete(name, request, cancel, on_chunk)
+            return await self.pool.complete(name, request, cancel, on_chunk, scope)
         return await self._serve(name, "completions", request, cancel, on_chunk)
 
     def _bends(self, request: dict[str, Any], continuation: str | None) -> bool:

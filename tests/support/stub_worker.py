@@ -44,6 +44,7 @@ class StubPool:
         cancel: threading.Event,
         on_chunk: Callable[[dict[str, Any]], Awaitable[None]],
         continuation: str | None = None,
+        scope: str | None = None,
     ) -> dict[str, int]:
         words = echo_words(request)
         done = words_done(words, continuation)
