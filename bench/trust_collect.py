@@ -17,7 +17,12 @@ worker claimed (usage, finish), the generation seconds, the scoring seconds and 
 evaluated, and ``Score.data()`` (floats rounded to 5 decimals) as gzip JSON.
 
     .venv/bin/python bench/trust_collect.py [--honest 1050] [--cheats 60] [--seed 16]
-        [--out bench/data/trust_scores.json.gz]
+        [--out bench/data/trust_scores.json.gz] [--batched N]
+
+With ``--batched N`` (issue 36) the honest jobs are served by one worker as the worker serves
+them: a confined engine child batching up to N jobs at once (``SandboxedContexts``, 2 threads),
+the jobs sent N at a time; the cheats and auditors are as above. It ends by judging every honest
+answer with the queen's own rule and default bands, as a new worker's audits would.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from desktop_worker.engine import llama_model  # noqa: E402
 from desktop_worker.engine.pool import ModelPool  # noqa: E402
 from desktop_worker.engine.scoring import ScoreRequest  # noqa: E402
 from desktop_worker.errors import WorkerError  # noqa: E402
+from desktop_worker.sandbox.context import SandboxedContexts  # noqa: E402
 from desktop_worker.store import ModelStore  # noqa: E402
 from desktop_worker.store.hub import sha256_file  # noqa: E402
 from tests.support.cheats import KINDS, SMOLLM2, CheatPool, SwappedStore, chat_text  # noqa: E402
@@ -123,7 +129,8 @@ def auditor_for(worker: Engine) -> Engine:
     return next(a for a in AUDITORS if a.threads != worker.threads)
 
 
-def plan_jobs(honest: int, cheats: int, seed: int) -> list[JobSpec]:
+def plan_jobs(honest: int, cheats: int, seed: int,
+              engines: tuple[Engine, ...] = HONEST) -> list[JobSpec]:
     """Every job, shuffled: ``honest`` spread over the honest workers and, per worker, over the
     temperatures; ``cheats`` per cheat kind, over the temperatures."""
     rng = random.Random(seed)
@@ -133,7 +140,7 @@ def plan_jobs(honest: int, cheats: int, seed: int) -> list[JobSpec]:
                        TEMPERATURES[i % len(TEMPERATURES)], rng.choice(MAX_TOKENS),
                        rng.randrange(2**31), rng.random() < STOP_SHARE)
 
-    jobs = [spec("honest", HONEST[i % len(HONEST)].name, i // len(HONEST))
+    jobs = [spec("honest", engines[i % len(engines)].name, i // len(engines))
             for i in range(honest)]
     jobs += [spec(kind, f"cheat-{kind}", i) for kind in KINDS for i in range(cheats)]
     rng.shuffle(jobs)
@@ -263,7 +270,14 @@ async def collect(args: argparse.Namespace) -> None:
     swapped = SwappedStore(work / "requant-models", work / "requant")
     swapped.import_file(args.model, NAME)
     workers: dict[str, tuple[Engine, Any]] = {}
-    for engine in HONEST:
+    honest = HONEST
+    if args.batched:
+        honest = (Engine(f"honest-batched-{args.batched}", 2, 512),)
+        batched = ModelPool(store.get, SandboxedContexts(memory_limits=False),
+                            max_jobs=args.batched, n_ctx=N_CTX, n_threads=2, budget_mb=4096)
+        await batched.load(NAME)
+        workers[honest[0].name] = (honest[0], batched)
+    for engine in () if args.batched else HONEST:
         workers[engine.name] = (engine, await loaded_pool(store, engine))
     base = await loaded_pool(store, CHEAT_ENGINE)
     for kind in KINDS:
@@ -284,17 +298,21 @@ async def collect(args: argparse.Namespace) -> None:
         "requant_sha256": sha256_file(requant_path), "n_ctx": N_CTX,
         "llama_cpp": llama_cpp.__version__, "machine": f"{platform.machine()}, "
         f"{os.cpu_count()} cores, {platform.processor() or platform.system()}",
-        "honest": [asdict(e) for e in HONEST], "auditors": [asdict(e) for e in AUDITORS],
+        "honest": [asdict(e) for e in honest], "batched": args.batched,
+        "auditors": [asdict(e) for e in AUDITORS],
         "cheat_engine": asdict(CHEAT_ENGINE), "prompts": PROMPTS, "seed": args.seed,
     }
-    jobs = plan_jobs(args.honest, args.cheats, args.seed)
+    jobs = plan_jobs(args.honest, args.cheats, args.seed, honest)
     records: list[dict[str, Any]] = []
-    for i, job in enumerate(jobs, 1):
-        records.append(await run_job(job, workers, auditors))
-        if i % 50 == 0:
-            log.info("%d/%d jobs, %.0f s", i, len(jobs), time.perf_counter() - started)
-        if i % 200 == 0:
-            save(args.out, {**meta, "complete": False}, records)
+    done = 0
+    for group in _groups(jobs, args.batched):
+        records.extend(await asyncio.gather(*(run_job(job, workers, auditors) for job in group)))
+        for _ in group:
+            done += 1
+            if done % 50 == 0:
+                log.info("%d/%d jobs, %.0f s", done, len(jobs), time.perf_counter() - started)
+            if done % 200 == 0:
+                save(args.out, {**meta, "complete": False}, records)
     meta.update(complete=True, wall_s=round(time.perf_counter() - started, 1))
     save(args.out, meta, records)
     pools = {id(pool.pool if isinstance(pool, CheatPool) else pool):
@@ -308,6 +326,48 @@ async def collect(args: argparse.Namespace) -> None:
     print(f"\n{inflate_note(records)}")
     errors = [r for r in records if r["score_error"]]
     print(f"not scored: {len(errors)} ({', '.join(sorted({r['score_error'] for r in errors}))})")
+    if args.batched:
+        print(judged_note(records, meta["model_sha256"]))
+
+
+def _groups(jobs: list[JobSpec], batched: int) -> Iterator[list[JobSpec]]:
+    """Jobs to run at once: runs of up to ``batched`` honest jobs (a batched worker's traffic),
+    every other job alone."""
+    group: list[JobSpec] = []
+    for job in jobs:
+        if batched and job.kind == "honest":
+            group.append(job)
+            if len(group) == batched:
+                yield group
+                group = []
+            continue
+        yield [job]
+    if group:
+        yield group
+
+
+def judged_note(records: list[dict[str, Any]], sha256: str) -> str:
+    """Honest answers the queen's rule fails with its default bands, and whether the honest
+    worker's audited stream (in the order it ran) would be flagged."""
+    from bench.trust import case_of
+    from queen_server.audits.cases import BadScore, read_score
+    from queen_server.audits.decision import DEFAULT_BANDS, SprtParams, Standing, judge
+
+    failed = judged = 0
+    standing = Standing()
+    for record in records:
+        if record["kind"] != "honest" or record["score"] is None:
+            continue
+        try:
+            verdict = judge(read_score(case_of(record, sha256), record["score"]), DEFAULT_BANDS)
+        except BadScore:
+            continue
+        judged += 1
+        failed += verdict.failed
+        standing = standing.after(verdict, SprtParams())
+    return (f"batched honest answers judged by the queen's rule (default bands): {failed} of "
+            f"{judged} failed ({100 * failed / max(1, judged):.2f} %); the worker's audited "
+            f"stream ends {standing.state}")
 
 
 def main() -> None:
@@ -318,6 +378,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=16)
     parser.add_argument("--model", type=Path, default=SMOLLM2)
     parser.add_argument("--out", type=Path, default=ROOT / "bench/data/trust_scores.json.gz")
+    parser.add_argument("--batched", type=int, default=0,
+                        help="serve the honest jobs batched, this many at once (issue 36)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     log.setLevel(logging.INFO)

@@ -17,6 +17,10 @@ after a reboot the worker earns again unless its owner had stopped it.
 At launch, whether this build's llama.cpp has its RPC backend is probed in a thread (the same
 ``RpcSupport`` every run's worker uses), so the Settings tab can grey out the model-group
 switches with the reason (issue 19).
+
+The Hardware tab's serving figures (issue 36) follow every job's start and end and the app's
+tick (``TICK_MS``): each loaded model's jobs at once, the jobs running and tokens/s per stream
+and in total over the last minute (``services.serving``).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from desktop_worker.gui.services.earnings import EarningsService
 from desktop_worker.gui.services.logs import OncePerRun
 from desktop_worker.gui.services.models import ModelsService, fetch_demand
 from desktop_worker.gui.services.sandbox import sandbox_summary
+from desktop_worker.gui.services.serving import ServingLog, loaded_slots, serving_headline
 from desktop_worker.gui.services.settings import AutostartLike, SettingsService
 from desktop_worker.gui.services.worker import LogBridge, WorkerController
 from desktop_worker.gui.tray import Tray
@@ -119,6 +124,7 @@ class ApiaryApp(QObject):
 
         self.header = Header(self.controller, self.icons)
         self.hardware_view = HardwareView()
+        self.serving = ServingLog()  # the Hardware tab's serving figures (issue 36)
         self.window = MainWindow(
             self.header, self.hardware_view, ModelsView(self.models, self.earnings),
             JobsView(self.controller, self.earnings), EarningsView(self.earnings),
@@ -140,6 +146,11 @@ class ApiaryApp(QObject):
         self.controller.hardware_detected.connect(self._on_hardware)
         self.controller.demand_changed.connect(self.models.set_demand)  # the In demand list
         self.controller.job_finished.connect(self.models.record_job)  # this worker's speed
+        self.controller.job_started.connect(self.serving.started)
+        self.controller.job_finished.connect(self.serving.finished)
+        self.controller.job_started.connect(lambda _start: self.show_serving())
+        self.controller.job_finished.connect(lambda _record: self.show_serving())
+        self.controller.running_changed.connect(self._on_running)
         self.controller.job_finished.connect(
             lambda record: self._notify(self.policy.job_finished(record.outcome)))
         self.controller.link_changed.connect(
@@ -153,6 +164,7 @@ class ApiaryApp(QObject):
         self.window.earnings.add_address_requested.connect(self.open_payout_setting)
         self.settings_service.changed.connect(self._on_settings)
         self.hardware_view.refresh_button.clicked.connect(lambda: spawn(self.detect()))
+        self.hardware_view.refresh_button.clicked.connect(self.show_serving)
         self.header.fix_requested.connect(self.fix)
         self.header.toggle_requested.connect(self.owner_toggle)
         self.models.models_changed.connect(lambda _models: self.header.refresh())
@@ -440,8 +452,21 @@ class ApiaryApp(QObject):
         self.earnings.republish()  # the payout nudge follows the address at once
         self.earnings.poke()
 
+    def _on_running(self, running: bool) -> None:
+        if not running:
+            self.serving.stopped()
+        self.show_serving()
+
+    def show_serving(self) -> None:
+        """The Hardware tab's serving figures: each loaded model's slots, jobs running and
+        speeds (on every job's start and end, and each tick, as the last minute moves on)."""
+        slots = loaded_slots(self.controller.service, self.controller.running)
+        self.hardware_view.show_serving(serving_headline(slots),
+                                        self.serving.figures(slots or {}))
+
     def _tick(self) -> None:
         self._notify(self.policy.tick(time.monotonic()))
+        self.show_serving()
 
     def _notify(self, notice: Notice | None) -> None:
         if notice is not None:

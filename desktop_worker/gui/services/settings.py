@@ -15,6 +15,11 @@ is chosen once and does not drift; 0 is "no quota". ``disk_headroom_gb`` (None: 
 of the disk)) is saved beside the app's fields. ``quota_gb`` and ``headroom_gb`` are what the
 wizard and the Settings tab show.
 
+Jobs at once (issue 36, ``max_jobs``): None is automatic (each model's batch holds as many jobs
+as memory allows, up to ``MAX_BATCH_SLOTS``), else the owner's number; it is saved beside the
+app's fields and applies when earning restarts (the worker's pool is built per Start).
+``jobs_choices`` lists what the Settings tab offers, keeping a larger number a config file set.
+
 Start at launch (issue 35): the owner's last word wins. The wizard's Start Earning and a Start
 from the header or the tray turn ``start_earning_at_launch`` on, a Stop from them turns it off
 (``remember_start_at_launch``: that one field saved alone, announced by ``at_launch_changed``
@@ -40,17 +45,20 @@ from desktop_worker.store.disk import (
     default_headroom_bytes,
     default_quota_gb,
 )
+from shared_schema.fitting import MAX_BATCH_SLOTS
 
 log = logging.getLogger(__name__)
 
-# What the app saves: the fields it edits, and the disk's headroom (issue 34).
-SAVED_FIELDS = tuple(dict.fromkeys((*APP_EDITABLE_FIELDS, "disk_headroom_gb")))
+# What the app saves: the fields it edits, the disk's headroom (issue 34) and jobs at once
+# (issue 36).
+SAVED_FIELDS = tuple(dict.fromkeys((*APP_EDITABLE_FIELDS, "disk_headroom_gb", "max_jobs")))
 
 
 # Applied to a running worker at once: the app reconnects (the hello carries both).
 LIVE_FIELDS = ("queen_url", "ln_url")
 # Applied when earning restarts: the model store and the engine are built per Start.
 RESTART_FIELDS = ("models_dir", "disk_quota_gb", "disk_headroom_gb", "vram_cap_mb", "threads",
+                  "max_jobs",
                   "pause_on_battery", "pause_gpu_busy_pct", "pause_fullscreen", "active_hours",
                   "accept_fetch", "swarm_models", "join_groups", "lan_groups",
                   "group_family")
@@ -61,6 +69,7 @@ RESTART_NAMES = {
     "disk_headroom_gb": "the space always left free",
     "vram_cap_mb": "the VRAM cap",
     "threads": "CPU threads",
+    "max_jobs": "jobs at once",
     "pause_on_battery": "pausing on battery",
     "pause_gpu_busy_pct": "the GPU threshold",
     "pause_fullscreen": "pausing for full-screen apps",
@@ -71,6 +80,22 @@ RESTART_NAMES = {
     "lan_groups": "direct connections on your home network",
     "group_family": "big models with your own machines only",
 }
+
+
+AUTOMATIC_JOBS = f"Automatic (as memory allows, up to {MAX_BATCH_SLOTS})"
+JOBS_HINT = ("More jobs at once earn more per hour on a GPU; each job then runs a little "
+             "slower.")
+
+
+def jobs_choices(current: int | None) -> list[tuple[str, int | None]]:
+    """The "Jobs at once" choices, (text, ``max_jobs``): automatic first, then 1 to
+    ``MAX_BATCH_SLOTS``, and ``current`` after them when a config file set more (kept as it
+    is, shown as its number)."""
+    choices: list[tuple[str, int | None]] = [(AUTOMATIC_JOBS, None)]
+    choices += [(str(n), n) for n in range(1, MAX_BATCH_SLOTS + 1)]
+    if current is not None and current > MAX_BATCH_SLOTS:
+        choices.append((str(current), current))
+    return choices
 
 
 def classify_changes(old: WorkerSettings, new: dict[str, Any]) -> tuple[list[str], list[str]]:

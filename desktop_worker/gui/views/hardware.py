@@ -1,5 +1,7 @@
-"""The Hardware tab: each NVIDIA and OpenCL GPU (name, driver, a VRAM bar), CPU, RAM, disk, and
-what the engine's sandbox holds on this machine (``services.sandbox``)."""
+"""The Hardware tab: each NVIDIA and OpenCL GPU (name, driver, a VRAM bar), CPU, RAM, disk, what
+each loaded model serves now (its jobs at once, the jobs running and tokens/s per stream and in
+total, ``services.serving``, issue 36) and what the engine's sandbox holds on this machine
+(``services.sandbox``). The boxes scroll; "Detect again" stays under them."""
 
 from __future__ import annotations
 
@@ -9,11 +11,18 @@ from PySide6.QtWidgets import (
     QLabel,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QVBoxLayout,
     QWidget,
 )
 
+from desktop_worker.gui.common import plain_label
 from desktop_worker.gui.services.sandbox import SandboxSummary, sandbox_summary
+from desktop_worker.gui.services.serving import (
+    NOT_EARNING,
+    ModelServing,
+    serving_rows,
+)
 from desktop_worker.hardware import ComputeDevice, HardwareReport
 
 
@@ -43,19 +52,52 @@ class HardwareView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.refresh_button = QPushButton("Detect again")
-        self._layout = QVBoxLayout(self)
+        content = QWidget()
+        self._layout = QVBoxLayout(content)
         self._body = QWidget()
         self._layout.addWidget(self._body)
+        self.serving_box = QGroupBox("Serving")
+        self._serving_form = QFormLayout(self.serving_box)
+        self._layout.addWidget(self.serving_box)
         self.sandbox_box = QGroupBox("Engine sandbox")
         self._sandbox_form = QFormLayout(self.sandbox_box)
         self._layout.addWidget(self.sandbox_box)
         self._layout.addStretch(1)
-        self._layout.addWidget(self.refresh_button)
+        # The boxes scroll (a machine with two GPUs and a few models outgrows the window);
+        # the button stays in place under them.
+        self.scroll = QScrollArea()
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.scroll.setWidget(content)
+        outer = QVBoxLayout(self)
+        outer.addWidget(self.scroll, 1)
+        outer.addWidget(self.refresh_button)
         self.gpu_names: list[str] = []
         self.ram: QProgressBar | None = None
         self.sandbox: SandboxSummary = sandbox_summary(None)
+        self.serving: list[ModelServing] = []
         self.show_report(None)
+        self.show_serving(NOT_EARNING, [])
         self.show_sandbox(self.sandbox)
+
+    def show_serving(self, headline: str, figures: list[ModelServing]) -> None:
+        """What each loaded model serves now (``headline``: why there is none, else "")."""
+        self.serving = figures
+        form = self._serving_form
+        while form.rowCount():
+            form.removeRow(0)
+        if headline:
+            line = plain_label(headline)
+            line.setWordWrap(True)
+            form.addRow(line)
+        for model in figures:
+            name = plain_label(model.model)  # a name the queen chose: never read as HTML
+            font = name.font()
+            font.setBold(True)
+            name.setFont(font)
+            form.addRow(name)
+            for label, value in serving_rows(model):
+                form.addRow(label, plain_label(value))
 
     def show_sandbox(self, summary: SandboxSummary) -> None:
         """What the sandbox around the engine's processes holds here."""

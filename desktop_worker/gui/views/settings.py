@@ -1,10 +1,10 @@
 """The Settings tab: queen URL, payout address (checked live), models folder, disk quota, VRAM
-cap, CPU threads, start earning at launch, run at login; "When to pause" (on battery, another
-program on the GPU above a share, full-screen apps, active hours checked as the owner types)
-and "Models" (let the queen place models here; let the swarm choose them), issue 17; "Big
-models" (issue 19: help run big models with other workers, and let workers on the home network
-connect directly, which is greyed out while the first is off; both greyed out with the reason
-when this build's llama.cpp cannot join groups, ``show_rpc``).
+cap, CPU threads, jobs at once, start earning at launch, run at login; "When to pause" (on
+battery, another program on the GPU above a share, full-screen apps, active hours checked as the
+owner types) and "Models" (let the queen place models here; let the swarm choose them), issue
+17; "Big models" (issue 19: help run big models with other workers, and let workers on the home
+network connect directly, which is greyed out while the first is off; both greyed out with the
+reason when this build's llama.cpp cannot join groups, ``show_rpc``).
 
 The disk (issue 34): the quota shows the one chosen, or the default a save chooses (half the
 free disk); 0 is "no quota". Under it, the space always left free on the disk ("automatic" shows
@@ -15,6 +15,10 @@ at Save, with the expected form. While the worker earns, a new queen or payout a
 at once (after a confirmation: the worker reconnects); the folder, quota, VRAM cap and threads
 say that they apply when earning restarts, with a "Restart now" button. Edits not yet saved
 say "Unsaved changes" until Save.
+
+Jobs at once (issue 36): "Automatic (as memory allows, up to 8)" first, then 1 to 8; a larger
+number a config file set stays, shown as its number (``jobs_choices``). It applies when earning
+restarts, like the threads.
 
 Test connection (issue 35) beside the queen URL does the wizard's real handshake
 (``ApiaryApp.probe_queen``) with the URL and payout address typed, saved or not, and says the
@@ -31,6 +35,7 @@ from pathlib import Path
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QCheckBox,
+    QComboBox,
     QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
@@ -52,9 +57,11 @@ from desktop_worker.groups.rpc import RpcProbe
 from desktop_worker.gui.common import plain_label, spawn
 from desktop_worker.gui.services.groups import groups_unavailable
 from desktop_worker.gui.services.settings import (
+    JOBS_HINT,
     RESTART_NAMES,
     SettingsService,
     classify_changes,
+    jobs_choices,
     probe_verdict,
 )
 from desktop_worker.link_probe import ProbeResult
@@ -236,6 +243,8 @@ class SettingsView(QWidget):
         self.threads = QSpinBox()
         self.threads.setRange(0, os.cpu_count() or 256)
         self.threads.setSpecialValueText("automatic")
+        self.jobs = QComboBox()  # jobs at once (issue 36): max_jobs, None first (automatic)
+        self.jobs_note = note_label(JOBS_HINT)
         self.at_launch = QCheckBox("Start earning when the app opens")
         self.at_login = QCheckBox("Open Apiary when I log in")
         # When to pause (issue 17).
@@ -287,6 +296,8 @@ class SettingsView(QWidget):
         form.addRow("", self.disk_note)
         form.addRow("VRAM cap", self.vram)
         form.addRow("CPU threads", self.threads)
+        form.addRow("Jobs at once", self.jobs)
+        form.addRow("", self.jobs_note)
         form.addRow("", self.at_launch)
         form.addRow("", self.at_login)
         self.pause_group = QGroupBox("When to pause")
@@ -338,6 +349,7 @@ class SettingsView(QWidget):
             edit.textChanged.connect(self._edited)
         for box in (self.quota, self.headroom, self.vram, self.threads, self.gpu_busy):
             box.valueChanged.connect(self._edited)
+        self.jobs.currentIndexChanged.connect(self._edited)
         for check in (self.at_launch, self.at_login, self.on_battery, self.fullscreen,
                       self.accept_fetch, self.swarm_models, self.join_groups, self.lan_groups,
                       self.family_only):
@@ -404,6 +416,7 @@ class SettingsView(QWidget):
                 "models_dir": self.models_dir.text().strip(), "quota": self.quota.value(),
                 "headroom": self.headroom.value(),
                 "vram": self.vram.value(), "threads": self.threads.value(),
+                "jobs": self.jobs.currentData(),
                 "at_launch": self.at_launch.isChecked(), "at_login": self.at_login.isChecked(),
                 "on_battery": self.on_battery.isChecked(), "gpu_busy": self.gpu_busy.value(),
                 "fullscreen": self.fullscreen.isChecked(), "hours": self.hours.edit.text().strip(),
@@ -463,6 +476,7 @@ class SettingsView(QWidget):
         self._headroom_changed(self.headroom.value())
         self.vram.setValue(settings.vram_cap_mb or 0)
         self.threads.setValue(settings.threads or 0)
+        self._fill_jobs(settings.max_jobs)
         self.at_launch.setChecked(settings.start_earning_at_launch)
         self.at_login.setChecked(self.service.run_at_login())
         self.on_battery.setChecked(settings.pause_on_battery)
@@ -476,6 +490,14 @@ class SettingsView(QWidget):
         self.family_only.setChecked(settings.group_family is not None)
         self.family_code.setText(settings.group_family or "")
         self._groups_enabled()
+
+    def _fill_jobs(self, max_jobs: int | None) -> None:
+        """The choices for ``max_jobs`` (a larger saved number among them), it selected."""
+        self.jobs.clear()
+        for text, value in jobs_choices(max_jobs):
+            self.jobs.addItem(text, value)
+            if value == max_jobs:
+                self.jobs.setCurrentIndex(self.jobs.count() - 1)
 
     def browse(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Models folder", self.models_dir.text())
@@ -511,6 +533,7 @@ class SettingsView(QWidget):
             "disk_headroom_gb": self.headroom.value() or None,
             "vram_cap_mb": self.vram.value() or None,
             "threads": self.threads.value() or None,
+            "max_jobs": self.jobs.currentData(),
             "start_earning_at_launch": self.at_launch.isChecked(),
             "pause_on_battery": self.on_battery.isChecked(),
             "pause_gpu_busy_pct": self.gpu_busy.value() or None,
