@@ -41,7 +41,7 @@ class InstantConnection:
         self.key = key
 
     async def send_job(self, job_id: str, url: str, req: dict[str, Any],
-                       continuation: str | None = None) -> None:
+                       continuation: str | None = None, cache_scope: str | None = None) -> None:
         handle = self.registry.leases_of(self.key)[job_id]
         result = Result(id=job_id, data=ANSWER, usage=USAGE)
         asyncio.get_running_loop().call_soon(handle.feed, result)

@@ -187,7 +187,7 @@ class JobRunner:
                 unsaved_logprobs.clear()
 
         # The queen's hash of the caller: cached prefixes are reused within it only (issue 36).
-        scope = getattr(job, "cache_scope", None)
+        scope = job.cache_scope
         if kind == "completions":
             counts = await self.pool.complete(model, job.openai_req, cancel, on_chunk,
                                               scope=scope)

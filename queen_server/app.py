@@ -41,6 +41,7 @@ from queen_server.stats.store import StatsStore
 from queen_server.stats.swarm import SwarmStats
 from queen_server.storage.engine import Database
 from queen_server.swarm.dispatch import Dispatcher
+from queen_server.swarm.prefix import CacheScopes, PrefixAffinity
 from queen_server.swarm.registry import Registry
 from shared_schema.protocol import CLOSE_GOING_AWAY
 
@@ -115,6 +116,10 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
         placement=placement,
         groups=groups,
         pricer=pricer,
+        # Random until the start: then the operator's secret, or the one the database keeps.
+        scopes=CacheScopes(settings.cache_scope_secret.get_secret_value().encode()
+                           if settings.cache_scope_secret else None),
+        affinity=PrefixAffinity(settings.affinity_entries),
     )
     replicas = None
     if settings.redis_url:
@@ -137,6 +142,8 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
             log.warning("%s", warning)
         if state.db is not None:
             await state.db.start()
+            if settings.cache_scope_secret is None:  # every replica derives the same scopes
+                state.scopes.secret = await state.db.shared_secret("cache_scope")
         if stats_store is not None:
             await stats_store.load()
             stats_store.start()

@@ -97,8 +97,9 @@ class Replicas:
         self._views: dict[str, tuple[float, list[tuple[str, int]]]] = {}
         self._claimed: set[str] = set()
         self._task: asyncio.Task[None] | None = None
-        # Jobs served here for other replicas: job id -> (worker key, public id, model).
-        self._served: dict[str, tuple[str, str, str]] = {}
+        # Jobs served here for other replicas: job id -> (worker key, public id, model, the
+        # jobs its worker ran as it started: ``JobHandle.load``).
+        self._served: dict[str, tuple[str, str, str, int]] = {}
         self._reports: dict[tuple[str, str | None], tuple[float, asyncio.Future[Any]]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._alive: dict[str, ReplicaInfo] = {}
@@ -150,12 +151,13 @@ class Replicas:
                      openai_req: Mapping[str, Any], stream: bool, timeout_s: float,
                      continuation: str | None, needs: Mapping[str, str],
                      billed: bool, sha256: str | None, exclude: Collection[str],
-                     regroup: str | None = None) -> _Run:
+                     regroup: str | None = None, cache_scope: str | None = None) -> _Run:
         job = await self.client.submit(
             replica, job_id=handle.id, model=model, openai_url=openai_url,
             openai_req=dict(openai_req), timeout_s=timeout_s, stream=stream,
             continuation=continuation, needs=needs, billed=billed,
-            sha256=sha256, exclude=list(exclude), sink=handle.feed, regroup=regroup)
+            sha256=sha256, exclude=list(exclude), sink=handle.feed, regroup=regroup,
+            cache_scope=cache_scope)
         return _Run(job)
 
     def outcome(self, replica: str, job_id: str, *, outcome: str, prompt_tokens: int,
@@ -180,14 +182,16 @@ class Replicas:
             run = await self.dispatcher.start(
                 job.job_id, job.model, job.openai_url, job.openai_req, stream=job.stream,
                 billed=job.billed, needs=job.needs, local_only=True,
-                continuation=job.continuation, twin_sha256=job.sha256, exclude=job.exclude)
+                continuation=job.continuation, twin_sha256=job.sha256, exclude=job.exclude,
+                cache_scope=job.cache_scope)
         except ApiError as exc:  # no worker here after all, or the request is refused
             await emit(JobError(id=job.job_id, code=exc.code or "error", message=exc.message,
                                 retryable=not isinstance(exc, InvalidRequest)))
             return
         try:
             worker = run.worker
-            self._remember(job.job_id, worker.key, worker.public_id, job.model)
+            self._remember(job.job_id, worker.key, worker.public_id, job.model,
+                           run.handle.load)
             held = worker.models.get(job.model)
             await emit(Assigned(worker_key=worker.earnings_key, worker_id=worker.public_id,
                                 sha256=held.sha256 if held is not None else None,
@@ -205,22 +209,23 @@ class Replicas:
         finally:
             await run.finish("the replica holding the client ended the job")
 
-    def _remember(self, job_id: str, key: str, public_id: str, model: str) -> None:
+    def _remember(self, job_id: str, key: str, public_id: str, model: str, load: int) -> None:
         served = self._served
         if len(served) >= MAX_SERVED:  # outcomes that never came (their origin died)
             del served[next(iter(served))]
-        served[job_id] = (key, public_id, model)
+        served[job_id] = (key, public_id, model, load)
 
     def _recorded(self, message: ClusterOutcome) -> None:
         """The origin's count of a job served here: the worker's record is kept here."""
         served = self._served.pop(message.job_id, None)
         if served is None or self.stats is None:
             return
-        key, public_id, model = served
+        key, public_id, model, load = served
         if message.outcome == "ok":
             self.stats.job_done(message.job_id, key, public_id, model,
                                 self.dispatcher.size_class_of(model), message.prompt_tokens,
-                                message.completion_tokens, message.total_s, message.ttft_s)
+                                message.completion_tokens, message.total_s, message.ttft_s,
+                                jobs=load)
         else:
             self.stats.job_failed(message.job_id, key, public_id, model, message.outcome,
                                   message.total_s)

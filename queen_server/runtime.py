@@ -20,6 +20,7 @@ from queen_server.stats.swarm import SwarmStats
 from queen_server.storage.engine import Database
 from queen_server.swarm.dispatch import Dispatcher
 from queen_server.swarm.jobs import JobHandle
+from queen_server.swarm.prefix import CacheScopes, PrefixAffinity
 from queen_server.swarm.registry import Registry
 from shared_schema import ModelPrice
 
@@ -41,6 +42,10 @@ class QueenState:
     placement: PlacementService
     groups: GroupService
     pricer: Pricer
+    # Prompt caches (issue 36): the callers' cache scopes, and which worker served each
+    # conversation's last turn.
+    scopes: CacheScopes
+    affinity: PrefixAffinity
     replicas: Replicas | None = None  # the other queen replicas (issue 18), with a Redis
 
     def quote_of(self, model: str) -> Quote:
@@ -70,13 +75,15 @@ class DispatchStats:
         self.stats = stats
         self.metrics = metrics
         self.speeds_for = stats.speeds_for  # read on every request: no extra call
+        self.speed_at = stats.speed_at
 
     def job_done(self, handle: JobHandle, size_class: str, prompt_tokens: int,
                  completion_tokens: int, total_s: float, ttft_s: float | None, *,
                  here: bool = True) -> None:
         if here:  # else the replica that served it keeps its worker's record
             self.stats.job_done(handle.id, handle.worker_key, handle.worker_id, handle.model,
-                                size_class, prompt_tokens, completion_tokens, total_s, ttft_s)
+                                size_class, prompt_tokens, completion_tokens, total_s, ttft_s,
+                                jobs=handle.load)
         metrics = self.metrics
         if metrics is not None:
             metrics.tokens.labels("in").inc(prompt_tokens)

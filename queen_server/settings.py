@@ -156,6 +156,14 @@ class QueenSettings(BaseSettings):
     # either: 429 before anything is reserved. 0: no limit.
     max_queued_per_key: int = Field(default=250, ge=0)
     max_concurrent_per_key: int = Field(default=64, ge=0)
+    # Prompt caches (issue 36). A worker reuses a cached prompt prefix only between jobs of one
+    # caller: each job carries an HMAC of its caller under this secret. Unset: a random secret
+    # the queen keeps in its database, the same for every replica (per process without one).
+    cache_scope_secret: SecretStr | None = None
+    # The next turn of a chat goes back to the worker that served the last one (it holds the
+    # conversation's prefix) when that worker is free: the conversations remembered for it, the
+    # most recently used kept (0: off).
+    affinity_entries: int = Field(default=100_000, ge=0)
 
     # The /admin API is on only with a token.
     admin_token: str | None = None

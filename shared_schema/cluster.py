@@ -26,7 +26,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 from shared_schema.base import WireModel
 from shared_schema.errors import ProtocolError
 from shared_schema.groups import GROUP_ID
-from shared_schema.protocol import Chunk, JobError, Result
+from shared_schema.protocol import CACHE_SCOPE, Chunk, JobError, Result
 
 MAX_GROUP_SHARES = 64  # parts of one model group named in an ``Assigned``
 
@@ -99,6 +99,8 @@ class ClusterJob(WireModel):
     # replica ends the group, waits for the next one (its ``group_failover_wait_s``, within
     # ``timeout_s``) and continues the answer on its head; ``worker_lost`` if none forms.
     regroup: str | None = Field(default=None, pattern=GROUP_ID)
+    # The caller's prompt-cache scope, as the job frame carries it (``protocol.Job``).
+    cache_scope: str | None = Field(default=None, pattern=CACHE_SCOPE)
 
 
 class ClusterEvent(WireModel):

@@ -43,7 +43,8 @@ def refused(note: str) -> FieldRule:
 
 _NO_STORE = "the queen keeps no completions or responses"
 _IDENTIFIER = "an identifier of the end user, for abuse tracking; the answer does not depend on it"
-_CACHE_HINT = "a hint for prompt caching; each worker caches its own last prompt anyway"
+_CACHE_HINT = ("a hint for prompt caching; workers reuse cached prompt prefixes per API key, "
+               "and a chat's next turn goes back to the worker that holds its history")
 
 CHAT: dict[str, FieldRule] = {
     "model": honoured(),

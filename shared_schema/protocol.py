@@ -190,6 +190,10 @@ class Refused(WireModel):
     reason: str
 
 
+# A job's prompt-cache scope (``Job.cache_scope``): 128 bits of an HMAC, in lowercase hex.
+CACHE_SCOPE = r"^[0-9a-f]{32}$"
+
+
 class Job(WireModel):
     type: Literal["job"] = "job"
     id: str
@@ -200,6 +204,14 @@ class Job(WireModel):
         description="Assistant text another worker already delivered for this request: continue "
         "it, with no end of turn inserted, and send only the new text. Sent only to workers "
         f"with the '{CAPABILITY_CONTINUE}' capability.",
+    )
+    cache_scope: str | None = Field(
+        default=None,
+        pattern=CACHE_SCOPE,
+        description="Whose prompt cache this job may use: 32 hex digits the queen derives from "
+        "the caller (an HMAC under a secret of its own, so a worker can neither tell who the "
+        "caller is nor link scopes across queens). A worker reuses a cached prefix only between "
+        "jobs of the same scope; None (audits' score jobs, embeddings): no reuse across jobs.",
     )
 
 

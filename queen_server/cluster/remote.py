@@ -185,6 +185,7 @@ class RemoteJobClient:
         exclude: list[str] | None = None,
         sink: Callable[[JobEvent], None] | None = None,
         regroup: str | None = None,
+        cache_scope: str | None = None,
     ) -> RemoteJob:
         """Send a job to ``replica_id``. ``ReplicaUnavailable`` when no replica listens on its
         channel, ``BusUnavailable`` when the bus is down: in both cases nothing reached any
@@ -196,7 +197,7 @@ class RemoteJobClient:
                              stream=stream, continuation=continuation, needs=dict(needs or {}),
                              billed=billed, timeout_s=timeout_s,
                              sha256=sha256, exclude=list(exclude or ())[:64],
-                             regroup=regroup)
+                             regroup=regroup, cache_scope=cache_scope)
         now = asyncio.get_running_loop().time()
         job = RemoteJob(self, job_id, replica_id, ReplyStream(now, self.accept_s), sink)
         self.jobs[job_id] = job  # before publishing: in process, replies come at once

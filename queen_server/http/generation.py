@@ -7,6 +7,9 @@ connected worker can honour, count the caller and hold the money, place a model 
 (only then: the hub is read and a volunteer downloads for callers that may and can pay), price
 the hold by the model's reading, dispatch to a capable worker, relay (streamed or whole, with
 failover), and settle the books exactly once.
+
+Every job carries its caller's prompt-cache scope (``swarm.prefix``), and a chat's next turn is
+offered first to the worker that served its last one (it holds the conversation's prefix).
 """
 
 from __future__ import annotations
@@ -127,6 +130,23 @@ async def admit_and_hold(state: QueenState, request: Request, principal: Princip
         raise
 
 
+def remember_turn(state: QueenState, gen: Generation, scope: str, worker_key: str | None,
+                  answer: Delivered, text: str | None) -> None:
+    """A chat answer ended well: when one worker gave its one choice whole (no failover), its
+    conversation's next turn goes back to that worker when it can (``PrefixAffinity``)."""
+    if (worker_key is None or text is None or answer.parts
+            or choices_in(gen.worker_req) != 1):
+        return
+    state.affinity.served(scope, gen.model, gen.worker_req, text, worker_key)
+
+
+def delivered_text(gen: Generation, answer: Delivered, result: Result) -> str:
+    """The answer's text as the client got it: a stream's relayed text, a plain answer's whole
+    message (its checkpoints, kept for failover, hold only the text up to the last one)."""
+    whole = message_text(result.data) if result.data.get("choices") else None
+    return answer.text if gen.stream or whole is None else whole
+
+
 def consider_audit(state: QueenState, gen: Generation, hold: Hold | None, worker_key: str | None,
                    answer: Delivered, result: Result) -> None:
     """Offer a finished answer to the audits' sampling (``AuditService.wants``: O(1)); a drawn
@@ -140,7 +160,6 @@ def consider_audit(state: QueenState, gen: Generation, hold: Hold | None, worker
     if sha256 is None and (worker := state.registry.get(worker_key)) is not None:
         held = worker.models.get(gen.model)
         sha256 = held.sha256 if held is not None else None
-    whole = message_text(result.data) if result.data.get("choices") else None
     finish_reason = answer.finish_reason
     for choice in result.data.get("choices") or ():
         if isinstance(choice, dict) and choice.get("finish_reason"):
@@ -148,9 +167,7 @@ def consider_audit(state: QueenState, gen: Generation, hold: Hold | None, worker
     case = case_for(
         request_id=gen.job_id, model=gen.model, sha256=sha256, worker_url=gen.worker_url,
         worker_req=gen.worker_req, worker_key=worker_key,
-        # What the client got: a stream's relayed text; a plain answer's whole message (its
-        # checkpoints, kept for failover, hold only the text up to the last one).
-        answer=answer.text if gen.stream or whole is None else whole,
+        answer=delivered_text(gen, answer, result),
         claimed_completion_tokens=result.usage.completion_tokens, finish_reason=finish_reason,
         single_worker=not answer.parts, key_id=hold.key_id if hold is not None else None,
         charged_msat=hold.charged_msat if hold is not None else 0)
@@ -180,6 +197,9 @@ async def serve(state: QueenState, request: Request, principal: Principal,
     admission, hold = await admit_and_hold(
         state, request, principal, gen.job_id, gen.model, gen.prompt_texts, worker_req,
         choices=choices_in(worker_req), read=not placing)
+    # Whose prompt cache the job may use, and the worker that holds this conversation's prefix.
+    scope = state.scopes.of(admission.caller)
+    prefer = state.affinity.next_turn(scope, gen.model, worker_req)
     if placing:
         try:
             await state.placement.prepare(gen.model, admission.caller)
@@ -200,6 +220,7 @@ async def serve(state: QueenState, request: Request, principal: Principal,
             run = await dispatcher.start(
                 gen.job_id, gen.model, gen.worker_url, worker_req, stream=gen.stream,
                 billed=principal.billed, admission=admission, sent=answer.sent, needs=needs,
+                cache_scope=scope, prefer=prefer,
             )
             state.placement.started(gen.model, time.monotonic() - arrived)
             if gen.stream:  # the stream now owns the hold and the caller's place
@@ -207,6 +228,8 @@ async def serve(state: QueenState, request: Request, principal: Principal,
 
                 def done(run: JobRun, answer: Delivered, result: Result) -> None:
                     consider_audit(state, gen, held, run.worker.earnings_key, answer, result)
+                    remember_turn(state, gen, scope, run.worker.earnings_key, answer,
+                                  delivered_text(gen, answer, result))
 
                 body = stream_answer(run, gen.view, dispatcher,
                                      functools.partial(settle, billing, hold, admission),
@@ -229,6 +252,8 @@ async def serve(state: QueenState, request: Request, principal: Principal,
             admission.leave()
     await billing.finish(hold, parts=collected.parts)
     if len(collected.parts) == 1:
-        consider_audit(state, gen, hold, collected.parts[0].worker_key, collected.answer,
-                       collected.result)
+        worker_key = collected.parts[0].worker_key
+        consider_audit(state, gen, hold, worker_key, collected.answer, collected.result)
+        remember_turn(state, gen, scope, worker_key, collected.answer,
+                      delivered_text(gen, collected.answer, collected.result))
     return json_response(gen.view.whole(assemble_chat(gen.view.stamp, collected)))

@@ -60,8 +60,10 @@ class WorkerSocket:
         openai_url: str,
         openai_req: dict[str, Any],
         continuation: str | None = None,
+        cache_scope: str | None = None,
     ) -> None:
-        await self.send_text(self.link.job_frame(job_id, openai_url, openai_req, continuation))
+        await self.send_text(self.link.job_frame(job_id, openai_url, openai_req, continuation,
+                                                 cache_scope))
 
     async def send_cancel(self, job_id: str, reason: str) -> None:
         frame = self.link.cancel_frame(job_id, reason)

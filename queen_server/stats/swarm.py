@@ -16,12 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from queen_server.stats.ema import Speed
+from queen_server.stats.load import LoadSpeeds, speed_at
 from queen_server.stats.merge import sketch
 
 BUCKET_S = 10
 HISTORY_S = 3600
 WINDOW_S = 60
 TTFT_WINDOW_S = 300
+_NONE: Mapping[str, float] = {}
+_NO_LOADS: Mapping[str, LoadSpeeds] = {}
 
 
 @dataclass
@@ -92,6 +95,9 @@ class SwarmStats:
         self._ttft: deque[tuple[float, float]] = deque(maxlen=5000)
         self._buckets: dict[int, Bucket] = {}
         self._speeds: dict[str, dict[str, float]] = {}  # size class -> worker key -> s/token
+        # Size class -> worker key -> its speeds under load (``stats.load``): kept here only,
+        # by the replica that holds the worker; the unloaded record above is the shared one.
+        self._loaded: dict[str, dict[str, LoadSpeeds]] = {}
         self.online = 0
 
     # --- recording ----------------------------------------------------------------------------
@@ -137,7 +143,11 @@ class SwarmStats:
         completion_tokens: int,
         total_s: float,
         ttft_s: float | None,
+        jobs: int = 1,
     ) -> None:
+        """One job ended well. ``jobs``: how many its worker was running when it started,
+        itself included; a job that ran alone feeds the worker's unloaded speed record, one
+        that shared the worker its record under that load (``stats.load``)."""
         now = self.clock()
         stats = self.worker(key, public_id)
         stats.jobs += 1
@@ -146,8 +156,16 @@ class SwarmStats:
         speed = stats.speeds.get(size_class)
         if speed is None:
             speed = stats.speeds[size_class] = Speed()
-        speed.record(prompt_tokens, completion_tokens, total_s, ttft_s)
-        self.index_speed(key, size_class, speed)
+        if jobs <= 1:
+            speed.record(prompt_tokens, completion_tokens, total_s, ttft_s)
+            self.index_speed(key, size_class, speed)
+        elif (sample := speed.completion_sample(prompt_tokens, completion_tokens, total_s,
+                                                ttft_s)) is not None:
+            by_worker = self._loaded.setdefault(size_class, {})
+            loaded = by_worker.get(key)
+            if loaded is None:
+                loaded = by_worker[key] = LoadSpeeds()
+            loaded.record(jobs, sample)
         bucket = self._bucket(now)
         bucket.jobs += 1
         bucket.tokens += completion_tokens
@@ -190,8 +208,17 @@ class SwarmStats:
     # --- reading ------------------------------------------------------------------------------
 
     def speeds_for(self, size_class: str) -> Mapping[str, float]:
-        """Completion seconds per token of every worker with a record on this class."""
+        """Completion seconds per token of every worker with a record on this class (its
+        unloaded record: jobs that ran alone on it)."""
         return self._speeds.get(size_class, {})
+
+    def speed_at(self, size_class: str, key: str, jobs: int) -> float | None:
+        """Completion seconds per token a new stream would get on the worker of ``key`` as its
+        ``jobs``-th job at once (``stats.load.speed_at``); None without any record. O(1)."""
+        unloaded = self._speeds.get(size_class, _NONE).get(key)
+        if jobs <= 1 and unloaded is not None:
+            return unloaded
+        return speed_at(jobs, unloaded, self._loaded.get(size_class, _NO_LOADS).get(key))
 
     def _trim(self, now: float) -> None:
         while self._window and now - self._window[0][0] > WINDOW_S:

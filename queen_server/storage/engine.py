@@ -8,19 +8,22 @@ ledger has its own batched writer (``billing/store.py``).
 from __future__ import annotations
 
 import logging
+import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import event
+from sqlalchemy import event, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 from queen_server.errors import QueenError
 from queen_server.settings import async_database_url
-from queen_server.storage.tables import WorkerRecord
+from queen_server.storage.tables import QueenSecret, WorkerRecord
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -90,6 +93,24 @@ class Database:
 
     async def close(self) -> None:
         await self.engine.dispose()
+
+    async def shared_secret(self, name: str, size_bytes: int = 32) -> bytes:
+        """The secret called ``name`` that every replica on this database shares: made at
+        random by the first one to ask (a replica that loses the race to write it reads the
+        winner's), the same ever after."""
+        fresh = secrets.token_hex(size_bytes)
+        insert = pg_insert if self.dialect == "postgresql" else sqlite_insert
+        try:
+            async with self.engine.begin() as conn:
+                await conn.execute(insert(QueenSecret).values(name=name, value=fresh)
+                                   .on_conflict_do_nothing(index_elements=["name"]))
+                value = await conn.scalar(select(QueenSecret.value)
+                                          .where(QueenSecret.name == name))
+        except SQLAlchemyError as exc:
+            raise DatabaseError(f"cannot read the shared secret {name!r}: {exc}") from exc
+        if value is None:  # not reached: the row was just written or found
+            raise DatabaseError(f"the shared secret {name!r} is missing")
+        return bytes.fromhex(value)
 
     async def record_worker(
         self, key: str, public_id: str, ln_url: str | None, worker_version: str

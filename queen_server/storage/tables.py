@@ -162,3 +162,13 @@ class AuditRecord(Base):
     refunded: Mapped[bool] = mapped_column(Boolean, default=False)
     audit_tokens: Mapped[int] = mapped_column(Integer, default=0)
     audit_s: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class QueenSecret(Base):
+    """A secret every replica of the queen shares, made at random by the first that needs it
+    (``Database.shared_secret``): the key of the callers' prompt-cache scopes (issue 36)."""
+
+    __tablename__ = "queen_secrets"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(128))  # hex

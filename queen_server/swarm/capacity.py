@@ -192,19 +192,32 @@ class FreeIndex:
         groups = self._models.get(model)
         return sum(len(group) for group in groups) if groups else 0
 
-    def choose(self, model: str,
-               accept: Callable[[Worker], bool] | None = None) -> Worker | None:
+    def choose(self, model: str, accept: Callable[[Worker], bool] | None = None,
+               prefer: Worker | None = None) -> Worker | None:
         """The worker routing would give a job of ``model`` now, among those ``accept`` allows
-        (None: any), or None when no free worker is acceptable."""
+        (None: any), or None when no free worker is acceptable. ``prefer``: a worker that
+        comes first within its group when it is free here for ``model`` and acceptable (it
+        holds the conversation's prefix: ``routing.rank``'s ``prefer``)."""
+        preferred = self._group_of(prefer, model) if prefer is not None else None
         for name in (model, _FETCH):
             groups = self._models.get(name)
             if groups is None:
                 continue
-            for group in groups:
+            for number, group in enumerate(groups):
+                if number == preferred and name == model and (accept is None or accept(prefer)):
+                    return prefer
                 for bucket in group.order:
                     chosen = self._best(group.buckets[bucket], model, accept)
                     if chosen is not None:
                         return chosen
+        return None
+
+    def _group_of(self, worker: Worker, model: str) -> int | None:
+        """The group number ``worker`` is free in for ``model`` (a holder's, not a fetcher's),
+        or None when it is not free for it. O(models it holds)."""
+        for name, number, _bucket in self._places.get(worker, ()):
+            if name == model:
+                return number
         return None
 
     def _best(self, members: RandomSet[Worker], model: str,

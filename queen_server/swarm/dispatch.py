@@ -92,7 +92,13 @@ class JobStats(Protocol):
     Prometheus metrics from it."""
 
     def speeds_for(self, size_class: str) -> Mapping[str, float]:
-        """Worker key -> seconds per completion token, for models of ``size_class``."""
+        """Worker key -> seconds per completion token, for models of ``size_class`` (the
+        unloaded records: jobs that ran alone on their worker)."""
+        ...
+
+    def speed_at(self, size_class: str, key: str, jobs: int) -> float | None:
+        """Seconds per completion token a new stream would get on the worker of ``key`` as
+        its ``jobs``-th job at once (None: no record). O(1): routing asks it per worker."""
         ...
 
     def job_done(self, handle: JobHandle, size_class: str, prompt_tokens: int,
@@ -138,7 +144,7 @@ class Dispatcher:
         self.groups: GroupJobs = NoGroups()  # model groups (issue 19), when the queen forms them
         self._remote: dict[str, JobHandle] = {}  # handles of jobs on other replicas, by id
         self.eligibility = Eligibility(registry, pinned)
-        registry.free.score = Scores(stats.speeds_for, size_class_of).score
+        registry.free.score = Scores(stats.speeds_for, size_class_of, stats.speed_at).score
         registry.free.rng = self.rng
 
     def admit(self, caller: str) -> Admission:
@@ -186,6 +192,8 @@ class Dispatcher:
         continuation: str | None = None,
         twin_sha256: str | None = None,
         exclude: Collection[str] = (),
+        cache_scope: str | None = None,
+        prefer: str | None = None,
     ) -> JobRun:
         """Send the job to the best worker and wait for the answer's first event. ``billed``:
         the caller pays for it (``Principal.billed``), which may keep it off legacy workers.
@@ -195,13 +203,18 @@ class Dispatcher:
         worker is given the job (it reads the prompt from then on), so that a client who
         leaves before the first event still pays for the prompt read for it. ``needs``: the
         capabilities a worker must have (``capabilities.needs``), each with the field that
-        needs it; a 400 naming that field when no connected worker of the model has them."""
+        needs it; a 400 naming that field when no connected worker of the model has them.
+        ``cache_scope``: the caller's prompt-cache scope, sent with the job (and with its
+        retries and failovers). ``prefer``: the key of the worker that served the
+        conversation's last turn: first among the free workers of its tier (it holds the
+        prefix), if it is still here and free."""
         settings = self.settings
         deadline = asyncio.get_running_loop().time() + settings.total_timeout_s
         request = JobRequest(job_id, model, openai_url, openai_req, stream, deadline,
                              legacy_ok=not billed or settings.legacy_workers != "unbilled",
                              billed=billed,
-                             needs=needs or {}, local_only=local_only, tried=set(exclude))
+                             needs=needs or {}, local_only=local_only, tried=set(exclude),
+                             cache_scope=cache_scope, prefer=prefer)
         # Another replica's continuation of an answer (``local_only``: it was sent here by
         # the replica holding the client) goes only to a twin of the file it names.
         accept = Eligibility.twin(model, twin_sha256) if twin_sha256 is not None else None
@@ -297,7 +310,8 @@ class Dispatcher:
             regroup, request.regroup_at = request.regroup_at, None
             target = regroup[0] if regroup is not None else await self._acquire(
                 request.model, tried, last_error, accept, legacy_ok=request.legacy_ok,
-                admission=admission, needs=request.needs, request=request)
+                admission=admission, needs=request.needs, request=request,
+                prefer=request.prefer)
             handle, first, worker = await self._attempt(
                 request, target, body, continuation, sent,
                 regroup=regroup[1] if regroup is not None else None)
@@ -366,7 +380,8 @@ class Dispatcher:
                     openai_req=body, stream=request.stream,
                     timeout_s=max(0.1, deadline - loop.time()), continuation=continuation,
                     needs=request.needs, billed=request.billed, sha256=request.twin_sha256,
-                    exclude=request.tried, regroup=regroup))
+                    exclude=request.tried, regroup=regroup,
+                    cache_scope=request.cache_scope))
         else:
             worker, connection, reserved = target
             handle = JobHandle(job_id, request.model, worker.key, loop.time(),
@@ -374,9 +389,11 @@ class Dispatcher:
                                budget=budget)
             handle.group, handle.shares = self.groups.credit(worker, request.model)
             self.registry.lease(worker, handle, reserved=reserved)
+            handle.load = len(worker.jobs)  # its worker's load as it starts, itself included
 
             async def send() -> None:
-                await connection.send_job(handle.id, request.openai_url, body, continuation)
+                await connection.send_job(handle.id, request.openai_url, body, continuation,
+                                          request.cache_scope)
                 if sent is not None:
                     sent(Credit(worker.earnings_key, handle.shares))
 
@@ -441,6 +458,7 @@ class Dispatcher:
         admission: Admission | None = None,
         needs: Mapping[str, str] | None = None,
         request: JobRequest | None = None,
+        prefer: str | None = None,
     ) -> tuple[Worker, Connection, bool] | str:
         """The best (acceptable) worker with a free slot, the connection that holds it, and
         whether its slot was reserved for this job (it waited for it in the admission queue);
@@ -448,14 +466,14 @@ class Dispatcher:
         is free and one there is (or only there are workers of the model). Without
         ``legacy_ok``, legacy workers are no candidates (a 404 if only they serve the model).
         With an ``admission``, the wait takes one of its caller's queue places, given back
-        however the wait ends."""
+        however the wait ends. ``prefer``: a worker key chosen first if free (``rank``)."""
         registry = self.registry
         settings = self.settings
         ok = self.eligibility.filter(model, tried, accept, legacy_ok, needs)
         queue_deadline: float | None = None
         try:
             while True:
-                worker = registry.choose(model, ok)
+                worker = registry.choose(model, ok, prefer)
                 reserved = False
                 if worker is None:
                     if request is not None and self.elsewhere is not None:

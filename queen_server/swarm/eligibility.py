@@ -127,19 +127,28 @@ class Scores:
     """Routing's speed score (``capacity.FreeIndex.score``)."""
 
     def __init__(self, speeds_for: Callable[[str], Mapping[str, float]],
-                 size_class_of: Callable[[str], str]) -> None:
+                 size_class_of: Callable[[str], str],
+                 speed_at: Callable[[str, str, int], float | None] | None = None) -> None:
+        """``speeds_for(size_class)``: the unloaded records; ``speed_at(size_class, key,
+        jobs)``: what a new stream gets as a worker's ``jobs``-th job at once (None: unloaded
+        records only)."""
         self.speeds_for = speeds_for
         self.size_class_of = size_class_of
+        self.speed_at = speed_at
         self._medians: dict[str, tuple[int, float, float]] = {}
 
     def score(self, worker: Worker, model: str) -> float:
-        """Routing's score of a worker for a model: its seconds per token on the model's size
-        class (a newcomer's: the class's median), times its audit ``trust``."""
+        """Routing's score of a worker for a model: the seconds per token a new job would get
+        there on the model's size class, at the load it would run with (``routing.rank``; a
+        newcomer's: the class's median, shared among its jobs), times its audit ``trust``."""
         size_class = self.size_class_of(model)
-        speeds = self.speeds_for(size_class)
-        speed = speeds.get(worker.key)
+        jobs = worker.active_jobs + 1
+        if self.speed_at is not None:
+            speed = self.speed_at(size_class, worker.key, jobs)
+        else:
+            speed = self.speeds_for(size_class).get(worker.key)
         if speed is None:
-            speed = self.typical(size_class, speeds)
+            speed = self.typical(size_class, self.speeds_for(size_class)) * jobs
         return speed * worker.trust
 
     def typical(self, size_class: str, speeds: Mapping[str, float]) -> float:

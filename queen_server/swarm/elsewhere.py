@@ -65,10 +65,11 @@ class Elsewhere(Protocol):
                      openai_req: Mapping[str, Any], stream: bool, timeout_s: float,
                      continuation: str | None, needs: Mapping[str, str], billed: bool,
                      sha256: str | None, exclude: Collection[str],
-                     regroup: str | None = None) -> RemoteRun:
+                     regroup: str | None = None, cache_scope: str | None = None) -> RemoteRun:
         """Send the job; its events are fed to ``handle``. Raises when nothing was sent (the
         replica is gone, the bus is down): the job may go elsewhere. ``regroup``: the group
-        there whose head failed this answer, to end and wait for again before continuing."""
+        there whose head failed this answer, to end and wait for again before continuing.
+        ``cache_scope``: the caller's prompt-cache scope, for the job frame there."""
         ...
 
     def outcome(self, replica: str, job_id: str, *, outcome: str, prompt_tokens: int,

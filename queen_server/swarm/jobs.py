@@ -230,6 +230,7 @@ class JobHandle(Mailbox):
         "first_at",
         "group",
         "id",
+        "load",
         "logprobs",
         "model",
         "on_end",
@@ -269,6 +270,9 @@ class JobHandle(Mailbox):
         self.logprobs = budget.logprobs
         self.room = self.budget  # what is left of the budget (the link takes from it)
         self.chunk_cap = min(self.budget, MAX_CHUNK_CHARS)
+        # How many jobs its worker ran when it was leased, itself included (speed records
+        # are kept per load: ``stats/load.py``); 1 until the dispatcher says.
+        self.load = 1
         self.group = ""  # the model group its worker headed when given the job, if any
         self.shares: Shares = ()  # that group's shares then (``Credit``)
         self._cancel = cancel

@@ -564,14 +564,16 @@ class QueenLink:
         openai_url: str,
         openai_req: dict[str, Any],
         continuation: str | None = None,
+        cache_scope: str | None = None,
     ) -> str:
         """The frame that gives the worker a job. A legacy worker gets a bare, non-streaming
-        request, and never a continuation (it lacks the ``continue`` capability)."""
+        request, and never a continuation (it lacks the ``continue`` capability) nor a cache
+        scope (it caches nothing across jobs that the queen knows of)."""
         if self.legacy:
             return encode(LegacyRequest(openai_url=openai_url,
                                         openai_req={**openai_req, "stream": False}))
         return encode(Job(id=job_id, openai_url=openai_url, openai_req=openai_req,
-                          continuation=continuation))
+                          continuation=continuation, cache_scope=cache_scope))
 
     def cancel_frame(self, job_id: str, reason: str) -> str | None:
         """The frame that cancels a job; None for a legacy worker, which cannot be cancelled

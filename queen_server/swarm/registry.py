@@ -390,11 +390,14 @@ class Registry:
         """Jobs waiting for a worker, every model."""
         return len(self.queue)
 
-    def choose(self, model: str, accept: Callable[[Worker], bool] | None = None) -> Worker | None:
-        """The free worker routing gives a job of ``model`` now (``FreeIndex.choose``). Jobs
+    def choose(self, model: str, accept: Callable[[Worker], bool] | None = None,
+               prefer: str | None = None) -> Worker | None:
+        """The free worker routing gives a job of ``model`` now (``FreeIndex.choose``; the
+        worker of key ``prefer`` first within its group, when it is registered and free). Jobs
         already waiting come first without a check here: a slot that frees is handed to them
         at once, so a free worker is one that no waiting job would take."""
-        return self.free.choose(model, accept)
+        preferred = self._workers.get(prefer) if prefer is not None else None
+        return self.free.choose(model, accept, preferred)
 
     async def wait_for_worker(self, model: str, caller: str, timeout_s: float,
                               accept: Callable[[Worker], bool] | None = None) -> Worker | None:

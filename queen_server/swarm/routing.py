@@ -2,20 +2,27 @@
 
 Workers are ranked by tier first: the model already loaded in memory, then cached on disk, then
 able to fetch it on demand (legacy workers). Within a tier, a worker with a free job slot comes
-before a busy one, and a better speed record (an EMA of seconds per completion token for that
-worker and model, weighed by its audit standing: ``trust``) before a worse one. A new worker
-whose answers wait for audits beyond what audits can cover ranks as busy (``uncovered``). A
-small random factor on the speed spreads load between equals. No I/O happens here; the registry
-hands in its workers' directory entries (``swarm.worker.Worker``, whose free slots read the
-registry's leases), which satisfy ``WorkerView``, and the swarm stats hand in the speeds
-(``stats/ema.py``).
+before a busy one, the worker that served the conversation's last turn (``prefer``: it holds the
+conversation's prefix in its cache, issue 36) before the others when it has a free slot, and a
+better speed record before a worse one. The speed is what a new stream would get there: the
+worker's seconds per completion token at the load it would run with the new job
+(``speed_at(key, jobs)``: the queen's own measurements per load bucket, ``stats/load.py``; a
+batched worker running k streams gives each less than one alone), weighed by its audit standing
+(``trust``). A new worker whose answers wait for audits beyond what audits can cover ranks as
+busy (``uncovered``). A small random factor on the speed spreads load between equals. No I/O
+happens here; the registry hands in its workers' directory entries (``swarm.worker.Worker``,
+whose free slots read the registry's leases), which satisfy ``WorkerView``, and the swarm stats
+hand in the speeds (``stats/ema.py``, ``stats/load.py``).
+
+The dispatcher does not call ``rank`` per request: ``capacity.FreeIndex`` keeps the same order
+as a structure (its tests check the two agree).
 """
 
 from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Protocol, TypeVar
 
 TIER_LOADED = 0
@@ -36,6 +43,10 @@ class WorkerView(Protocol):
     def can_fetch(self) -> bool: ...
     @property
     def free_slots(self) -> int: ...
+    @property
+    def active_jobs(self) -> int:
+        """Jobs it runs now (and slots handed to waiting jobs): a new job would be one more."""
+        ...
     @property
     def trust(self) -> float:
         """A factor on the speed score: below 1 for audited good standing (issue 16)."""
@@ -68,27 +79,36 @@ def rank(
     *,
     exclude: Collection[str] = (),
     jitter: float = 0.1,
+    prefer: str | None = None,
+    speed_at: Callable[[str, int], float | None] | None = None,
 ) -> list[W]:
     """Workers able to serve ``model``, best first.
 
-    ``speeds`` maps a worker key to its seconds-per-token EMA for this model. A worker with no
-    record yet is scored at the median of the known ones, so newcomers get their share of work.
+    ``speeds`` maps a worker key to its unloaded seconds-per-token record for this model's size
+    class. ``speed_at(key, jobs)``: the seconds per token a new stream gets on that worker as
+    its ``jobs``-th job at once (None: no record); without it, ``speeds`` as they are. A worker
+    with no record yet is scored at the median of the known ones, shared among its streams, so
+    newcomers get their share of work. ``prefer``: the key of the worker that holds the
+    conversation's prefix, first within its tier when it has a free slot.
     """
-    capable: list[tuple[int, int, float, W]] = []
+    capable: list[tuple[int, int, int, float, W]] = []
     unknown: float | None = None
     for worker in workers:
-        if worker.key in exclude:
+        key = worker.key
+        if key in exclude:
             continue
         worker_tier = tier(worker, model)
         if worker_tier is None:
             continue
-        busy = 0 if worker.free_slots > 0 and not worker.uncovered else 1
-        speed = speeds.get(worker.key)
+        free = worker.free_slots > 0
+        busy = 0 if free and not worker.uncovered else 1
+        jobs = worker.active_jobs + 1
+        speed = speed_at(key, jobs) if speed_at is not None else speeds.get(key)
         if speed is None:
             if unknown is None:  # computed once, and only when a newcomer needs it
                 unknown = statistics.median(speeds.values()) if speeds else 1.0
-            speed = unknown
+            speed = unknown * jobs
         score = speed * worker.trust * (1.0 + jitter * rng.random())
-        capable.append((worker_tier, busy, score, worker))
-    capable.sort(key=lambda entry: entry[:3])
-    return [entry[3] for entry in capable]
+        capable.append((worker_tier, busy, 0 if free and key == prefer else 1, score, worker))
+    capable.sort(key=lambda entry: entry[:4])
+    return [entry[4] for entry in capable]

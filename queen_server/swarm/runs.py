@@ -52,6 +52,10 @@ class JobRequest:
     regroups: int = 0  # times it waited for its model group to re-form (``MAX_REGROUPS``)
     # (replica, group): the next attempt goes there, to wait for that group to re-form.
     regroup_at: tuple[str, str] | None = None
+    # The caller's prompt-cache scope (issue 36), sent with every attempt; and the worker that
+    # served the conversation's last turn, tried first when free (it holds the prefix).
+    cache_scope: str | None = None
+    prefer: str | None = None
 
 
 class JobRun:

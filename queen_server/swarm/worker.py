@@ -39,7 +39,11 @@ class Connection(Protocol):
         openai_url: str,
         openai_req: dict[str, Any],
         continuation: str | None = None,
-    ) -> None: ...
+        cache_scope: str | None = None,
+    ) -> None:
+        """Give the worker a job (``cache_scope``: the caller's prompt-cache scope, for the
+        job frame; None: no reuse of another job's cache)."""
+        ...
 
     async def send_cancel(self, job_id: str, reason: str) -> None: ...
 
@@ -204,6 +208,11 @@ class Worker:
     @property
     def free_slots(self) -> int:
         return self.max_jobs - len(self.jobs) - self.reserved
+
+    @property
+    def active_jobs(self) -> int:
+        """Jobs it runs now, and slots handed to waiting jobs: a new job is one more."""
+        return len(self.jobs) + self.reserved
 
     @property
     def group_free_mb(self) -> tuple[float, ...]:

@@ -50,6 +50,8 @@ async def test_a_replica_reports_the_whole_swarm_and_the_owner_keeps_the_record(
                         if chunk.choices])
         assert text
         assert len(worker.jobs) == 1  # a's worker served b's client
+        # With the client's cache scope, derived by b, which holds the client (issue 36).
+        assert worker.jobs[0].cache_scope == b.state.scopes.of("addr:127.0.0.1")
         # A keeps the worker's record, speed included, from B's count of the job.
         await a.wait_until(lambda: a.state.stats.workers[worker.pubkey].jobs == 1, 10,
                            "a to record the job b relayed")
@@ -98,7 +100,7 @@ async def test_a_replica_reports_the_whole_swarm_and_the_owner_keeps_the_record(
         # before it were read.
         job_id = a.state.stats.recent[0].id
         a.state.replicas._remember("probe.1", worker.pubkey, worker.welcome.worker_id,
-                                   ECHO_MODEL)
+                                   ECHO_MODEL, 1)
         for message in (ClusterOutcome(job_id=job_id, completion_tokens=10**6, total_s=0.001),
                         ClusterOutcome(job_id="never-served.1", completion_tokens=5),
                         ClusterOutcome(job_id="probe.1", completion_tokens=3, total_s=1.0)):

@@ -370,3 +370,14 @@ async def test_an_origin_gone_mid_burst_stops_the_handler(pair: Pair) -> None:
     await pair.client.close()  # the origin stops listening on its reply channel
     await asyncio.wait_for(toy.finished.wait(), 10)  # long before its last chunk
     await until(lambda: not server.running, 5, "the server to drop the job")
+
+
+async def test_the_callers_cache_scope_travels_with_the_job(pair: Pair) -> None:
+    # The serving replica sends it in the job frame (issue 36); the origin derived it, since it
+    # holds the client.
+    toy = Toy(chunks=1)
+    await pair.serve(toy)
+    scope = "5c" * 16
+    await asyncio.wait_for(drain(await submit(pair, job_id="s1.1", cache_scope=scope)), 10)
+    await asyncio.wait_for(drain(await submit(pair, job_id="s2.1")), 10)
+    assert [job.cache_scope for job in toy.started] == [scope, None]

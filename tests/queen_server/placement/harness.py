@@ -123,7 +123,7 @@ class FakeConnection:
         self.binary.append(frame)
 
     async def send_job(self, job_id: str, openai_url: str, openai_req: dict[str, Any],
-                       continuation: str | None = None) -> None:
+                       continuation: str | None = None, cache_scope: str | None = None) -> None:
         raise AssertionError("placement sends no jobs")
 
     async def send_cancel(self, job_id: str, reason: str) -> None:

@@ -4,12 +4,12 @@ at large ones, and a place that follows leases, releases and standings."""
 from __future__ import annotations
 
 import random
-import statistics
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queen_server.swarm.capacity import FULL_LOOK, FreeIndex, RandomSet, speed_class
+from queen_server.swarm.eligibility import Scores
 from queen_server.swarm.registry import Registry
 from queen_server.swarm.routing import rank, tier
 from queen_server.swarm.worker import Worker
@@ -62,13 +62,20 @@ SWARMS = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(SWARMS)
-def test_on_small_swarms_the_index_chooses_what_rank_puts_first(swarm):
+@given(SWARMS, st.one_of(st.none(), st.integers(0, 11)))
+def test_on_small_swarms_the_index_chooses_what_rank_puts_first(swarm, prefer_number):
+    """With routing's real score (``Scores``: the speed a new job gets at the load it joins,
+    here twice the unloaded one for a second job), and a preferred worker or none."""
     speeds = {f"w{number}": entry[3] for number, entry in enumerate(swarm)
               if entry[3] is not None}
-    median = statistics.median(speeds.values()) if speeds else 1.0
-    registry = Registry(FreeIndex(lambda w, _m: speeds.get(w.key, median) * w.trust,
-                                  jitter=0.0))
+
+    def speed_at(key: str, jobs: int) -> float | None:
+        unloaded = speeds.get(key)
+        return None if unloaded is None else unloaded * jobs
+
+    scores = Scores(lambda _class: speeds, lambda _model: "tiny",
+                    lambda _class, key, jobs: speed_at(key, jobs))
+    registry = Registry(FreeIndex(scores.score, jitter=0.0))
     workers = []
     for number, (holding, busy, uncovered, _speed, trust) in enumerate(swarm):
         made = worker(f"w{number}", holding, max_jobs=2, uncovered=uncovered, trust=trust)
@@ -76,13 +83,19 @@ def test_on_small_swarms_the_index_chooses_what_rank_puts_first(swarm):
         for job in range(busy):
             registry.lease(made, handle_on(made, f"w{number}-{job}"))
         workers.append(made)
-    ranked = [w for w in rank(MODEL, workers, speeds, random.Random(0), jitter=0.0)
+    prefer = f"w{prefer_number}" if prefer_number is not None else None
+    ranked = [w for w in rank(MODEL, workers, speeds, random.Random(0), jitter=0.0,
+                              prefer=prefer, speed_at=speed_at)
               if w.free_slots > 0]
-    chosen = registry.choose(MODEL)
+    chosen = registry.choose(MODEL, prefer=prefer)
     if not ranked:
         assert chosen is None
         return
     assert chosen is not None
+    if ranked[0].key == prefer:
+        assert chosen is ranked[0]
+        return
+    assert chosen.key != prefer
 
     def order(w: Worker) -> tuple:
         return (tier(w, MODEL), w.uncovered, registry.free.score(w, MODEL))

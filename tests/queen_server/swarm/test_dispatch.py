@@ -42,6 +42,9 @@ class Recorder:
     def speeds_for(self, size_class: str) -> Mapping[str, float]:
         return {}
 
+    def speed_at(self, size_class: str, key: str, jobs: int) -> float | None:
+        return None
+
     def job_done(self, handle: JobHandle, size_class: str, prompt_tokens: int,
                  completion_tokens: int, total_s: float, ttft_s: float | None, *,
                  here: bool = True) -> None:

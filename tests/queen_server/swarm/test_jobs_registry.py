@@ -28,12 +28,14 @@ class DummyConnection:
 
     def __init__(self) -> None:
         self.jobs: list[tuple[str, str, dict[str, Any], str | None]] = []
+        self.scopes: list[str | None] = []  # each job's cache scope, in order
         self.cancels: list[tuple[str, str]] = []
         self.closed: list[tuple[int, str]] = []
 
     async def send_job(self, job_id: str, openai_url: str, openai_req: dict[str, Any],
-                       continuation: str | None = None) -> None:
+                       continuation: str | None = None, cache_scope: str | None = None) -> None:
         self.jobs.append((job_id, openai_url, openai_req, continuation))
+        self.scopes.append(cache_scope)
 
     async def send_cancel(self, job_id: str, reason: str) -> None:
         self.cancels.append((job_id, reason))

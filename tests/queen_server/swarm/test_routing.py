@@ -21,6 +21,7 @@ class View:
     free_slots: int = 1
     trust: float = 1.0
     uncovered: bool = False
+    active_jobs: int = 0
 
 
 def loaded(key: str, free_slots: int = 1) -> View:
@@ -169,3 +170,80 @@ def test_an_uncovered_worker_ranks_with_the_busy_ones():
     ranked = keys(rank(MODEL, workers, speeds, random.Random(1), jitter=0.0))
     assert ranked[0] == "free"
     assert set(ranked[1:]) == {"uncovered", "busy"}
+
+
+# --- prefix affinity and load (issue 36) ---------------------------------------------------------
+
+
+def test_the_preferred_worker_comes_first_in_its_tier_even_when_slower():
+    workers = [loaded("fast"), loaded("holder"), loaded("mid")]
+    speeds = {"fast": 0.01, "holder": 0.5, "mid": 0.1}
+    for seed in range(20):
+        ranked = keys(rank(MODEL, workers, speeds, random.Random(seed), prefer="holder"))
+        assert ranked == ["holder", "fast", "mid"]
+    # Without a preference, speed decides as before.
+    assert keys(rank(MODEL, workers, speeds, random.Random(1)))[0] == "fast"
+
+
+def test_a_busy_preferred_worker_is_not_preferred():
+    workers = [loaded("holder", free_slots=0), loaded("slow")]
+    speeds = {"holder": 0.01, "slow": 0.9}
+    assert keys(rank(MODEL, workers, speeds, random.Random(1), prefer="holder")) == [
+        "slow", "holder"]
+
+
+def test_a_preference_never_crosses_tiers():
+    # It holds the prefix, but not the model loaded: a loaded worker still comes first.
+    workers = [cached("holder"), loaded("loaded")]
+    assert keys(rank(MODEL, workers, {}, random.Random(1), prefer="holder")) == [
+        "loaded", "holder"]
+    # Among the cached ones it comes first.
+    workers = [cached("other"), cached("holder"), loaded("loaded")]
+    speeds = {"other": 0.01, "holder": 1.0}
+    assert keys(rank(MODEL, workers, speeds, random.Random(1), prefer="holder")) == [
+        "loaded", "holder", "other"]
+
+
+def test_an_unknown_or_excluded_preference_changes_nothing():
+    workers = [loaded("a"), loaded("b")]
+    speeds = {"a": 0.01, "b": 0.5}
+    assert keys(rank(MODEL, workers, speeds, random.Random(1), prefer="gone")) == ["a", "b"]
+    assert keys(rank(MODEL, workers, speeds, random.Random(1), prefer="b",
+                     exclude={"b"})) == ["a"]
+
+
+def busy_with(key: str, active_jobs: int, max_jobs: int = 8) -> View:
+    return View(key, frozenset({MODEL}), frozenset({MODEL}), free_slots=max_jobs - active_jobs,
+                active_jobs=active_jobs)
+
+
+def test_a_batched_worker_is_ranked_by_what_a_new_stream_gets_there():
+    # "batched" alone: 0.010 s/token; measured with 3-4 jobs at once: 0.030 s/token per stream.
+    # It runs 3 jobs: a fourth gets 0.030, worse than an idle worker's 0.020.
+    loads = {("batched", 4): 0.030, ("batched", 1): 0.010, ("idle", 1): 0.020}
+
+    def speed_at(key: str, jobs: int) -> float | None:
+        return loads.get((key, jobs))
+
+    workers = [busy_with("batched", 3), busy_with("idle", 0)]
+    speeds = {"batched": 0.010, "idle": 0.020}
+    assert keys(rank(MODEL, workers, speeds, random.Random(1), jitter=0.0,
+                     speed_at=speed_at)) == ["idle", "batched"]
+    # Ranked by its unloaded record alone (the old rule) it would come first.
+    assert keys(rank(MODEL, workers, speeds, random.Random(1), jitter=0.0)) == [
+        "batched", "idle"]
+    # Idle again, it is the faster one.
+    workers = [busy_with("batched", 0), busy_with("idle", 0)]
+    assert keys(rank(MODEL, workers, speeds, random.Random(1), jitter=0.0,
+                     speed_at=speed_at)) == ["batched", "idle"]
+
+
+def test_a_newcomer_running_jobs_shares_the_median_among_them():
+    # No record: scored at the median (0.025), shared among the streams it would run (x3).
+    workers = [busy_with("new", 2), busy_with("known", 0)]
+    speeds = {"known": 0.05, "a": 0.01, "b": 0.02, "c": 0.03}
+    assert keys(rank(MODEL, workers, speeds, random.Random(1), jitter=0.0,
+                     speed_at=lambda key, jobs: speeds.get(key))) == ["known", "new"]
+    workers = [busy_with("new", 0), busy_with("known", 0)]
+    assert keys(rank(MODEL, workers, speeds, random.Random(1), jitter=0.0,
+                     speed_at=lambda key, jobs: speeds.get(key))) == ["new", "known"]
