@@ -71,7 +71,7 @@ def test_settings_survive_a_restart(tmp_path: Path) -> None:
     restarted = WorkerSettings()
     for name in APP_EDITABLE_FIELDS:
         assert getattr(restarted, name) == getattr(edited, name), name
-    assert restarted.max_jobs == 1
+    assert restarted.max_jobs is None  # automatic (issue 36): the default, not the 4 above
     assert load_saved() == on_disk
     assert list(path.parent.iterdir()) == [path]  # no temp file left behind
 
@@ -82,7 +82,7 @@ def test_saving_some_fields_keeps_the_rest() -> None:
     assert load_saved() == {
         "queen_url": "ws://a.example:1/worker",
         "threads": 6,
-        "max_jobs": 1,
+        "max_jobs": None,
         "from_a_newer_app": [1],
     }
     # Clearing a setting is saved too (null), and reads back as cleared.
