@@ -81,6 +81,7 @@ class SandboxedContext:
         self._jobs: dict[int, queue.SimpleQueue[Any]] = {}
         self._lock = threading.Lock()  # job numbers, the job table and commands' order
         self._local = threading.local()  # each job thread's last usage
+        self._last_usage: dict[str, int] = {}
         self._closing = False
         self.head_report: HeadLoaded | None = None
         process.start()
@@ -223,7 +224,7 @@ class SandboxedContext:
                 if isinstance(reply, Chunk):
                     yield reply.data
                 elif isinstance(reply, Done):
-                    self._local.usage = reply.usage()
+                    self._local.usage = self._last_usage = reply.usage()
                     return
                 else:
                     raise_failure(reply)
@@ -231,8 +232,10 @@ class SandboxedContext:
             self._end(job)
 
     def usage(self) -> dict[str, int]:
-        """The usage of this thread's last stream."""
-        return getattr(self._local, "usage", {})
+        """The usage of this thread's last stream (a thread that ran none: the last stream's
+        to end, which is the only one where jobs run one at a time)."""
+        usage = getattr(self._local, "usage", None)
+        return usage if usage is not None else self._last_usage
 
     def score(self, job: ScoreRequest, cancel: threading.Event) -> Score | None:
         if job.kind not in ("chat", "completions"):
