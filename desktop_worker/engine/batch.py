@@ -303,8 +303,10 @@ class BatchEngine:
         on its own, up to ``chunk_tokens`` in all while choices are generating (a whole batch
         when none are)."""
         groups: list[list[_Entry]] = []
+        # In order of sequence id: llama.cpp decodes a batch of several sequences' caches in
+        # one piece only while their ids run consecutively (its "sequential" split).
         decoding = [_Entry(s, [s.next_token], s.evaluated, None)  # type: ignore[list-item]
-                    for s in self._running if s.next_token is not None]
+                    for s in sorted(self._running, key=_seq_id) if s.next_token is not None]
         if decoding:
             groups.append(decoding)
         budget = min(self.chunk_tokens, self.n_batch) if decoding else self.n_batch
@@ -351,6 +353,10 @@ class BatchEngine:
     def _clear(self, slot: Slot) -> None:
         llama_cpp.llama_memory_seq_rm(self._ctx.memory, slot.seq_id, -1, -1)
         slot.tokens = []
+
+
+def _seq_id(sequence: _Sequence) -> int:
+    return sequence.slot.seq_id if sequence.slot is not None else -1
 
 
 def _usage(record: _Job) -> dict[str, int]:

@@ -72,8 +72,10 @@ def plan_reuse(slots: Sequence[Slot], tokens: Sequence[int], scope: str | None) 
     free = [slot for slot in slots if not slot.busy]
     if not free:
         return None
-    # A slot with nothing cached first, then the least recently used.
-    target = min(free, key=lambda slot: (bool(slot.tokens), slot.last_used))
+    # A slot with nothing cached first, the lowest id (llama.cpp decodes the running
+    # sequences in one piece while their ids run consecutively), then the least recently used.
+    target = min(free, key=lambda slot: (bool(slot.tokens),
+                                         slot.last_used if slot.tokens else slot.seq_id))
     if best is None or common == 0:
         return Reuse(target, None, 0)
     return Reuse(target, best, common)

@@ -48,7 +48,8 @@ def batched():
 
 @pytest.fixture(scope="module")
 def alone():
-    context = LlamaContext("smol", REAL, PLAN, n_threads=2)
+    """The same engine (a batched context: the same arithmetic), one job at a time."""
+    context = LlamaContext("smol", REAL, PLAN, n_threads=2, slots=2)
     yield context
     context.close()
 

@@ -175,9 +175,11 @@ async def test_inflate_claims_three_times_the_tokens_of_the_honest_answer(
     cheat = CheatPool(pool, "inflate")
     text, _finish, usage = await chat(cheat, FRUITS)
     assert text == honest_text
-    assert usage["completion_tokens"] == 3 * honest["completion_tokens"]
-    # Inside the queen's byte bound: the queen believes the whole claim.
-    assert usage["completion_tokens"] <= byte_bound(text, FRUITS)
+    # Three times the true count, or the queen's byte bound where that is less (the most the
+    # queen would believe): either way more than the answer holds.
+    claimed = min(3 * honest["completion_tokens"], byte_bound(text, FRUITS))
+    assert usage["completion_tokens"] == claimed
+    assert claimed > honest["completion_tokens"]
     assert usage["total_tokens"] == honest["prompt_tokens"] + usage["completion_tokens"]
 
 
