@@ -352,13 +352,23 @@ class WorkerService:
 
         return hello_for, settings.jobs_at_once
 
+    def jobs_now(self) -> int:
+        """The jobs this worker takes at once, as its status says: the owner's number; with
+        Jobs at once on automatic, what its loaded models' batches hold (memory decides each
+        one's slots), up to the automatic most; before any model loads, that most."""
+        loaded = self.pool.loaded()
+        if self.settings.max_jobs is not None or not loaded:
+            return self.settings.jobs_at_once
+        held = sum(self.pool.slots(name) for name in loaded)
+        return max(1, min(self.settings.jobs_at_once, held))
+
     async def status(self) -> Status:
         report = await self.detect()
         devices = (await asyncio.to_thread(self.group_memory_mb) if self.joins_groups
                    else None)
         return Status(
             active_jobs=self.runner.active,
-            max_jobs=self.settings.jobs_at_once,
+            max_jobs=self.jobs_now(),
             models=self.store.descriptors(self.pool.loaded()),
             downloads=self.fetcher.downloads(),
             model_room_mb=await asyncio.to_thread(self.model_room_mb),

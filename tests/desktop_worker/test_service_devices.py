@@ -117,3 +117,36 @@ async def test_a_machine_beyond_the_wires_bounds_still_says_hello(make: Make) ->
     assert figure == [1_000 + i for i in range(MAX_MEMBER_DEVICES)]
     huge = make(DevicesRpc([CPU, device("CUDA0", GPU0.type, MAX_VRAM_MB * 2)]))
     assert (await hello_of(huge)).device_free_mb == [MAX_VRAM_MB]
+
+
+async def test_automatic_jobs_at_once_tell_the_queen_what_the_loaded_batch_holds(
+        tmp_path: Path) -> None:
+    """Issue 36: with Jobs at once on automatic, the status says the slots memory gave the
+    loaded model's batch, not the automatic most; an owner's own number is said as it is."""
+    from tests.support.on_demand import REAL
+
+    async def loaded(**settings: Any) -> WorkerService:
+        config = WorkerSettings(models_dir=tmp_path / "models", key_path=tmp_path / "key.pem",
+                                key_store="file", queen_url="ws://127.0.0.1:9/worker",
+                                memory_budget_mb=300, n_ctx=2048, **settings)
+        service = WorkerService(config, rpc=NullRpc(), detector=lambda models_dir:
+                                recorded_machine(fixture_path("gaming_rtx3060"), models_dir))
+        if "smol" not in {model.name for model in service.store.list()}:
+            service.store.import_file(REAL, "smol")
+        return service
+
+    automatic = await loaded()
+    try:
+        assert (await automatic.status()).max_jobs == 8  # nothing loaded yet: the most
+        await automatic.pool.load("smol")
+        slots = automatic.pool.slots("smol")
+        assert 1 < slots < 8  # 300 MB: the file, its own cache and a few more
+        assert (await automatic.status()).max_jobs == slots
+    finally:
+        await automatic.pool.close()
+    owners = await loaded(max_jobs=5)
+    try:
+        await owners.pool.load("smol")
+        assert (await owners.status()).max_jobs == 5
+    finally:
+        await owners.pool.close()
