@@ -62,6 +62,7 @@ def case_of(job: dict[str, Any], sha256: str) -> AuditCase:
         request_id="bench", model=job["request"].get("model", "smol"), sha256=sha256,
         worker_key=job["worker"], kind="chat", request=job["request"], answer=job["text"],
         claimed_completion_tokens=job["usage"]["completion_tokens"],
+        claimed_prompt_tokens=job["usage"]["prompt_tokens"],
         finish_reason=job["finish_reason"] or "stop", key_id=None, charged_msat=0)
 
 

@@ -553,6 +553,8 @@ async def audits(state: QueenState) -> dict[str, Any]:
                 "auditor": public_id(audit.auditor_key), "trusted": audit.auditor_trusted,
                 "model": audit.model, "temperature": audit.temperature,
                 "answer_tokens": audit.answer_tokens, "claimed_tokens": audit.claimed_tokens,
+                "prompt_tokens": audit.prompt_tokens,
+                "claimed_prompt_tokens": audit.claimed_prompt_tokens,
                 "positions": audit.positions, "mismatches": audit.mismatches,
                 "z": round(audit.z, 2),
                 "suspicion": None if audit.suspicion is None else round(audit.suspicion, 2),

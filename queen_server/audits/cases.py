@@ -1,14 +1,16 @@
 """What an audit is about, who may audit it, and how an auditor's answer is read. Pure.
 
 An ``AuditCase`` is one finished answer the queen may re-score: the original request as the
-worker got it, the text the client was delivered, the worker's claims (usage, finish reason)
-and the money it moved. ``case_for`` says whether an answer can be audited at all (one worker
+worker got it, the text the client was delivered, the worker's claims (usage: the completion
+tokens it claimed and the prompt tokens the client was billed for; finish reason) and the money
+it moved. ``case_for`` says whether an answer can be audited at all (one worker
 served all of it, one choice, a real worker key). ``choose_auditor`` picks who re-scores it:
 never the audited worker, only a worker holding the same model file (the sha256 the queen read
 from the hub, not the audited worker's word) with the ``score`` capability; operator-trusted
 auditors first, then the workers with the longest good record, so a developer's prompt goes to
 as few and as trusted parties as possible. ``read_score`` turns the auditor's result into the
-decision rule's ``JobScore``, refusing one that does not fit the case.
+decision rule's ``JobScore`` (the auditor's prompt and answer counts beside the worker's
+claims), refusing one that does not fit the case.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class AuditCase:
     request: dict[str, Any]  # as the worker got it
     answer: str
     claimed_completion_tokens: int
+    claimed_prompt_tokens: int  # as billed: the worker's claim, capped at the queen's bound
     finish_reason: str
     key_id: int | None
     charged_msat: int
@@ -85,6 +88,7 @@ def case_for(
     worker_key: str | None,
     answer: str,
     claimed_completion_tokens: int,
+    claimed_prompt_tokens: int,
     finish_reason: str | None,
     single_worker: bool,
     key_id: int | None = None,
@@ -107,7 +111,8 @@ def case_for(
     if isinstance(worker_req.get("n"), int) and worker_req["n"] > 1:
         return None
     return AuditCase(request_id, model, sha256, worker_key, kind, dict(worker_req), answer,
-                     claimed_completion_tokens, finish_reason or "stop", key_id, charged_msat)
+                     claimed_completion_tokens, claimed_prompt_tokens, finish_reason or "stop",
+                     key_id, charged_msat)
 
 
 class AuditorView(Protocol):
@@ -196,4 +201,6 @@ def read_score(case: AuditCase, data: Mapping[str, Any]) -> JobScore:
         finish_reason=case.finish_reason,
         max_tokens=case.max_tokens,
         comparable=case.comparable,
+        prompt_tokens=score.prompt_tokens,
+        claimed_prompt_tokens=case.claimed_prompt_tokens,
     )

@@ -17,8 +17,9 @@ thinks of it. The queen folds that into one ``JobScore`` per job:
 * When the answer ended by the model's own choice (``finish_reason`` "stop" with no stop
   string), the end is checked on its own: a truncated answer ends where the model would not
   (greedy: ending far below the top choice; sampled: ending at odds under 1 in 1,000).
-* The exact usage: a worker's claimed completion tokens against the auditor's count, and an
-  answer that claims it hit ``max_tokens`` with far fewer tokens.
+* The exact usage: a worker's claimed completion tokens against the auditor's count, its
+  claimed prompt tokens against the auditor's count of the prompt as the model's template
+  renders it, and an answer that claims it hit ``max_tokens`` with far fewer tokens.
 
 ``HonestBands`` is what honest runs of the same file look like at each temperature (learned by
 ``HonestBands.learn`` from real runs; ``DEFAULT_BANDS`` otherwise): the mismatch rate of greedy
@@ -50,6 +51,13 @@ CLIP = 4.0  # the most one job can weigh, either way (in standard deviations)
 NEAR_TIE = 0.5  # nats: a greedy token this close to the top choice is a near-tie, not a miss
 MIN_TOKENS = 4  # shorter answers say too little to be judged on their scores
 USAGE_SLACK = 0.1  # re-tokenising a text can count a few tokens differently than generating it
+# Tokens a prompt claim may exceed the auditor's count by, beyond ``USAGE_SLACK``. An honest
+# worker and its auditor build the prompt with the same code (``engine.llama_model``'s chat
+# template and tokenizer: ``_chat_prompt`` and ``_completion_tokens`` serve generation and
+# scoring alike), so on one build and one file they count it alike. What can still differ: a
+# template's date line (``strftime_now`` on each machine's own clock and time zone: a day's
+# digits), whether BOS is counted, and another llama.cpp build's pre-tokenizer.
+PROMPT_SLACK_TOKENS = 8
 LENGTH_SHARE = 0.75  # an answer that "hit max_tokens" has at least this share of them
 # The most one token can weigh below its expectation (nats). Re-tokenising delivered text can
 # split it differently than the worker sampled it, which now and then makes one honest token
@@ -81,6 +89,10 @@ class JobScore:
     # top choice (temperature 1), and its log-probability at the request's temperature.
     end_gap: float | None = None
     end_logprob: float | None = None
+    # The prompt as the auditor counted it (the model's template rendered, tokenized) and what
+    # the audited worker was billed for; None where a score carries no counts (not checked).
+    prompt_tokens: int | None = None
+    claimed_prompt_tokens: int | None = None
 
     @property
     def z(self) -> float:
@@ -113,12 +125,15 @@ def score_job(
     max_tokens: int | None = None,
     comparable: bool = True,
     near_tie: float = NEAR_TIE,
+    prompt_tokens: int | None = None,
+    claimed_prompt_tokens: int | None = None,
 ) -> JobScore:
     """A ``JobScore`` from an auditor's per-token numbers: ``logprobs`` and ``best_logprobs``
     at temperature 1 (the delivered token's and the top choice's); ``sampled``, for a sampled
     request, ``(lp, mu, var)`` per token at its temperature; ``end`` only when the answer ended
-    by the model's own choice (the caller knows: "stop" and no stop string). Each token's
-    ``lp - mu`` is floored at ``-TOKEN_CLIP``."""
+    by the model's own choice (the caller knows: "stop" and no stop string); ``prompt_tokens``
+    the auditor's count of the prompt and ``claimed_prompt_tokens`` the worker's billed claim.
+    Each token's ``lp - mu`` is floored at ``-TOKEN_CLIP``."""
     positions = len(logprobs)
     mismatches = sum(best - lp > near_tie
                      for lp, best in zip(logprobs, best_logprobs, strict=True))
@@ -135,7 +150,7 @@ def score_job(
             end_logprob = end.sampled[0]
     return JobScore(temperature, len(logprobs), claimed_completion_tokens, positions, mismatches,
                     deviation, variance, finish_reason, max_tokens, comparable, end_gap,
-                    end_logprob)
+                    end_logprob, prompt_tokens, claimed_prompt_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,14 +262,21 @@ FAIL_AT = 2.5  # a job this suspicious is shown (and refunded, if its worker is 
 
 
 def judge(score: JobScore, bands: HonestBands, *, usage_slack: float = USAGE_SLACK,
-          min_tokens: int = MIN_TOKENS) -> Verdict:
-    """How suspicious one audited job is: certain for usage past the auditor's count or a false
+          prompt_slack_tokens: int = PROMPT_SLACK_TOKENS, min_tokens: int = MIN_TOKENS
+          ) -> Verdict:
+    """How suspicious one audited job is: certain for usage past the auditor's counts (the
+    completion's, or the prompt's beyond ``usage_slack`` and ``prompt_slack_tokens``) or a false
     "length"; otherwise, for answers of at least ``min_tokens`` whose scores are comparable
     (no grammar or penalties), the standardised evidence of its temperature's band."""
     allowed = math.ceil(score.answer_tokens * (1 + usage_slack)) + 1  # + the end token
     if score.claimed_completion_tokens > allowed:
         return Verdict(CLIP, True, f"claimed {score.claimed_completion_tokens} completion "
                                    f"tokens; the auditor counted {score.answer_tokens}")
+    if score.prompt_tokens is not None and score.claimed_prompt_tokens is not None \
+            and score.claimed_prompt_tokens > prompt_allowance(score.prompt_tokens, usage_slack,
+                                                               prompt_slack_tokens):
+        return Verdict(CLIP, True, f"claimed {score.claimed_prompt_tokens} prompt tokens; the "
+                                   f"auditor counted {score.prompt_tokens}")
     if (score.finish_reason == "length" and score.max_tokens is not None
             and allowed < LENGTH_SHARE * score.max_tokens):
         return Verdict(CLIP, True, f"said it stopped at max_tokens ({score.max_tokens}); the "
@@ -293,6 +315,13 @@ def judge(score: JobScore, bands: HonestBands, *, usage_slack: float = USAGE_SLA
                        f"{score.z:+.1f} at temperature {score.temperature:g}; honest answers "
                        f"sit near {band.z_mean:+.1f})")
     return Verdict(suspicion)
+
+
+def prompt_allowance(counted: int, usage_slack: float = USAGE_SLACK,
+                     slack_tokens: int = PROMPT_SLACK_TOKENS) -> int:
+    """The most prompt tokens an honest worker may claim for a prompt the auditor counted as
+    ``counted``."""
+    return counted + math.ceil(round(counted * usage_slack, 6)) + slack_tokens  # 110 % of 100: 110
 
 
 @dataclass(frozen=True, slots=True)

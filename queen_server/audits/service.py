@@ -404,6 +404,8 @@ def _evidence(case: AuditCase, verdict: Verdict, score: JobScore, auditor_key: s
             "auditor_trusted": trusted, "model": case.model, "sha256": case.sha256,
             "temperature": case.temperature, "answer_tokens": score.answer_tokens,
             "claimed_tokens": score.claimed_completion_tokens, "positions": score.positions,
+            "claimed_prompt_tokens": score.claimed_prompt_tokens,
+            "prompt_tokens": score.prompt_tokens,
             "mismatches": score.mismatches, "z": score.z, "suspicion": verdict.suspicion,
             "failed": verdict.failed, "reason": verdict.reason[:500], "key_id": case.key_id,
             "charged_msat": case.charged_msat, "audit_tokens": tokens, "audit_s": seconds}

@@ -51,6 +51,8 @@ class AuditRow:
     refunded: bool
     audit_tokens: int
     audit_s: float
+    claimed_prompt_tokens: int | None  # None on rows written before prompts were counted
+    prompt_tokens: int | None
 
 
 def _record(row: Any) -> Record:

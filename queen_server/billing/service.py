@@ -34,7 +34,7 @@ from queen_server.billing.keys import KeyRecord, KeyStore, hash_secret
 from queen_server.billing.limits import InProcessKeyLimits, KeyLimits, Lease, RedisKeyLimits
 from queen_server.billing.pricing import Price, PriceTable
 from queen_server.billing.shares import split_parts
-from queen_server.billing.store import LedgerStore, Refused
+from queen_server.billing.store import LedgerStore, LedgerWriteError, Refused
 from queen_server.errors import PaymentRequired, Unauthorized
 from queen_server.swarm.jobs import Part
 from queen_server.swarm.metering import estimate_prompt_tokens
@@ -430,7 +430,15 @@ class Billing:
         for key, worker in escrow_over:
             if worker.pending > 0:
                 pending, worker.pending = worker.pending, 0
-                await self.ledger.post(ledger.release_escrow(key, pending))
+                try:
+                    await self.ledger.post(ledger.release_escrow(key, pending))
+                except LedgerWriteError as exc:
+                    # The job is settled (posted above): its caller must not get an error. A
+                    # release of the same worker's escrow may already stand (another replica's
+                    # count of its jobs reached the end first: the posting's id is the worker's).
+                    log.warning("worker %s finished its escrow, but its release was not "
+                                "posted here: %s", key[:12], exc)
+                    continue
                 log.info("worker %s finished its escrow: %d msat released", key[:12], pending)
 
     # --- audits' consequences (issue 16) --------------------------------------------------------

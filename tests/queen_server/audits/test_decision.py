@@ -12,7 +12,9 @@ import pytest
 from queen_server.audits.decision import (
     CLIP,
     DEFAULT_BANDS,
+    PROMPT_SLACK_TOKENS,
     TOKEN_CLIP,
+    USAGE_SLACK,
     EndScore,
     HonestBands,
     JobScore,
@@ -21,6 +23,7 @@ from queen_server.audits.decision import (
     Verdict,
     audit_rate,
     judge,
+    prompt_allowance,
     score_job,
 )
 
@@ -233,3 +236,56 @@ def test_clustered_greedy_mismatches_learn_a_dispersion():
     # The same clustered answer weighs less against the bands that know clusters happen.
     assert judge(greedy_job(4, tokens=100), spread).suspicion < \
         judge(greedy_job(4, tokens=100), plain).suspicion
+
+
+# --- the prompt's count -----------------------------------------------------------------------
+
+def prompt_claim(claimed: int, counted: int = 100, *, temperature: float = 0.0) -> JobScore:
+    """An otherwise honest job whose worker claimed ``claimed`` prompt tokens."""
+    base = greedy_job(0) if temperature == 0 else sampled_job(random.Random(3), temperature, 0.0)
+    return JobScore(base.temperature, base.answer_tokens, base.claimed_completion_tokens,
+                    base.positions, base.mismatches, base.deviation, base.variance,
+                    prompt_tokens=counted, claimed_prompt_tokens=claimed)
+
+
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+def test_a_prompt_claim_up_to_the_allowance_passes_and_one_above_fails(bands, temperature):
+    allowance = 100 + round(100 * USAGE_SLACK) + PROMPT_SLACK_TOKENS
+    assert prompt_allowance(100) == allowance == 118
+    for honest_claim in (0, 100, allowance):  # the count, and the count with its slack
+        verdict = judge(prompt_claim(honest_claim, temperature=temperature), bands)
+        assert not verdict.failed, verdict.reason
+        assert verdict.suspicion is not None
+        assert verdict.suspicion < CLIP
+    over = judge(prompt_claim(allowance + 1, temperature=temperature), bands)
+    assert over == Verdict(CLIP, True, f"claimed {allowance + 1} prompt tokens; the auditor "
+                                       "counted 100")
+
+
+def test_the_prompt_inflater_claiming_the_byte_bound_fails_every_audit_and_is_flagged(bands):
+    # A short English prompt: the byte bound (its bytes, its role, 8 tokens a message and the
+    # 64-token template allowance) is several times the rendered prompt's count.
+    rng = random.Random(4)
+    standing = Standing()
+    for job in range(2):
+        score = honest(rng, TEMPERATURES[job % 3])
+        inflated = JobScore(score.temperature, score.answer_tokens,
+                            score.claimed_completion_tokens, score.positions, score.mismatches,
+                            score.deviation, score.variance, prompt_tokens=31,
+                            claimed_prompt_tokens=108)
+        verdict = judge(inflated, bands)
+        assert verdict.failed
+        assert verdict.suspicion == CLIP
+        standing = standing.after(verdict, PARAMS)
+    assert standing.state == "flagged"
+
+
+def test_a_grammar_does_not_hide_a_prompt_claim(bands):
+    constrained = JobScore(1.0, 40, 40, 40, 0, -400.0, 40.0, comparable=False,
+                           prompt_tokens=20, claimed_prompt_tokens=200)
+    assert judge(constrained, bands).failed
+
+
+def test_a_score_with_no_prompt_counts_checks_no_prompt(bands):
+    assert not judge(JobScore(0.0, 40, 40, 40, 0, claimed_prompt_tokens=10_000), bands).failed
+    assert not judge(JobScore(0.0, 40, 40, 40, 0, prompt_tokens=1), bands).failed

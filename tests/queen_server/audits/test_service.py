@@ -21,6 +21,8 @@ from tests.support.queen import running_queen
 from tests.support.workers import ECHO_MODEL, ScriptedWorker
 
 WORDS = "one two three four five six seven eight"
+# The prompt tokens a ScriptedWorker honestly claims; the scripted auditors count the same.
+PROMPT_TOKENS = 7
 MESSAGES = [{"role": "user", "content": WORDS}]
 
 
@@ -29,7 +31,7 @@ def scores(tokens: int, temperature: float, honest: bool) -> dict[str, Any]:
     expectation; a cheat's sit far below."""
     miss = 0.0 if honest else 3.0
     data: dict[str, Any] = {
-        "object": "apiary.score", "prompt_tokens": 12, "answer_tokens": tokens,
+        "object": "apiary.score", "prompt_tokens": PROMPT_TOKENS, "answer_tokens": tokens,
         "logprobs": [-0.1 - miss] * tokens, "argmax": [honest] * tokens,
         "best_logprobs": [-0.1] * tokens, "end_logprob": -0.05 - miss,
         "end_best_logprob": -0.05, "temperature": temperature, "sampled": None}
@@ -130,6 +132,9 @@ async def test_a_trusted_auditor_audits_and_honest_work_reaches_good_standing(tm
         rows = await queen.state.audits.store.recent(20)
         assert len(rows) == 12
         assert all(row.auditor_trusted and not row.failed for row in rows)
+        # Both prompt counts are on the evidence: the billed claim and the auditor's count.
+        assert {(row.claimed_prompt_tokens, row.prompt_tokens) for row in rows} == {
+            (PROMPT_TOKENS, PROMPT_TOKENS)}
         metrics = (await (await _http(queen)).get("/metrics")).text
         assert 'apiary_audits_total{outcome="passed"} 12.0' in metrics
         assert "apiary_audit_tokens_total 240.0" in metrics
@@ -201,6 +206,39 @@ async def test_usage_inflation_is_caught_by_the_count(tmp_path):
         await until_flagged(queen, client, liar.pubkey)
         assert "counted" in standing(queen, liar.pubkey).reasons[-1]
         await liar.stop()
+        await auditor.stop()
+
+
+async def test_a_prompt_inflater_is_flagged_and_the_client_refunded(tmp_path):
+    """A worker that always claims the queen's byte bound of prompt tokens (what the queen
+    bills at most) with an honest answer: flagged on the auditor's count, its jobs refunded."""
+    async with running_queen(tmp_path, auth="keys", **settings()) as queen:
+        auditor = await trusted_auditor(queen)
+        words = len(WORDS.split())
+        bound = queen.state.settings.template_allowance_tokens + len(WORDS) + len("user") + 8
+        inflater = await ScriptedWorker(queen.ws_url, continues=True, claims=Usage(
+            prompt_tokens=bound, completion_tokens=words, total_tokens=bound + words)).start()
+        billing = queen.state.billing
+        secret, record = await billing.keys.create("dev")
+        await billing.ledger.post(ledger.deposit(record.id, 100_000, "deposit:test"))
+        await billing.refresh()
+        client = queen.client(api_key=secret)
+        answer = await ask(queen, client)
+        assert answer.usage.prompt_tokens == bound  # the whole claim was billed: at the bound
+        await queen.wait_until(lambda: queen.state.audits.idle, 5, "audited")
+        await until_flagged(queen, client, inflater.pubkey)
+        flagged = standing(queen, inflater.pubkey)
+        assert flagged.failed == flagged.audited == 2
+        assert flagged.reasons[-1] == (f"claimed {bound} prompt tokens; the auditor counted "
+                                       f"{PROMPT_TOKENS}")
+        rows = await queen.state.audits.store.recent(10)
+        assert {(row.claimed_prompt_tokens, row.prompt_tokens) for row in rows} == {
+            (bound, PROMPT_TOKENS)}
+        assert all(row.failed and row.refunded and row.charged_msat > 0 for row in rows)
+        money = await billing.ledger.balances()
+        assert money[ledger.key_available(record.id)] == 100_000  # every audited job refunded
+        assert (await billing.ledger.check()).clean
+        await inflater.stop()
         await auditor.stop()
 
 

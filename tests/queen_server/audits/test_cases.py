@@ -1,0 +1,43 @@
+"""Audit cases and how an auditor's result is read into the decision rule's ``JobScore``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from queen_server.audits.cases import AuditCase, case_for, read_score
+from queen_server.audits.decision import DEFAULT_BANDS, judge
+
+ANSWER = "one two three four"
+
+
+def case(claimed_prompt_tokens: int) -> AuditCase | None:
+    return case_for(
+        request_id="req-1", model="m", sha256="a" * 64,
+        worker_url="/v1/chat/completions",
+        worker_req={"messages": [{"role": "user", "content": "hi"}], "temperature": 0},
+        worker_key="w" * 64, answer=ANSWER, claimed_completion_tokens=4,
+        claimed_prompt_tokens=claimed_prompt_tokens, finish_reason="stop", single_worker=True)
+
+
+def score_data(prompt_tokens: int) -> dict[str, Any]:
+    return {"object": "apiary.score", "prompt_tokens": prompt_tokens, "answer_tokens": 4,
+            "logprobs": [-0.1] * 4, "argmax": [True] * 4, "best_logprobs": [-0.1] * 4,
+            "end_logprob": -0.05, "end_best_logprob": -0.05, "temperature": 0.0}
+
+
+def test_read_score_carries_the_auditors_count_and_the_billed_claim():
+    audit = case(claimed_prompt_tokens=90)
+    assert audit is not None
+    assert audit.claimed_prompt_tokens == 90
+    score = read_score(audit, score_data(prompt_tokens=21))
+    assert (score.prompt_tokens, score.claimed_prompt_tokens) == (21, 90)
+    assert judge(score, DEFAULT_BANDS).reason == ("claimed 90 prompt tokens; the auditor "
+                                                  "counted 21")
+
+
+def test_an_honest_prompt_claim_reads_as_a_pass():
+    audit = case(claimed_prompt_tokens=21)
+    assert audit is not None
+    score = read_score(audit, score_data(prompt_tokens=21))
+    assert (score.prompt_tokens, score.claimed_prompt_tokens) == (21, 21)
+    assert not judge(score, DEFAULT_BANDS).failed
