@@ -425,7 +425,7 @@ def _close_when_idle(context: EngineContext) -> None:
     """Free a context, but only once no generation is using it: freeing llama.cpp's memory
     under a running generation crashes the process. A job being stopped ends within a token.
     A batched context is idle once every one of its slots is back."""
-    slots = int(getattr(context, "slots", 1))
+    slots = int(getattr(context, "jobs_at_once", 1))  # the permits its ``busy`` holds
     for _ in range(slots):
         context.busy.acquire()
     try:

@@ -108,6 +108,11 @@ class SandboxedContext:
         self._reader.start()
 
     @property
+    def jobs_at_once(self) -> int:
+        """The permits ``busy`` holds: the pool waits for all of them before closing it."""
+        return self.slots
+
+    @property
     def pid(self) -> int | None:
         return self.process.pid
 

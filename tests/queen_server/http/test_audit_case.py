@@ -26,9 +26,10 @@ def state_recording(cases: list[Any]) -> Any:
                            registry=SimpleNamespace(get=lambda _k: None))
 
 
-def generation(stream: bool) -> Any:
+def generation(stream: bool, prompt_bound: int = 10**9) -> Any:
     return SimpleNamespace(job_id="chatcmpl-1", model="org/m-GGUF:Q4_0",
                            worker_url="/v1/chat/completions", stream=stream,
+                           meter=SimpleNamespace(prompt_bound=prompt_bound),
                            worker_req={"model": "org/m-GGUF:Q4_0", "temperature": 0,
                                        "messages": [{"role": "user", "content": "Sky?"}]})
 
@@ -52,3 +53,17 @@ def test_the_audit_sees_the_text_the_client_got(stream: bool) -> None:
                    result)
     [case] = cases
     assert case.answer == "".join(WORDS)
+    assert case.claimed_prompt_tokens == 5  # what the worker claimed and the client paid for
+
+
+def test_the_audit_sees_the_prompt_claim_as_billed() -> None:
+    """A prompt claim past the queen's byte bound was billed at the bound: the audit judges
+    what the client paid for (issue 39)."""
+    cases: list[Any] = []
+    usage = Usage(prompt_tokens=500, completion_tokens=1, total_tokens=501)
+    result = Result(id="j.1", usage=usage, data={"choices": [{
+        "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Hi"}}]})
+    consider_audit(state_recording(cases), generation(False, prompt_bound=40), None,
+                   "worker-key", Delivered(UNBOUNDED), result)
+    [case] = cases
+    assert case.claimed_prompt_tokens == 40
