@@ -56,6 +56,13 @@ async def expect_order(page: Page, table: str, keys: list[str]) -> None:
         await expect(rows.nth(i)).to_have_attribute("data-key", key)
 
 
+
+def numeric_collation(text: str) -> list[tuple[int, int | str]]:
+    """The order the page's tables sort text in (``localeCompare`` with ``numeric``: runs of
+    digits by their value, before letters): a public id may start with digits."""
+    return [(0, int(run)) if run.isdigit() else (1, run.lower())
+            for run in re.findall(r"\d+|\D+", text)]
+
 async def test_landing_page_shows_the_swarm_models_prices_and_a_working_sdk_example(
         web_queen: QueenHarness, browser: Browser) -> None:
     errors: list[str] = []
@@ -201,7 +208,7 @@ async def test_workers_table_lists_public_ids_sorts_filters_and_updates_live(
         await expect(jobs).to_have_attribute("aria-sort", "descending")
         await expect_order(page, "workers", [ids[alpha], ids[beta], ids[gamma]])
         await page.click("th[data-key=public_id]")
-        await expect_order(page, "workers", sorted(ids.values()))
+        await expect_order(page, "workers", sorted(ids.values(), key=numeric_collation))
 
         # Filter by a model (its full name, owner included), by an id, by a GPU.
         search = page.locator("#workers-filter")
@@ -211,7 +218,7 @@ async def test_workers_table_lists_public_ids_sorts_filters_and_updates_live(
         await search.fill(ids[gamma][:8].upper())
         await expect_order(page, "workers", [ids[gamma]])
         await search.fill("rtx")
-        await expect_order(page, "workers", sorted([ids[alpha], ids[beta]]))
+        await expect_order(page, "workers", sorted([ids[alpha], ids[beta]], key=numeric_collation))
         await search.fill("no such worker")
         await expect(page.locator("#workers tbody tr:visible")).to_have_count(0)
         await expect(page.locator('[data-empty-for="workers"]')).to_have_text(
