@@ -3,11 +3,12 @@
 
 ``BatchEngine`` holds the jobs of one loaded model. ``submit`` turns a job into its choices
 (``generation.Choice``: prompt by prompt, ``n`` each), which wait for a free slot (a llama.cpp
-sequence id, ``engine.slots``). Each ``step`` builds one batch: the next token of every running
-choice first, then the prompts still being read, in order of arrival, up to ``chunk_tokens``
-(so a long prompt joins in chunks and never stalls the running streams by more than one chunk
-per step; with nothing running, a prompt reads up to the whole batch at once). After the
-decode, every choice whose logits came out samples its token (its own sampler chain, grammar,
+sequence id, ``engine.slots``). Each ``step`` decodes the next token of every running choice
+in one batch, then the prompts still being read, in order of arrival, up to ``chunk_tokens``,
+each chunk in a decode of its own (so a long prompt joins in chunks and never stalls the
+running streams by more than one chunk per step; with nothing running, a prompt reads up to
+the whole batch at once). After each decode, every choice whose logits came out samples its
+token (its own sampler chain, grammar,
 seed and stop strings) and its chunks go out as events. A choice that ends, and every choice
 of a cancelled job, leaves its slot at once; the slot keeps the cells it computed for the next
 prompt of the same scope that starts the same way (``slots.plan_reuse``), until the cache
@@ -171,17 +172,10 @@ class BatchEngine:
     def _drop(self, record: _Job) -> None:
         """A job leaves: its choices' slots are free again (keeping what they computed)."""
         self._jobs.pop(record.id, None)
-        now = time.monotonic()
         for sequence in record.sequences:
-            sequence.choice.close()
-            if sequence in self._running:
-                self._running.remove(sequence)
             if sequence in self._waiting:
                 self._waiting.remove(sequence)
-            slot = sequence.slot
-            if slot is not None and slot.busy:
-                slot.busy = False
-                slot.last_used = now
+            self._release(sequence)
 
     def _fail(self, record: _Job, error: Exception) -> Event:
         self._drop(record)
@@ -256,21 +250,22 @@ class BatchEngine:
         return events
 
     def _release(self, sequence: _Sequence) -> None:
+        """A choice leaves its slot (only while it holds it: once it left, the slot may be
+        another choice's)."""
         sequence.choice.close()
         if sequence in self._running:
             self._running.remove(sequence)
-        slot = sequence.slot
-        if slot is not None:
-            slot.busy = False
-            slot.last_used = time.monotonic()
+            assert sequence.slot is not None
+            sequence.slot.busy = False
+            sequence.slot.last_used = time.monotonic()
 
     # --- admission and the batch ----------------------------------------------------------
 
     def _admit(self) -> None:
         for sequence in list(self._waiting):
             leader = sequence.leader
-            if (leader is not None and leader.job.id in self._jobs and leader.slot is not None
-                    and leader.slot.busy and leader.evaluated < len(sequence.tokens) - 1):
+            if (leader is not None and leader in self._running
+                    and leader.evaluated < len(sequence.tokens) - 1):
                 continue  # its prompt is being read by the first choice: copy it once read
             if leader is not None and leader.slot is None:
                 continue
