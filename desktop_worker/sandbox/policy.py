@@ -13,6 +13,8 @@ exist on this machine.
 from __future__ import annotations
 
 import glob
+import logging
+import os
 import site
 import sys
 import sysconfig
@@ -21,6 +23,8 @@ from pathlib import Path
 
 from desktop_worker.store.gguf_info import split_paths
 from shared_schema.engine_ipc import MAX_PATHS, Role, SandboxPolicy
+
+log = logging.getLogger(__name__)
 
 # What the child's Python, numpy, jinja2 and llama.cpp use at run time beyond a model's memory
 # (imports, numpy's and OpenMP's buffers, compute buffers): its data limit is the model's cost
@@ -59,7 +63,28 @@ def python_paths() -> list[str]:
         found.append(bundle)
     found += [str(Path(desktop_worker.__file__).parent), str(Path(shared_schema.__file__).parent)]
     found += [str(Path(sys.executable).resolve().parent)]
-    return found
+    return found + pythonpath_folders(os.environ.get("PYTHONPATH", ""), Path.home())
+
+
+def pythonpath_folders(pythonpath: str, home: Path) -> list[str]:
+    """The folders of ``PYTHONPATH`` (packages installed with ``pip install --target``, a
+    source checkout): the child imports from them after it has confined itself. Never the
+    home folder or a folder above it (the worker's key and settings live there): such an
+    entry is left out, with a warning."""
+    folders: list[str] = []
+    home = home.resolve()
+    for entry in pythonpath.split(os.pathsep):
+        if not entry:
+            continue
+        path = Path(entry).resolve()
+        if not path.is_dir():
+            continue
+        if path == home or path in home.parents:
+            log.warning("PYTHONPATH entry %s holds your home folder: the engine may not read "
+                        "it, so it cannot import from it", entry)
+            continue
+        folders.append(str(path))
+    return folders
 
 
 def split_parts(path: str) -> list[str]:

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The GPU check's steps that belong to this project (issue 41), run by the GPU check's run.sh
+# (../shared/gpu-check/, copied into .gpu-check/ by its prepare.sh) after its own steps, with
+# its environment: PY, PROJ, W (scratch), M_BIGQ (the 1.7B-shaped Q4_K_M), THREADS,
+# BENCH_TOKENS, and LLAMA_BUILD_ROOT (where the llama-cpp-python builds are kept, so that the
+# llama-server built beside the wheel can be found):
+#
+#     bash bench/gpu_steps.sh batching     # aggregate tok/s at 1/2/4/8 streams, all on the GPU:
+#                                          # raw llama.cpp, the worker through a queen, llama-server
+#
+# The wheel's build makes llama-server when run.sh's CMake arguments add
+# -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON (llama.cpp's tools then add
+# the mtmd library themselves) and the sdist holds tools/ui's CMake files (the slimmed sdist
+# drops the web UI; without its sources the server embeds an empty UI). See bench/RESULTS.md,
+# "GPU check".
+set -u -o pipefail
+
+step_batching() {
+    local server="" args=()
+    if [[ -n ${LLAMA_BUILD_ROOT:-} && -d $LLAMA_BUILD_ROOT ]]; then
+        server=$(find "$LLAMA_BUILD_ROOT" -name llama-server -type f -perm -u+x | head -1)
+    fi
+    if [[ -n $server ]]; then
+        args=(--llama-server "$server")
+        echo "llama-server: $server"
+    else
+        echo "llama-server: not built (no LLAMA_BUILD_ROOT or no tools in the build)"
+    fi
+    "$PY" "$PROJ/bench/batching.py" --model "$M_BIGQ" --gpu-layers auto \
+        --threads "$THREADS" --streams 1 2 4 8 --max-tokens "$BENCH_TOKENS" \
+        --json "$W/batching.json" "${args[@]}"
+}
+
+"step_$1" "${@:2}"
