@@ -70,7 +70,9 @@ def raw_batched(streams: int, max_tokens: int, threads: int, model_path: Path,
     import llama_cpp
     from llama_cpp import Llama
 
-    reader = Llama(model_path=str(model_path), n_ctx=512, verbose=False, vocab_only=True)
+    # The prompt's tokens from a CPU copy of the model: a vocab_only Llama still makes a
+    # context, which a CUDA build cannot make without weights (the bench crashed on an H200).
+    reader = Llama(model_path=str(model_path), n_ctx=512, n_gpu_layers=0, verbose=False)
     tokens = reader.tokenize(_chat_prompt(reader).encode(), add_bos=False, special=True)
     eos = reader.token_eos()
     reader.close()

@@ -5,6 +5,8 @@
 # BENCH_TOKENS, and LLAMA_BUILD_ROOT (where the llama-cpp-python builds are kept, so that the
 # llama-server built beside the wheel can be found):
 #
+#     bash bench/gpu_steps.sh sandbox      # does CUDA start inside the engine's sandbox, and
+#                                          # which allowance it needs (bench/gpu_sandbox_probe.py)
 #     bash bench/gpu_steps.sh batching     # aggregate tok/s at 1/2/4/8 streams, all on the GPU:
 #                                          # raw llama.cpp, the worker through a queen, llama-server
 #
@@ -14,6 +16,10 @@
 # drops the web UI; without its sources the server embeds an empty UI). See bench/RESULTS.md,
 # "GPU check".
 set -u -o pipefail
+
+step_sandbox() {
+    "$PY" "$PROJ/bench/gpu_sandbox_probe.py"
+}
 
 step_batching() {
     local server="" args=()

@@ -155,7 +155,10 @@ def _load(message: Load) -> tuple[Any, Loaded, Any]:
     context = LlamaContext(message.name, Path(message.model_path), plan,
                            n_threads=message.n_threads, embedding=message.embedding,
                            slots=message.slots)
-    return context, Loaded(n_ctx=context.llama.n_ctx(), slots=context.slots), None
+    from desktop_worker.engine.devices import gpu_device_names
+
+    return context, Loaded(n_ctx=context.llama.n_ctx(), slots=context.slots,
+                           gpu_devices=gpu_device_names()), None
 
 
 def _failure(exc: BaseException, job: int | None = None) -> Failed:

@@ -70,7 +70,10 @@ class SandboxPolicy(WireModel):
     one folder it may write; ``bind_ports``/``connect_ports``: TCP ports on which it may
     listen (a member's RPC server) or which it may dial (a head, its dialers on 127.0.0.1);
     any other socket is refused. ``memory_mb``: its data memory on top of what it uses when
-    confined (None: no limit); ``max_open_files``, ``max_file_mb``: rlimits."""
+    confined (None: no limit); ``max_open_files``, ``max_file_mb``: rlimits. ``gpu_driver``:
+    it runs a GPU driver, which may name its own threads (``/proc/self/task``), make Unix
+    socket pairs (and, where the role neither dials nor listens, Unix sockets that can reach
+    nothing) and shared memory: the NVIDIA driver does all of these in ``cuInit``."""
 
     read_paths: list[Path_] = Field(default_factory=list, max_length=MAX_PATHS)
     device_paths: list[Path_] = Field(default_factory=list, max_length=MAX_PATHS)
@@ -80,6 +83,7 @@ class SandboxPolicy(WireModel):
     memory_mb: Annotated[int, Field(ge=1, le=2**31)] | None = None
     max_open_files: Annotated[int, Field(ge=16, le=65536)] = 256
     max_file_mb: Annotated[int, Field(ge=1, le=2**20)] = 512
+    gpu_driver: bool = False
 
 
 class Confinement(WireModel):
@@ -216,10 +220,16 @@ class HeadLoaded(WireModel):
 
 
 class Loaded(WireModel):
+    """A model is loaded. ``gpu_devices``: the GPUs llama.cpp found in the child (None: the
+    build does not say); empty while the load asked for GPU layers means every layer runs on
+    the CPU (the GPU driver did not start there)."""
+
     type: Literal["loaded"] = "loaded"
     n_ctx: Annotated[int, Field(ge=1, le=2**24, strict=True)]
     slots: Slots = 1
     head: HeadLoaded | None = None
+    gpu_devices: list[Annotated[str, Field(max_length=128)]] | None = Field(default=None,
+                                                                          max_length=16)
 
 
 class Chunk(WireModel):

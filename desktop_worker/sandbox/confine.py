@@ -103,7 +103,8 @@ def _confine_linux(policy: SandboxPolicy, role: Role) -> Confinement:
     else:
         rules = landlock.Rules(read=tuple(policy.read_paths), devices=tuple(policy.device_paths),
                                scratch=policy.scratch, bind_ports=tuple(policy.bind_ports),
-                               connect_ports=tuple(policy.connect_ports))
+                               connect_ports=tuple(policy.connect_ports),
+                               own_tasks=policy.gpu_driver)
         try:
             enforced = landlock.restrict(rules, abi)
             filesystem, network, signals = True, enforced.network, enforced.scoped
@@ -115,7 +116,7 @@ def _confine_linux(policy: SandboxPolicy, role: Role) -> Confinement:
         except SandboxError as exc:
             notes.append(str(exc))
     sockets = sockets_for(role, policy)
-    if policy.memory_mb is not None and policy.device_paths:
+    if policy.memory_mb is not None and policy.gpu_driver:
         notes.append("with a GPU to share memory with, the engine's memory limit does not count "
                      "shared memory")
     filtered = False
@@ -124,8 +125,9 @@ def _confine_linux(policy: SandboxPolicy, role: Role) -> Confinement:
         notes.append(f"no system call filter for this processor ({os.uname().machine})")
     elif no_new_privs:
         try:
-            seccomp.install(seccomp.program(arch, sockets,
-                                            shared_memory=bool(policy.device_paths)))
+            seccomp.install(seccomp.program(
+                arch, sockets, shared_memory=policy.gpu_driver, unix_pairs=policy.gpu_driver,
+                unix_sockets=policy.gpu_driver and not (sockets.connect or sockets.listen)))
             filtered = True
         except SandboxError as exc:
             notes.append(str(exc))

@@ -102,6 +102,11 @@ class SandboxedContext:
         self.n_ctx = reply.n_ctx
         self.slots = reply.slots
         self.head_report = reply.head
+        self.gpu_devices = reply.gpu_devices
+        if load.n_gpu_layers != 0 and reply.gpu_devices == []:
+            log.warning("the engine found no GPU for %s (its GPU driver did not start: see the "
+                        "engine's lines above), so all of it runs on the CPU, slower than "
+                        "planned", name)
         self.busy = threading.BoundedSemaphore(self.slots)  # the pool's share of the slots
         self._reader = threading.Thread(target=self._read, name=f"engine-replies {name}",
                                         daemon=True)

@@ -9,6 +9,11 @@ confines itself while it has one thread). Anything not named by a rule is refuse
   ``read_paths`` (Python, its packages, the system's libraries, the model's files);
 - read, write and ioctl: the GPU device files (``device_paths``) and ``/dev/null``;
 - everything: the ``scratch`` folder;
+- read and write: the child's own threads' files (``/proc/self/task``, ``own_tasks``): a GPU
+  driver names the threads it starts by writing ``/proc/self/task/<tid>/comm`` (the NVIDIA
+  driver's ``cuInit`` fails with error 304 when it cannot, driver 570 and later). The rule
+  binds to the inode of this process's ``task`` folder, so the folder is kept open for the
+  child's lifetime (procfs could otherwise drop it and make another);
 - TCP (ABI 4+): bind only ``bind_ports``, connect only ``connect_ports``;
 - scoping (ABI 6+): no signals to, and no abstract Unix sockets of, processes outside the
   sandbox.
@@ -107,6 +112,7 @@ class Rules:
     scratch: str | None = None
     bind_ports: tuple[int, ...] = ()
     connect_ports: tuple[int, ...] = ()
+    own_tasks: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +122,7 @@ class Enforced:
     network: bool
     scoped: bool
     skipped: tuple[str, ...]  # paths named by the policy that do not exist here
+    pinned: tuple[int, ...] = ()  # descriptors kept open: the inodes their rules bind to
 
 
 def restrict(rules: Rules, abi: int | None = None) -> Enforced:
@@ -136,6 +143,7 @@ def restrict(rules: Rules, abi: int | None = None) -> Enforced:
     if ruleset < 0:
         raise SandboxError(f"Landlock refused the ruleset: {_err()}")
     skipped: list[str] = []
+    pinned: list[int | None] = []
     try:
         for path in rules.read:
             _add_path(libc, ruleset, path, READ & handled_fs, skipped)
@@ -144,6 +152,10 @@ def restrict(rules: Rules, abi: int | None = None) -> Enforced:
             _add_path(libc, ruleset, path, device_rights, skipped)
         if rules.scratch:
             _add_path(libc, ruleset, rules.scratch, handled_fs, skipped)
+        if rules.own_tasks:
+            task_rights = (READ_FILE | WRITE_FILE | TRUNCATE) & handled_fs
+            pinned.append(_add_path(libc, ruleset, "/proc/self/task", task_rights, skipped,
+                                    keep_open=True))
         if network:
             for port in rules.bind_ports:
                 _add_port(libc, ruleset, port, NET_BIND_TCP)
@@ -153,7 +165,8 @@ def restrict(rules: Rules, abi: int | None = None) -> Enforced:
             raise SandboxError(f"Landlock could not be enforced: {_err()}")
     finally:
         os.close(ruleset)
-    return Enforced(abi, True, network, scoped, tuple(skipped))
+    return Enforced(abi, True, network, scoped, tuple(skipped),
+                    tuple(fd for fd in pinned if fd is not None))
 
 
 def _err() -> str:
@@ -162,12 +175,13 @@ def _err() -> str:
 
 
 def _add_path(libc: ctypes.CDLL, ruleset: int, path: str, rights: int,
-              skipped: list[str]) -> None:
+              skipped: list[str], keep_open: bool = False) -> int | None:
+    """Add a rule for ``path``; with ``keep_open``, its descriptor is returned open."""
     try:
         fd = os.open(path, O_PATH | os.O_CLOEXEC)
     except OSError:
         skipped.append(path)
-        return
+        return None
     try:
         if not os.path.isdir(path):
             rights &= FILE_RIGHTS  # a rule on a file takes only the rights a file has
@@ -175,8 +189,13 @@ def _add_path(libc: ctypes.CDLL, ruleset: int, path: str, rights: int,
         if libc.syscall(SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(RULE_PATH_BENEATH),
                         ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
             raise SandboxError(f"Landlock refused the rule for {path}: {_err()}")
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    if keep_open:
+        return fd
+    os.close(fd)
+    return None
 
 
 def _add_port(libc: ctypes.CDLL, ruleset: int, port: int, right: int) -> None:

@@ -122,9 +122,11 @@ def policy_for(
     it may open the GPU devices (not when the owner keeps layers off the GPU); ``scratch``:
     its folder (None: ``EngineProcess`` makes one)."""
     read = _unique([*python_paths(), *SYSTEM_READ, *model_files, *extra_read])[:MAX_PATHS]
+    devices = device_paths() if gpus else []
     return SandboxPolicy(
         read_paths=read,
-        device_paths=device_paths() if gpus else [],
+        device_paths=devices,
+        gpu_driver=bool(devices),
         scratch=scratch,
         bind_ports=list(bind_ports),
         connect_ports=list(connect_ports),

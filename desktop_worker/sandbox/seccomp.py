@@ -21,8 +21,11 @@ loads it into the calling process (``no_new_privs`` must be set first). What it 
 - sockets: none at all (``socket``, ``socketpair``, ``connect``, ``bind``, ``listen``,
   ``accept``), unless the role needs TCP: a group head may create IPv4/IPv6 stream sockets and
   ``connect`` (Landlock then limits the ports), a member's RPC server may create them, ``bind``,
-  ``listen`` and ``accept`` (never ``connect``). Never a Unix socket: no D-Bus, no keyring
-  daemon, no X server.
+  ``listen`` and ``accept`` (never ``connect``). Never a Unix socket that reaches another
+  process: no D-Bus, no keyring daemon, no X server. A child that runs a GPU driver may make
+  ``AF_UNIX`` socket pairs, and where its role neither dials nor listens, ``AF_UNIX`` sockets
+  (``unix_sockets``): the NVIDIA driver's ``cuInit`` failed with error 304 (driver 580, an
+  H200) when the socket calls were refused. Such a socket can neither ``connect`` nor ``bind``.
 
 The architecture is checked first: a system call from another ABI (i386 or x32 on x86_64,
 32-bit ARM on aarch64) kills the process. A denylist rather than an allowlist, because
@@ -64,7 +67,7 @@ def _arg_high(index: int) -> int:
 
 CLONE_THREAD = 0x00010000
 MAP_SHARED, MAP_ANONYMOUS = 0x01, 0x20
-AF_INET, AF_INET6 = 2, 10
+AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
 SOCK_STREAM = 1
 SOCK_TYPE_MASK = 0xF  # the type without SOCK_NONBLOCK and SOCK_CLOEXEC
 X32_SYSCALL_BIT = 0x40000000
@@ -175,10 +178,15 @@ def _when(number: int, body: list[bytes]) -> list[bytes]:
     return [_insn(_JEQ_K, number, 0, len(body)), *body]
 
 
-def program(arch: Arch, sockets: Sockets = NO_SOCKETS, *, shared_memory: bool = True) -> bytes:
+def program(arch: Arch, sockets: Sockets = NO_SOCKETS, *, shared_memory: bool = True,
+            unix_pairs: bool = False, unix_sockets: bool = False) -> bytes:
     """The filter's instructions (``struct sock_filter`` each), ready for ``install``.
     ``shared_memory``: the child may make shared memory its data limit does not count
-    (``memfd_create``, shared anonymous ``mmap``): a GPU runtime may need it."""
+    (``memfd_create``, shared anonymous ``mmap``): a GPU runtime may need it.
+    ``unix_pairs``: it may make ``AF_UNIX`` socket pairs; ``unix_sockets``: ``AF_UNIX``
+    sockets (a GPU driver; never with a role that may ``connect`` or ``bind``)."""
+    if unix_sockets and (sockets.connect or sockets.listen):
+        raise ValueError("Unix sockets with connect or bind would reach other processes")
     eperm = _errno(errno.EPERM)
     numbers = arch.numbers
     out: list[bytes] = [
@@ -190,8 +198,15 @@ def program(arch: Arch, sockets: Sockets = NO_SOCKETS, *, shared_memory: bool = 
     if arch.x32:
         out += [_insn(_JGE_K, X32_SYSCALL_BIT, 0, 1), _ret(RET_KILL_PROCESS)]
     for name in DENIED:
-        if name in numbers:
+        if name in numbers and not (unix_pairs and name == "socketpair"):
             out += _deny(numbers[name], eperm)
+    if unix_pairs:  # socketpair(domain, type, protocol, sv): AF_UNIX only
+        out += _when(numbers["socketpair"], [
+            _insn(_LD_W_ABS, _arg_low(0)),
+            _insn(_JEQ_K, AF_UNIX, 0, 1),
+            _ret(RET_ALLOW),
+            _ret(eperm),
+        ])
     out += _deny(numbers["clone3"], _errno(errno.ENOSYS))
     # clone: threads only (its flags are the first argument on both architectures)
     out += _when(numbers["clone"], [
@@ -220,19 +235,7 @@ def program(arch: Arch, sockets: Sockets = NO_SOCKETS, *, shared_memory: bool = 
             _ret(eperm),
             _ret(RET_ALLOW),
         ])
-    if sockets.tcp:
-        out += _when(numbers["socket"], [
-            _insn(_LD_W_ABS, _arg_low(0)),
-            _insn(_JEQ_K, AF_INET, 1, 0),
-            _insn(_JEQ_K, AF_INET6, 0, 4),
-            _insn(_LD_W_ABS, _arg_low(1)),
-            _insn(_AND_K, SOCK_TYPE_MASK),
-            _insn(_JEQ_K, SOCK_STREAM, 0, 1),
-            _ret(RET_ALLOW),
-            _ret(eperm),
-        ])
-    else:
-        out += _deny(numbers["socket"], eperm)
+    out += _when(numbers["socket"], _socket_rule(sockets.tcp, unix_sockets, eperm))
     if not sockets.connect:
         out += _deny(numbers["connect"], eperm)
     if not sockets.listen:
@@ -240,6 +243,24 @@ def program(arch: Arch, sockets: Sockets = NO_SOCKETS, *, shared_memory: bool = 
             out += _deny(numbers[name], eperm)
     out.append(_ret(RET_ALLOW))
     return b"".join(out)
+
+
+def _socket_rule(tcp: bool, unix: bool, eperm: int) -> list[bytes]:
+    """socket(domain, type, protocol): ``AF_UNIX`` where ``unix``, IPv4/IPv6 streams where
+    ``tcp``, nothing else."""
+    body = [_insn(_LD_W_ABS, _arg_low(0))]
+    if unix:
+        body += [_insn(_JEQ_K, AF_UNIX, 0, 1), _ret(RET_ALLOW)]
+    if tcp:
+        body += [
+            _insn(_JEQ_K, AF_INET, 1, 0),
+            _insn(_JEQ_K, AF_INET6, 0, 4),
+            _insn(_LD_W_ABS, _arg_low(1)),
+            _insn(_AND_K, SOCK_TYPE_MASK),
+            _insn(_JEQ_K, SOCK_STREAM, 0, 1),
+            _ret(RET_ALLOW),
+        ]
+    return [*body, _ret(eperm)]
 
 
 def current_arch() -> Arch | None:

@@ -105,6 +105,22 @@ def main() -> None:
     results["sysv_shm"] = attempt(sysv_shared_memory)
     results["shared_anonymous"] = attempt(shared_anonymous)
     results["memfd"] = attempt(lambda: os.close(os.memfd_create("more")))
+    # What a GPU driver does in cuInit (allowed only with ``gpu_driver``), and what it must
+    # not open the way to.
+    results["name_own_thread"] = attempt(_name_own_thread)
+    results["name_parent"] = attempt(lambda: write(f"/proc/{targets['parent']}/comm"))
+    results["parent_oom_score"] = attempt(
+        lambda: write(f"/proc/{targets['parent']}/oom_score_adj"))
+    results["socketpair"] = attempt(lambda: [end.close() for end in socket.socketpair()])
+    results["unix_socket"] = attempt(
+        lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close())
+
+    def bind_abstract() -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.bind("\0apiary-hostile-engine")
+            sock.listen()
+
+    results["bind_abstract"] = attempt(bind_abstract)
     report = {"confinement": confinement.model_dump(), "results": results}
     sys.stdout.write(json.dumps(report) + "\n")
 
@@ -114,6 +130,34 @@ def _fork() -> int:
     if pid == 0:
         os._exit(0)
     return pid
+
+
+def _name_own_thread() -> None:
+    """Name a thread the way glibc's pthread_setname_np does for another thread: write
+    /proc/self/task/<tid>/comm."""
+    import threading
+
+    named = threading.Event()
+    stop = threading.Event()
+    tid: list[int] = []
+
+    def run() -> None:
+        tid.append(threading.get_native_id())
+        named.set()
+        stop.wait(5)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    try:
+        named.wait(5)
+        with open(f"/proc/self/task/{tid[0]}/comm", "w") as handle:
+            handle.write("cuda-EvtHandlr")
+        with open(f"/proc/self/task/{tid[0]}/comm") as handle:
+            if handle.read().strip() != "cuda-EvtHandlr":
+                raise RuntimeError("the name did not take")
+    finally:
+        stop.set()
+        worker.join(5)
 
 
 def _thread() -> None:

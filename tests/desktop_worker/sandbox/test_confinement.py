@@ -101,8 +101,13 @@ def test_a_confined_context_reaches_nothing_of_the_volunteers(targets, scratch) 
         assert results["memfd"] in DENIED
     assert results["read_model"] == "ok"
     assert results["write_scratch"] == "ok"
+    if not policy.gpu_driver:  # what only a GPU driver needs
+        assert results["socketpair"] in DENIED
+        assert results["unix_socket"] in DENIED
     if LANDLOCK >= 1:
         assert confinement["filesystem"], confinement
+        if not policy.gpu_driver:
+            assert results["name_own_thread"] in DENIED
         assert results["read_key"] in DENIED
         assert results["list_home"] in DENIED
         assert results["write_outside"] in DENIED
@@ -146,3 +151,35 @@ def test_a_head_dials_only_its_dialers(targets, scratch) -> None:
     assert accepted_nothing(targets["_listener"])
     assert results["listen"] in DENIED
     assert results["read_key"] in DENIED
+
+
+@pytest.mark.timeout(120)
+def test_a_gpu_driver_names_its_threads_and_makes_unix_pairs_but_reaches_no_one(
+        targets, scratch) -> None:
+    """What the NVIDIA driver needs in ``cuInit`` (seen on an H200, driver 580: error 304
+    without it) is allowed to a child that runs one, and opens no way out: its own threads'
+    names, Unix socket pairs and sockets, but no Unix socket that dials or listens, no other
+    process's files in /proc."""
+    policy = policy_for("context", scratch=scratch, model_files=[targets["model"]],
+                        memory_mb=64).model_copy(update={"gpu_driver": True})
+    results = run_hostile("context", policy, targets)["results"]
+    assert results["socketpair"] == "ok"
+    assert results["unix_socket"] == "ok"
+    assert results["memfd"] == "ok"
+    assert results["dial_unix"] in DENIED  # no D-Bus, no keyring daemon, no X server
+    assert results["bind_abstract"] in DENIED
+    assert results["dial_tcp"] in DENIED
+    assert accepted_nothing(targets["_listener"])
+    assert results["shell"] in DENIED
+    assert results["name_parent"] in DENIED
+    if LANDLOCK >= 1:
+        assert results["name_own_thread"] == "ok"
+        assert results["parent_oom_score"] in DENIED
+        assert results["read_key"] in DENIED
+        assert results["write_outside"] in DENIED
+    head = policy_for("head", scratch=scratch, model_files=[targets["model"]],
+                      connect_ports=[targets["port"]]).model_copy(update={"gpu_driver": True})
+    results = run_hostile("head", head, targets)["results"]
+    assert results["socketpair"] == "ok"
+    assert results["unix_socket"] in DENIED  # a head dials: its Unix sockets could too
+    assert results["dial_unix"] in DENIED
