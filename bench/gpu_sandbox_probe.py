@@ -4,7 +4,8 @@ one child per variant, confined exactly as an engine child that loads a model on
 then the CUDA driver API: ``cuInit``, a context, 256 MB on the device, 64 MB pinned on the
 host. Variants: the policy as shipped; without what only a GPU driver is allowed
 (``gpu_driver``: its own threads' names in /proc/self/task, Unix socket pairs and sockets,
-shared memory), each of those left out alone; no Landlock; no system call filter.
+shared memory), each of those left out alone; more than shipped (writing /tmp, /dev/shm or
+the owner's home, reading everything, ``connect``); no Landlock; no system call filter.
 
     python bench/gpu_sandbox_probe.py            # prints one line per variant, then a table
 
@@ -33,6 +34,12 @@ VARIANTS = {
     "without Unix sockets": {"unix_sockets": False},
     "without Unix socket pairs": {"unix_pairs": False},
     "without shared memory": {"shared_memory": False},
+    # where "as shipped" fails: what more it needs
+    "+ write /tmp": {"write": ["/tmp"]},
+    "+ write /dev/shm": {"write": ["/dev/shm"]},
+    "+ write the owner's home": {"write": ["~"]},
+    "+ read everything": {"read_all": True},
+    "+ connect": {"connect": True},
     "no Landlock": {"landlock": False},
     "no system call filter": {"seccomp": False},
 }
@@ -49,6 +56,28 @@ def child(variant: str) -> None:
     policy = policy_for("context", scratch=os.environ["APIARY_PROBE_SCRATCH"], memory_mb=2048)
     if "gpu_driver" in change:
         policy = policy.model_copy(update={"gpu_driver": change["gpu_driver"]})
+    if change.get("read_all"):
+        policy = policy.model_copy(update={"read_paths": ["/", *policy.read_paths]})
+    if change.get("write"):
+        import pwd
+
+        extra = [pwd.getpwuid(os.getuid()).pw_dir if path == "~" else path
+                 for path in change["write"]]
+        add_path = landlock._add_path
+
+        def add_with_extra(libc, ruleset, path, rights, skipped, keep_open=False):  # type: ignore[no-untyped-def]
+            fd = add_path(libc, ruleset, path, rights, skipped, keep_open)
+            if path == policy.scratch:  # the same rights as the scratch folder
+                for more in extra:
+                    add_path(libc, ruleset, more, rights, skipped)
+            return fd
+
+        landlock._add_path = add_with_extra  # type: ignore[assignment]
+    if change.get("connect"):
+        arch_now = seccomp.current_arch()
+        deny = seccomp._deny
+        connect = arch_now.numbers["connect"] if arch_now else -1
+        seccomp._deny = lambda number, value: [] if number == connect else deny(number, value)
     if change.get("landlock") is False:
         confine_module.landlock.abi_version = lambda: 0  # type: ignore[attr-defined]
     if change.get("seccomp") is False:
