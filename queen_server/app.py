@@ -76,7 +76,8 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
                    settings.hub_token.get_secret_value() if settings.hub_token else None,
                    settings.hub_timeout_s)
     catalog = ModelCatalog(hub, ttl_s=settings.catalog_ttl_s, retry_s=settings.catalog_retry_s,
-                           wait_s=settings.price_wait_s, max_header_bytes=settings.max_header_bytes)
+                           wait_s=settings.price_wait_s, max_header_bytes=settings.max_header_bytes,
+                           local_pins=settings.local_model_pins)
 
     def size_class_of(model: str) -> str:
         return state.price_of(model).size_class

@@ -22,11 +22,13 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from queen_server.audits.independence import eligible_auditor
 from queen_server.billing import ledger
 from queen_server.billing.admin import list_keys
-from queen_server.errors import NotFound
+from queen_server.errors import ModelUnverified, NotFound
 from queen_server.groups import NoPlanReason
 from queen_server.identity import public_id
+from queen_server.placement.service import refusal
 from queen_server.stats import merge
 from queen_server.stats.swarm import BUCKET_S, HISTORY_S
 from queen_server.storage import queries
@@ -37,6 +39,7 @@ from shared_schema.openai_types import DailyEarning, JobEarning
 if TYPE_CHECKING:
     from queen_server.billing.keys import KeyStore
     from queen_server.billing.store import LedgerStore
+    from queen_server.catalog import ModelCatalog
     from queen_server.runtime import QueenState
     from queen_server.stats.swarm import JobRecord, WorkerStats
     from shared_schema.cluster import Query
@@ -267,13 +270,40 @@ async def models(state: QueenState) -> list[dict[str, Any]]:
     """``/admin/api/models``: the models on offer, where they are loaded, and their sizes."""
     totals, loaded = _totals(state, await _peers(state, "totals"))
     rows = []
+    catalog, auditing = state.catalog, state.audits.enabled
     for model in totals["models"]:
-        rows.append({**model, "loaded_on": loaded[model["id"]]["loaded_on"],
-                     "parameter_count": state.catalog.parameter_count(model["id"]),
-                     "verified": state.catalog.status(model["id"]),
-                     "sha256": facts.sha256 if (facts := state.catalog.facts(model["id"]))
-                     else None})
+        name = model["id"]
+        facts, moved = catalog.facts(name), catalog.hub_moved(name)
+        rows.append({**model, "loaded_on": loaded[name]["loaded_on"],
+                     "parameter_count": catalog.parameter_count(name),
+                     "verified": catalog.status(name),
+                     "audited": "yes" if auditing and catalog.verified(name) else "no",
+                     "sha256": facts.sha256 if facts is not None else None,
+                     "pinned_files": _pinned_files(catalog, name),
+                     "hub_moved": (f"the hub now holds {moved.sha256[:12]}… "
+                                   f"({moved.parameter_count:,} parameters): re-pin to use it"
+                                   if moved is not None else None)})
     return rows
+
+
+def _pinned_files(catalog: ModelCatalog, name: str) -> list[str]:
+    """The files ``name`` is pinned to, shortened: the hub file the queen read, or the
+    operator's list for a local name."""
+    facts = catalog.facts(name)
+    shas = facts.sha256s[:1] if facts is not None else sorted(catalog.local_pins.get(name, ()))
+    return [sha[:12] + "…" for sha in shas]
+
+
+async def repin(state: QueenState, name: str) -> dict[str, Any]:
+    """``POST /admin/api/models/repin``: the operator re-pins a hub name to the file the hub
+    holds now (routing, price and audits all move to it at once)."""
+    try:
+        old, new = await state.catalog.repin(name)
+    except ModelUnverified as exc:
+        raise refusal(name, exc) from exc
+    return {"model": name, "old_sha256": old.sha256 if old is not None else None,
+            "sha256": new.sha256, "parameter_count": new.parameter_count,
+            "price": state.model_price(name).model_dump(mode="json")}
 
 
 async def placements(state: QueenState) -> list[dict[str, Any]]:
@@ -569,6 +599,7 @@ async def audits(state: QueenState) -> dict[str, Any]:
         entry = {"worker": public_id(key), "state": standing.state,
                  "audited": standing.audited, "failed": standing.failed,
                  "llr": round(standing.llr, 2), "flags": record.flags,
+                 "outvoted": record.outvoted, "auditor_eligible": eligible_auditor(record.outvoted),
                  "flagged_at": record.flagged_at.isoformat() if record.flagged_at else None,
                  "cleared_at": record.cleared_at.isoformat() if record.cleared_at else None,
                  "reasons": list(standing.reasons)}

@@ -24,6 +24,7 @@ DB_FORMS = "sqlite:///queen.db, sqlite:////abs/path.db or postgresql://user:pass
 ASYNC_DRIVERS = {"sqlite": "aiosqlite", "postgresql": "asyncpg"}
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 _REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 PAYOUT_NOTE_MAX = 160  # characters: one line in the worker's app
 
 
@@ -193,6 +194,14 @@ class QueenSettings(BaseSettings):
     catalog_ttl_s: float = Field(default=3600.0, gt=0)
     catalog_retry_s: float = Field(default=300.0, gt=0)
     price_wait_s: float = Field(default=10.0, ge=0)
+    # Model names the operator vouches for, each with the sha256s of the files that may serve
+    # it, as JSON (local names, whose files the queen cannot read; a hub name here is never
+    # read on the hub, for a queen that cannot reach it):
+    # APIARY_LOCAL_MODEL_PINS='{"my-model": ["<64 hex>", ...]}'. A holder of one of those
+    # files serves the name and its answers are audited by holders of the same file; a holder
+    # of any other file does not serve it. An unpinned local name is served unverified (priced
+    # as such) and never audited.
+    local_model_pins: dict[str, list[str]] = Field(default_factory=dict)
     # The most of a file the queen reads for its header (vocabularies make some headers MBs).
     max_header_bytes: int = Field(default=64 << 20, ge=1 << 16, le=1 << 30)
     # Models on demand (issue 17): a request for a hub model no worker holds makes the queen
@@ -297,6 +306,17 @@ class QueenSettings(BaseSettings):
             for url in value:
                 queen_origin(url)  # InvalidQueenUrl is a ValueError: a clear start-up error
         return value
+
+    @field_validator("local_model_pins")
+    @classmethod
+    def _sha256_lists(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        for name, shas in value.items():
+            if not shas:
+                raise ValueError(f"{name!r} is pinned to no sha256")
+            for sha in shas:
+                if not _SHA256.fullmatch(sha):
+                    raise ValueError(f"{name!r}: {sha!r} is not a sha256 (64 hex digits)")
+        return {name: [sha.lower() for sha in shas] for name, shas in value.items()}
 
     @field_validator("payout_note")
     @classmethod

@@ -54,3 +54,10 @@ class KeyCreated(KeyView):
 class KeyCredited(WireModel):
     key: KeyView
     applied: bool = Field(description="False if this ref was already credited.")
+
+
+class ModelRepin(WireModel):
+    """``POST /admin/api/models/repin``: pin a hub model name to the file the hub holds now."""
+
+    model: str = Field(min_length=1, max_length=512,
+                       description="A hub model name (hf-user/hf-repo:filter).")

@@ -47,12 +47,17 @@ LogProbs = Annotated[list[LogProb], Field(max_length=MAX_SCORED_TOKENS)]
 
 class ScoreJob(WireModel):
     """A score job's ``openai_req``: the model (as every job names it), the original request
-    (``kind`` says which endpoint's: a chat or a text completion) and the delivered text."""
+    (``kind`` says which endpoint's: a chat or a text completion) and the delivered text.
+    ``prefix``: text another worker delivered before this answer, which it continued after a
+    failover (issue 39): the answer is scored given the prompt and that text, as its worker
+    generated it (an auditor from before ignores it: the queen sends one only to auditors that
+    score continuations)."""
 
     model: str
     kind: Literal["chat", "completions"]
     request: dict[str, Any]
     answer: str
+    prefix: str = ""
 
 
 class SampledScores(WireModel):
@@ -80,7 +85,11 @@ class ScoreData(WireModel):
     answer (every end-of-generation token's share summed; ``None`` when the model names none);
     ``end_best_logprob``: the top single token's there, so ending was the greedy choice when
     ``end_logprob >= end_best_logprob``. ``temperature``: the request's, as the auditor read it;
-    ``sampled`` is there exactly when it is above 0."""
+    ``sampled`` is there exactly when it is above 0. ``constraints_replayed``: the auditor
+    shaped each row as generation's sampler chain did (logit bias, presence and frequency
+    penalties, the ``response_format`` grammar; an older auditor applied the bias only), so a
+    constrained answer's scores read as a free one's; ``format_broken_at``: the answer token the
+    grammar refused (no worker under that format could have written it), if any."""
 
     object: Literal["apiary.score"] = SCORE_OBJECT
     prompt_tokens: int = Field(ge=0)
@@ -92,6 +101,8 @@ class ScoreData(WireModel):
     end_best_logprob: LogProb | None = None
     temperature: float = Field(ge=0.0)
     sampled: SampledScores | None = None
+    constraints_replayed: bool = False
+    format_broken_at: int | None = Field(default=None, ge=0, le=MAX_SCORED_TOKENS)
 
     @model_validator(mode="after")
     def _consistent(self) -> ScoreData:

@@ -138,8 +138,13 @@ class ModelAvailability(WireModel):
     size_bytes: int | None = None
     sha256: str | None = Field(default=None, description="The file the queen read (the first "
                                "part of a split model).")
-    verified: bool = Field(default=False, description="Whether the size and price come from "
-                           "the queen's own reading of the file.")
+    verified: bool = Field(default=False, description="Whether the queen knows which file "
+                           "serves this name: a hub file it read and pinned itself (its size "
+                           "and price come from that reading), or a local name's file the "
+                           "operator pinned by sha256. Unverified models are priced as such.")
+    audited: bool = Field(default=False, description="Whether answers of this model are "
+                          "re-scored by the audits. Only verified models can be (an auditor "
+                          "must hold the same file); an unverified one never is.")
     price: ModelPrice | None = None
     status: Literal["ready", "loading"] = Field(
         default="ready", description="loading: the queen is placing it on a worker (issue 17).")

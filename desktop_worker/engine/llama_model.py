@@ -24,9 +24,9 @@ from llama_cpp.llama_chat_format import format_llama2
 
 from desktop_worker.engine.batch import BatchEngine, Event
 from desktop_worker.engine.chat_template import ChatTemplate
+from desktop_worker.engine.constraints import ScoreConstraints
 from desktop_worker.engine.generation import Pieces, Prompt
 from desktop_worker.engine.grammar import grammar_text
-from desktop_worker.engine.logprobs import Bias
 from desktop_worker.engine.scoring import (
     Sampling,
     Score,
@@ -216,24 +216,31 @@ class LlamaContext:
         llama = self.llama
         settings = read_settings(job.request)
         settings.check_vocabulary(llama.n_vocab())
-        if job.kind == "chat":
-            prompt = self._chat_prompt(job.request, None).tokens
+        if job.kind == "chat":  # a prefix: the assistant's text so far, as a continuation
+            built = self._chat_prompt(job.request, job.prefix or None)
+            prompt, delivered = built.tokens, built.delivered
         else:
             prompts = completion_prompts(job.request)
             if len(prompts) != 1:
                 raise UnsupportedRequest(f"a score job scores one prompt's answer; this request "
                                          f"has {len(prompts)} prompts")
-            prompt = self._completion_tokens(prompts[0])
+            delivered = (llama.tokenize(job.prefix.encode("utf-8"), add_bos=False,
+                                        special=False) if job.prefix else [])
+            prompt = self._completion_tokens(prompts[0]) + delivered
         answer = llama.tokenize(job.answer.encode("utf-8"), add_bos=False, special=False)
         check_fits(len(prompt), len(answer), llama.n_ctx())
         if self._end_tokens is None:
             self._end_tokens = end_tokens(llama)
         sampling = (Sampling(settings.temperature, settings.top_p)
                     if settings.temperature > 0 else None)
+        constraints = ScoreConstraints(settings, llama._model.vocab, llama.n_vocab(),
+                                       grammar_text(settings.response_format))
         try:
-            return teacher_forced(llama, prompt, answer, Bias(settings.logit_bias), cancel,
+            constraints.continue_from(delivered)
+            return teacher_forced(llama, prompt, answer, constraints, cancel,
                                   self._end_tokens, sampling)
         finally:
+            constraints.close()
             if self.engine is not None and self._batch_ctx is None:
                 self.engine.forget()  # the shared context's cache was cleared
 

@@ -31,6 +31,25 @@ TOP_K = 40
 MIN_P = 0.05
 
 
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)],
+                      align=True)  # llama_token_data
+
+
+def fill_candidates(data: np.ndarray, ids: np.ndarray, logits: np.ndarray,
+                    candidates: llama_cpp.llama_token_data_array
+                    ) -> llama_cpp.llama_token_data_array:
+    """``candidates`` over ``data`` (a ``TOKEN_DATA`` array the size of the vocabulary) holding
+    every token with its logit, unsorted, none selected: what a sampler's ``apply`` takes."""
+    data["id"] = ids
+    data["logit"] = logits
+    data["p"] = 0.0
+    candidates.data = data.ctypes.data_as(llama_cpp.llama_token_data_p)
+    candidates.size = data.size
+    candidates.selected = -1
+    candidates.sorted = False
+    return candidates
+
+
 class SamplerChain:
     """A sampler chain for one choice; ``close`` frees it (and every sampler in it)."""
 
@@ -48,8 +67,7 @@ class SamplerChain:
         self._grammar: llama_cpp.llama_sampler_p | None = None
         self._n_vocab = n_vocab
         self._ids = np.arange(n_vocab, dtype=np.int32)
-        self._data = np.zeros(n_vocab, dtype=np.dtype(
-            [("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True))
+        self._data = np.zeros(n_vocab, dtype=TOKEN_DATA)
         self._candidates = llama_cpp.llama_token_data_array()
         self._check = llama_cpp.llama_token_data_array()
         self._candidate = llama_cpp.llama_token_data()
@@ -113,14 +131,7 @@ class SamplerChain:
         """The chain's choice over every token (the grammar applied first when
         ``constrained``), without accepting it."""
         data = self._data
-        data["id"] = self._ids
-        data["logit"] = logits
-        data["p"] = 0.0
-        candidates = self._candidates
-        candidates.data = data.ctypes.data_as(llama_cpp.llama_token_data_p)
-        candidates.size = self._n_vocab
-        candidates.selected = -1
-        candidates.sorted = False
+        candidates = fill_candidates(data, self._ids, logits, self._candidates)
         if constrained:
             llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(candidates))
         llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(candidates))

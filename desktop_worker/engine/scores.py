@@ -24,6 +24,7 @@ class ScoreRequest:
     kind: str  # "chat" or "completions"
     request: dict[str, Any]
     answer: str
+    prefix: str = ""  # text delivered before the answer (a failover's earlier part)
 
 
 @dataclass(slots=True)
@@ -49,6 +50,8 @@ class Score:
     expected: list[float] = field(default_factory=list)
     variances: list[float] = field(default_factory=list)
     sampled_end: tuple[float, float, float] | None = None
+    constraints_replayed: bool = False  # bias, penalties and grammar applied as generation did
+    format_broken_at: int | None = None  # the answer token its grammar refused, if any
 
     @property
     def answer_tokens(self) -> int:
@@ -66,7 +69,9 @@ class Score:
                 "answer_tokens": self.answer_tokens, "logprobs": self.logprobs,
                 "argmax": self.argmax, "best_logprobs": self.best_logprobs,
                 "end_logprob": self.end_logprob, "end_best_logprob": self.end_best_logprob,
-                "temperature": self.temperature, "sampled": sampled}
+                "temperature": self.temperature, "sampled": sampled,
+                "constraints_replayed": self.constraints_replayed,
+                "format_broken_at": self.format_broken_at}
 
     def usage(self) -> dict[str, int]:
         """Every token evaluated is prompt work; nothing is generated."""
@@ -87,6 +92,8 @@ class Score:
                 best_logprobs=_floats(data["best_logprobs"]),
                 end_logprob=_float_or_none(data.get("end_logprob")),
                 end_best_logprob=_float_or_none(data.get("end_best_logprob")),
+                constraints_replayed=bool(data.get("constraints_replayed", False)),
+                format_broken_at=_count_or_none(data.get("format_broken_at")),
             )
             if sampled is not None:
                 score.sampled_logprobs = _floats(sampled["logprobs"])
@@ -124,7 +131,15 @@ def read_score_request(raw: dict[str, Any]) -> ScoreRequest:
     if len(answer) > MAX_ANSWER_CHARS:
         raise UnsupportedRequest(f"a score job's 'answer' is {len(answer)} characters, over "
                                  f"the {MAX_ANSWER_CHARS} this worker reads")
-    return ScoreRequest(kind, request, answer)
+    prefix = raw.get("prefix") or ""
+    if not isinstance(prefix, str):
+        raise UnsupportedRequest("a score job's 'prefix' must be the text delivered before "
+                                 "the answer")
+    if len(prefix) + len(answer) > MAX_ANSWER_CHARS:
+        raise UnsupportedRequest(f"a score job's 'prefix' and 'answer' are "
+                                 f"{len(prefix) + len(answer)} characters, over the "
+                                 f"{MAX_ANSWER_CHARS} this worker reads")
+    return ScoreRequest(kind, request, answer, prefix)
 
 
 def _count(value: Any) -> int:
@@ -137,6 +152,10 @@ def _floats(values: Any) -> list[float]:
     if not isinstance(values, list):
         raise ValueError("not a list")
     return [float(value) for value in values]
+
+
+def _count_or_none(value: Any) -> int | None:
+    return None if value is None else _count(value)
 
 
 def _float_or_none(value: Any) -> float | None:

@@ -84,7 +84,9 @@ class JobScore:
     variance: float = 0.0  # sampled: sum(var)
     finish_reason: str = "stop"
     max_tokens: int | None = None
-    comparable: bool = True  # False under a grammar or penalties: only the usage is judged
+    # False under a grammar or penalties scored by an auditor that did not replay them (one
+    # from before issue 39): then only the usage is judged
+    comparable: bool = True
     # The end, when the answer ended by the model's own choice: how far ending was below the
     # top choice (temperature 1), and its log-probability at the request's temperature.
     end_gap: float | None = None
@@ -93,6 +95,13 @@ class JobScore:
     # the audited worker was billed for; None where a score carries no counts (not checked).
     prompt_tokens: int | None = None
     claimed_prompt_tokens: int | None = None
+    # Under a response_format: the answer token its grammar refused (no worker generating
+    # under that format could have written it), None when it kept to it (or had none).
+    format_broken_at: int | None = None
+    # A part of a several-part case (issue 39: choices, prompts) that said it stopped at
+    # ``max_tokens`` with far fewer tokens: ``(max_tokens, its tokens)`` (``combine``).
+    length_short: tuple[int, int] | None = None
+    parts: int = 1  # the answers its counts add up (each may end on an end token unseen)
 
     @property
     def z(self) -> float:
@@ -127,6 +136,7 @@ def score_job(
     near_tie: float = NEAR_TIE,
     prompt_tokens: int | None = None,
     claimed_prompt_tokens: int | None = None,
+    format_broken_at: int | None = None,
 ) -> JobScore:
     """A ``JobScore`` from an auditor's per-token numbers: ``logprobs`` and ``best_logprobs``
     at temperature 1 (the delivered token's and the top choice's); ``sampled``, for a sampled
@@ -150,7 +160,35 @@ def score_job(
             end_logprob = end.sampled[0]
     return JobScore(temperature, len(logprobs), claimed_completion_tokens, positions, mismatches,
                     deviation, variance, finish_reason, max_tokens, comparable, end_gap,
-                    end_logprob, prompt_tokens, claimed_prompt_tokens)
+                    end_logprob, prompt_tokens, claimed_prompt_tokens, format_broken_at)
+
+
+def combine(parts: Sequence[JobScore], *, claimed_completion_tokens: int,
+            claimed_prompt_tokens: int | None, prompt_tokens: int | None,
+            usage_slack: float = USAGE_SLACK) -> JobScore:
+    """One ``JobScore`` for a case of several parts (each choice of ``n``, each prompt of a
+    list, issue 39), each part scored on its own by the auditor: the evidence adds up
+    (mismatches, positions, ``sum(lp - mu)`` and its variance), the usage is the worker's one
+    claim for them all against the auditor's counts summed (``prompt_tokens``: each prompt
+    counted once), the worst end and the first broken format or false "length" of any part
+    decide alone."""
+    first = parts[0]
+    ends = [part.end_gap for part in parts if part.end_gap is not None]
+    sampled_ends = [part.end_logprob for part in parts if part.end_logprob is not None]
+    short = next(((part.max_tokens, part.answer_tokens) for part in parts
+                  if part.finish_reason == "length" and part.max_tokens is not None
+                  and math.ceil(part.answer_tokens * (1 + usage_slack)) + 1
+                  < LENGTH_SHARE * part.max_tokens), None)
+    broken = next((part.format_broken_at for part in parts
+                   if part.format_broken_at is not None), None)
+    return JobScore(
+        first.temperature, sum(part.answer_tokens for part in parts),
+        claimed_completion_tokens, sum(part.positions for part in parts),
+        sum(part.mismatches for part in parts), math.fsum(part.deviation for part in parts),
+        math.fsum(part.variance for part in parts), "stop", None,
+        all(part.comparable for part in parts), max(ends) if ends else None,
+        min(sampled_ends) if sampled_ends else None, prompt_tokens, claimed_prompt_tokens,
+        broken, short, len(parts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,8 +305,10 @@ def judge(score: JobScore, bands: HonestBands, *, usage_slack: float = USAGE_SLA
     """How suspicious one audited job is: certain for usage past the auditor's counts (the
     completion's, or the prompt's beyond ``usage_slack`` and ``prompt_slack_tokens``) or a false
     "length"; otherwise, for answers of at least ``min_tokens`` whose scores are comparable
-    (no grammar or penalties), the standardised evidence of its temperature's band."""
-    allowed = math.ceil(score.answer_tokens * (1 + usage_slack)) + 1  # + the end token
+    (free text, or an auditor that replayed the grammar and penalties), the standardised
+    evidence of its temperature's band; certain for an answer its format's grammar refuses."""
+    # + each part's end token
+    allowed = math.ceil(score.answer_tokens * (1 + usage_slack)) + score.parts
     if score.claimed_completion_tokens > allowed:
         return Verdict(CLIP, True, f"claimed {score.claimed_completion_tokens} completion "
                                    f"tokens; the auditor counted {score.answer_tokens}")
@@ -277,10 +317,17 @@ def judge(score: JobScore, bands: HonestBands, *, usage_slack: float = USAGE_SLA
                                                                prompt_slack_tokens):
         return Verdict(CLIP, True, f"claimed {score.claimed_prompt_tokens} prompt tokens; the "
                                    f"auditor counted {score.prompt_tokens}")
-    if (score.finish_reason == "length" and score.max_tokens is not None
-            and allowed < LENGTH_SHARE * score.max_tokens):
-        return Verdict(CLIP, True, f"said it stopped at max_tokens ({score.max_tokens}); the "
-                                   f"answer has {score.answer_tokens} tokens")
+    short = score.length_short or (
+        (score.max_tokens, score.answer_tokens) if score.finish_reason == "length"
+        and score.max_tokens is not None and allowed < LENGTH_SHARE * score.max_tokens
+        else None)
+    if short is not None:
+        return Verdict(CLIP, True, f"said it stopped at max_tokens ({short[0]}); the "
+                                   f"answer has {short[1]} tokens")
+    if score.format_broken_at is not None:
+        return Verdict(CLIP, True, f"the answer leaves the requested response_format at its "
+                                   f"token {score.format_broken_at + 1}: no worker generating "
+                                   f"under that format could have written it")
     if not score.comparable:
         return Verdict(None, False, "only the usage was checked")
     if score.temperature == 0 and score.end_gap is not None and score.end_gap > END_GAP:

@@ -8,7 +8,14 @@ good standing; never the audited worker; only the same model file) as ``score`` 
 the dispatcher, at most ``audit_concurrency`` at once and never ahead of a client's request:
 an audit takes only a free slot, and waits (up to ``audit_max_wait_s``) when none is. A failed
 verdict from an untrusted auditor is checked by a second auditor when there is one; if they
-disagree, the job counts for nothing. Each verdict moves the worker's ``Standing`` and is
+disagree, the job counts for nothing. Their two failing verdicts count only when the two are
+independent (``independence``: no owner, /24 or /48 network in common, first connected an hour
+or more apart); a second auditor that is not makes the case wait for another one, and it counts
+for nothing if none comes in time. Untrusted auditors independent of the audited worker (and
+of the first auditor) are asked first. A second opinion that contradicts the first, from a
+trusted auditor or one independent of both the first and the audited worker, counts against
+the first (``Record.outvoted``); past ``OUTVOTED_LIMIT`` it audits no one and its own answers
+are audited at the new-worker rate. Each verdict moves the worker's ``Standing`` and is
 written with its evidence (``store.AuditStore``).
 
 A worker the test flags is taken out of routing (``Registry.set_flagged``), the developers
@@ -32,7 +39,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from queen_server.audits.cases import AuditCase, BadScore, choose_auditor, read_score
+from queen_server.audits.cases import AuditCase, BadScore, choose_auditor, read_scores
 from queen_server.audits.decision import (
     DEFAULT_BANDS,
     HonestBands,
@@ -43,6 +50,7 @@ from queen_server.audits.decision import (
     audit_rate,
     judge,
 )
+from queen_server.audits.independence import AuditorFacts, eligible_auditor, why_dependent
 from queen_server.audits.store import AuditStore, Record
 from queen_server.billing.service import Billing
 from queen_server.errors import ApiError, NoCapacity
@@ -79,6 +87,7 @@ class _Waiting:
     since: float
     exclude: frozenset[str] = frozenset()
     first: Verdict | None = None  # an untrusted auditor's failed verdict, to be confirmed
+    first_auditor: AuditorFacts | None = None  # who gave it, as the queen saw it then
 
 
 class AuditService:
@@ -107,6 +116,8 @@ class AuditService:
         self.trusted = frozenset(settings.trusted_auditors)  # keys or public ids
         self._trusted_keys: set[str] = set()  # the keys of trusted auditors that joined
         self._records: dict[str, Record] = {}
+        self._facts: dict[str, AuditorFacts] = {}  # each joined worker's, for independence
+        self._ineligible: set[str] = set()  # outvoted too often: audits no one
         self._queue: deque[_Waiting] = deque()
         self._waiting: dict[str, int] = {}  # worker key -> its cases waiting
         self._running: set[asyncio.Task[None]] = set()
@@ -157,7 +168,23 @@ class AuditService:
         record = self._records.get(worker.key)
         if record is None:
             record = self._records[worker.key] = await self.store.record(worker.key)
+        if not eligible_auditor(record.outvoted):
+            self._ineligible.add(worker.key)
+        known = self._facts.get(worker.key)
+        first_seen = (known.first_seen if known is not None and known.first_seen is not None
+                      else await self.store.first_seen(worker.key))
+        self._facts[worker.key] = replace(self._facts_of(worker), first_seen=first_seen)
         self._apply(worker)
+
+    def _facts_of(self, worker: Worker) -> AuditorFacts:
+        """What independence reads of a worker: as it joined, with what it says now."""
+        known = self._facts.get(worker.key)
+        return AuditorFacts(worker.key, worker.peer_host, worker.ln_url, worker.group_family,
+                            known.first_seen if known is not None else None)
+
+    def auditor_eligible(self, key: str) -> bool:
+        """Whether the worker may audit others (not outvoted past ``OUTVOTED_LIMIT``)."""
+        return key not in self._ineligible
 
     def _apply(self, worker: Worker) -> None:
         standing = self.standing(worker.key)
@@ -192,9 +219,11 @@ class AuditService:
 
     # --- sampling (per finished answer: O(1)) -----------------------------------------------
 
-    def wants(self, worker_key: str) -> bool:
+    def wants(self, worker_key: str, *, failed_over: bool = False) -> bool:
         """Whether to audit this answer of ``worker_key``: a draw against its audit rate. O(1),
-        and called before any case is built, so an answer not drawn costs nothing more."""
+        and called before any case is built, so an answer not drawn costs nothing more. A part
+        whose worker was lost mid-answer (``failed_over``) is drawn at least at the new-worker
+        rate: dropping the socket is no way around the audits (issue 39)."""
         if not self.enabled:
             return False
         if self.metrics is not None:
@@ -202,11 +231,22 @@ class AuditService:
         worker = self.registry.get(worker_key)
         if worker is not None and self.is_trusted(worker):
             return False  # the operator's own auditors are trusted, not audited
-        rate = audit_rate(self.standing(worker_key),
-                          in_escrow=self.billing.in_escrow(worker_key),
+        rate = self.rate(worker_key)
+        if failed_over:
+            rate = max(rate, self.settings.audit_new_rate)
+        return self.rng.random() < rate
+
+    def rate(self, worker_key: str) -> float:
+        """The share of ``worker_key``'s answers audited: ``decision.audit_rate``, and at least
+        the new-worker rate for one outvoted too often as an auditor (its lies as an auditor
+        make its own answers suspect)."""
+        standing = self.standing(worker_key)
+        rate = audit_rate(standing, in_escrow=self.billing.in_escrow(worker_key),
                           base_rate=self.settings.audit_base_rate,
                           new_rate=self.settings.audit_new_rate, params=self.params)
-        return self.rng.random() < rate
+        if worker_key in self._ineligible and standing.state != "flagged":
+            rate = max(rate, self.settings.audit_new_rate)
+        return rate
 
     def consider(self, case: AuditCase) -> bool:
         """Queue a drawn answer's case for an audit (``wants`` said yes); True if queued."""
@@ -283,8 +323,17 @@ class AuditService:
             standing = self.standing(key)
             return standing.state, standing.audited - standing.failed
 
+        audited = self._facts.get(case.worker_key)
+        first = waiting.first_auditor
+
+        def independent(worker: Worker) -> bool:
+            facts = self._facts_of(worker)
+            return (audited is not None and why_dependent(audited, facts) is None
+                    and (first is None or why_dependent(first, facts) is None))
+
         return choose_auditor(case, scan, trusted={w.key for w in trusted},
-                              record=record, exclude=waiting.exclude)
+                              record=record, exclude=waiting.exclude,
+                              ineligible=self._ineligible, independent=independent)
 
     # --- one audit ----------------------------------------------------------------------------
 
@@ -294,8 +343,13 @@ class AuditService:
         started = loop.time()
         self._seq += 1
         try:
-            data, tokens = await self._score(case, auditor, f"audit-{self._seq}-{case.request_id}")
-            score = read_score(case, data)
+            results, tokens = [], 0
+            for part, job in enumerate(case.jobs()):  # one score job per part, in order
+                data, evaluated = await self._score(
+                    case, auditor, f"audit-{self._seq}-{part}-{case.request_id}", job)
+                results.append(data)
+                tokens += evaluated
+            score = read_scores(case, results)
         except NoCapacity:  # a client's job took the auditor's slot first: wait for another
             self._queue.appendleft(waiting)
             return
@@ -313,23 +367,70 @@ class AuditService:
         bands = self.bands.get(case.sha256 or "", DEFAULT_BANDS)
         verdict = judge(score, bands)
         trusted = self.is_trusted(auditor)
-        if verdict.failed and not trusted and waiting.first is None:
-            # One untrusted auditor's word never fails a job: another must agree. The case
-            # waits for one (up to audit_max_wait_s), and counts for nothing if none comes.
-            self._queue.appendleft(
-                _Waiting(case, waiting.since, waiting.exclude | {auditor.key}, verdict))
-            self._wake.set()
-            return
+        if verdict.failed and not trusted:
+            facts = self._facts_of(auditor)
+            if waiting.first is None:
+                # One untrusted auditor's word never fails a job: another must agree. The case
+                # waits for one (up to audit_max_wait_s), and counts for nothing if none comes.
+                self._again(waiting, auditor, first=verdict, first_auditor=facts)
+                return
+            why = (why_dependent(waiting.first_auditor, facts)
+                   if waiting.first_auditor is not None else "the first auditor is unknown")
+            if why is not None:
+                # Agreement between two workers that may be one party proves nothing: wait for
+                # an independent one, as for any second opinion.
+                log.info("audit of %s: %s's failing verdict does not confirm the first (%s): "
+                         "waiting for an independent auditor", case.request_id,
+                         auditor.public_id, why)
+                self._count("not_independent")
+                self._again(waiting, auditor)
+                return
         if waiting.first is not None and not verdict.failed:
             verdict = Verdict(None, False, "two auditors disagreed")
             self._count("disagreed")
+            await self._outvoted(waiting, auditor, trusted)
         self._done_waiting(case.worker_key)
         await self._settle(case, verdict, score, auditor.key, trusted, tokens, seconds)
 
-    async def _score(self, case: AuditCase, auditor: Worker,
-                     job_id: str) -> tuple[dict[str, object], int]:
-        """Run the score job on ``auditor``; its result's data and the tokens it evaluated."""
-        run = await self.dispatcher.start_on(auditor, job_id, case.model, SCORE_URL, case.job())
+    def _again(self, waiting: _Waiting, auditor: Worker, *, first: Verdict | None = None,
+               first_auditor: AuditorFacts | None = None) -> None:
+        """Put a case back at the head of the queue for another auditor than ``auditor`` (with
+        the first failing verdict and its auditor, when this was it)."""
+        self._queue.appendleft(_Waiting(waiting.case, waiting.since,
+                                        waiting.exclude | {auditor.key},
+                                        first or waiting.first,
+                                        first_auditor or waiting.first_auditor))
+        self._wake.set()
+
+    async def _outvoted(self, waiting: _Waiting, second: Worker, trusted: bool) -> None:
+        """``second`` contradicted the first auditor's failing verdict: count it against the
+        first when the second's word weighs (trusted, or independent of both the first auditor
+        and the audited worker: a cheat's own second key cannot outvote its honest auditor)."""
+        first = waiting.first_auditor
+        if self.store is None or first is None:
+            return
+        if not trusted:
+            facts = self._facts_of(second)
+            audited = self._facts.get(waiting.case.worker_key)
+            if (why_dependent(first, facts) is not None or audited is None
+                    or why_dependent(audited, facts) is not None):
+                return
+        key = first.key
+        record = self._records.get(key) or await self.store.record(key)
+        record = replace(record, outvoted=record.outvoted + 1)
+        self._records[key] = record
+        await self.store.save(key, record)
+        self._count("outvoted")
+        if not eligible_auditor(record.outvoted) and key not in self._ineligible:
+            self._ineligible.add(key)
+            log.warning("worker %s was outvoted %d times as an auditor: it audits no one now, "
+                        "and its own answers are audited more", key[:12], record.outvoted)
+
+    async def _score(self, case: AuditCase, auditor: Worker, job_id: str,
+                     job: dict[str, object]) -> tuple[dict[str, object], int]:
+        """Run one score job of ``case`` on ``auditor``; its result's data and the tokens it
+        evaluated."""
+        run = await self.dispatcher.start_on(auditor, job_id, case.model, SCORE_URL, job)
         try:
             event = run.first
             while isinstance(event, Chunk):
@@ -358,6 +459,7 @@ class AuditService:
         await self.store.save(key, record, _evidence(case, verdict, score, auditor_key, trusted,
                                                      tokens, seconds))
         self._applied(key)
+        await self._rebill(case, score)
         if after.state == "flagged":
             if flagged_now:
                 log.warning("worker %s flagged by audits after %d audits (%d failed): %s",
@@ -366,6 +468,25 @@ class AuditService:
                 if self.metrics is not None:
                     self.metrics.flags.inc()
             await self._consequences(key, record.flags, forfeit=flagged_now)
+
+    async def _rebill(self, case: AuditCase, score: JobScore) -> None:
+        """An audited job is billed and credited by the auditor's exact counts (issue 39): the
+        prompt as counted, the completion as counted plus each part's end token; billing never
+        charges more than the client paid. Only a job one worker served whole: a failover's
+        parts share one charge."""
+        if case.claimed_prompt_tokens is None or score.prompt_tokens is None \
+                or any(part.prefix for part in case.score_parts):
+            return
+        try:
+            refunded = await self.billing.rebill(
+                case.request_id, score.prompt_tokens, score.answer_tokens + score.parts,
+                memo=f"audit of {case.request_id}: the auditor's exact counts")
+        except Exception:  # the verdict stands; the ledger keeps what it had
+            log.exception("re-billing audited job %s failed", case.request_id)
+            return
+        if refunded:
+            log.info("audited job %s re-billed at the exact counts: %d msat back to the client",
+                     case.request_id, refunded)
 
     async def _consequences(self, key: str, flag: int, *, forfeit: bool) -> None:
         """Refund every failed audited job of a flagged worker not refunded yet, and (on a new

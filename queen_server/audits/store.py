@@ -1,5 +1,6 @@
 """The audits' records in the queen's database: each audited job (the evidence) and each
-worker's standing, written together so that a standing never runs ahead of its evidence."""
+worker's standing, written together so that a standing never runs ahead of its evidence; and
+when a worker first connected (``workers.first_seen``), which auditors' independence reads."""
 
 from __future__ import annotations
 
@@ -14,17 +15,19 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from queen_server.audits.decision import Standing
-from queen_server.storage.tables import AuditRecord, AuditStandingRow
+from queen_server.storage.tables import AuditRecord, AuditStandingRow, WorkerRecord
 
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """A worker's standing as stored: the test's state, and how often it was flagged."""
+    """A worker's standing as stored: the test's state, how often it was flagged, and how
+    often, as an auditor, a second opinion contradicted its failing verdict (``outvoted``)."""
 
     standing: Standing
     flags: int = 0
     flagged_at: datetime | None = None
     cleared_at: datetime | None = None
+    outvoted: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +61,7 @@ class AuditRow:
 def _record(row: Any) -> Record:
     standing = Standing(row.llr, row.audited, row.failed, row.state,
                         tuple(json.loads(row.reasons or "[]")))
-    return Record(standing, row.flags, row.flagged_at, row.cleared_at)
+    return Record(standing, row.flags, row.flagged_at, row.cleared_at, row.outvoted or 0)
 
 
 class AuditStore:
@@ -79,7 +82,8 @@ class AuditStore:
         values = {"state": standing.state, "llr": standing.llr, "audited": standing.audited,
                   "failed": standing.failed, "reasons": json.dumps(list(standing.reasons)),
                   "flags": record.flags, "flagged_at": record.flagged_at,
-                  "cleared_at": record.cleared_at, "updated_at": now}
+                  "cleared_at": record.cleared_at, "outvoted": record.outvoted,
+                  "updated_at": now}
         insert = pg_insert if self.engine.dialect.name == "postgresql" else sqlite_insert
         statement = insert(AuditStandingRow).values(worker_key=worker_key, **values)
         async with self.engine.begin() as conn:
@@ -88,6 +92,15 @@ class AuditStore:
                     created_at=now, worker_key=worker_key, **audit))
             await conn.execute(statement.on_conflict_do_update(
                 index_elements=["worker_key"], set_=values))
+
+    async def first_seen(self, worker_key: str) -> datetime | None:
+        """When the worker first connected to this queen (None: never recorded). UTC."""
+        async with self.engine.connect() as conn:
+            moment = (await conn.execute(select(WorkerRecord.first_seen)
+                                         .where(WorkerRecord.key == worker_key))).scalar()
+        if moment is None:
+            return None
+        return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
     async def failed_unrefunded(self, worker_key: str) -> list[tuple[int, str]]:
         """``(audit id, request id)`` of the worker's failed audited jobs not refunded yet."""

@@ -10,6 +10,14 @@ Accounts (all in msat):
 * ``queen:fees``               the queen's share of every charge
 * ``payouts:in_flight``        payouts recorded but not yet known paid or failed
 * ``worker:<pubkey>:paid``     what has been paid out to a worker (money that left)
+* ``worker:<pubkey>:debt``     what a worker owes (at or below zero): a refund took back more
+                               than it still held, because a payout had already sent it. Its
+                               next payout repays it first
+
+A refund or a rebill (an audit's exact counts) takes a job's charge back from where it went; a
+payout reserves a worker's earnings. Each is one guarded step: its amounts are decided from
+balances read under the accounts' locks (``LedgerStore.post_locked``), so whichever runs second
+sees the other's effect.
 
 A posting's amounts always sum to zero; its ``txn`` id is its idempotency key. ``worker_jobs``
 counts settled jobs per worker, written in the same database transaction as the entries.
@@ -26,6 +34,7 @@ from dataclasses import dataclass
 DEPOSITS = "deposits"
 QUEEN_FEES = "queen:fees"
 PAYOUTS_IN_FLIGHT = "payouts:in_flight"
+DEBT_SUFFIX = ":debt"
 
 
 def key_available(key_id: int) -> str:
@@ -44,6 +53,30 @@ def worker_available(pubkey: str) -> str:
     return f"worker:{pubkey}:available"
 
 
+def worker_debt(pubkey: str) -> str:
+    return f"worker:{pubkey}{DEBT_SUFFIX}"
+
+
+def may_go_negative(account: str) -> bool:
+    """The deposit source, and workers' debts (what they owe is below zero)."""
+    return account == DEPOSITS or account.endswith(DEBT_SUFFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class JobCharge:
+    """What a settled job was billed: its usage and the rates it was priced at, kept beside the
+    posting so that an audit's exact counts can re-price it later (``takeback.rebilled``)."""
+
+    job_id: str
+    key_id: int
+    size_class: str
+    prompt_msat_per_1k: int
+    completion_msat_per_1k: int
+    prompt_tokens: int
+    completion_tokens: int
+    charge_msat: int
+
+
 class UnbalancedPosting(ValueError):
     pass
 
@@ -56,6 +89,7 @@ class Posting:
     memo: str = ""
     worker_jobs: tuple[tuple[str, int], ...] = ()
     guard: str | None = None
+    charge: JobCharge | None = None  # a settle's billing facts, stored with it
 
     def __post_init__(self) -> None:
         total = sum(amount for _, amount in self.entries)
@@ -81,9 +115,10 @@ def _posting(
     memo: str = "",
     worker_jobs: tuple[tuple[str, int], ...] = (),
     guard: str | None = None,
+    charge: JobCharge | None = None,
 ) -> Posting:
     return Posting(txn, kind, tuple((acct, amt) for acct, amt in entries if amt != 0), memo,
-                   worker_jobs, guard)
+                   worker_jobs, guard, charge)
 
 
 def deposit(key_id: int, amount_msat: int, txn: str, memo: str = "") -> Posting:
@@ -113,12 +148,14 @@ def settle(
     *,
     count_job_for: str | Iterable[str] | None = None,
     memo: str = "",
+    charge: JobCharge | None = None,
 ) -> Posting:
     """End a job: charge its cost out of the reservation, release the rest, and split the charge
     between the workers' accounts (pending or available) and the queen's fee. ``shares`` has one
     ``(account, msat)`` per worker paid for the job: several when it failed over mid-answer.
     ``count_job_for`` is the worker (or the workers: a model group's members each completed
-    their part) whose settled-job count this job raises."""
+    their part) whose settled-job count this job raises. ``charge``: the job's billing facts,
+stored with the posting (for a later rebill)."""
     if not 0 <= charge_msat <= reserved_msat:
         raise UnbalancedPosting(f"charge {charge_msat} is outside the reservation {reserved_msat}")
     paid = list(shares)
@@ -132,21 +169,25 @@ def settle(
     ]
     counted = [count_job_for] if isinstance(count_job_for, str) else list(count_job_for or ())
     jobs = tuple((key, 1) for key in dict.fromkeys(counted))
-    return _posting(f"settle:{job_id}", "charge", entries, memo, jobs)
+    return _posting(f"settle:{job_id}", "charge", entries, memo, jobs, charge=charge)
 
 
 def release_escrow(pubkey: str, amount_msat: int) -> Posting:
-    """A worker's escrow is over: its pending earnings become available."""
+    """A worker's escrow is over: its pending earnings become available (once per worker)."""
     return _posting(f"escrow-release:{pubkey}", "escrow",
                     [(worker_pending(pubkey), -amount_msat), (worker_available(pubkey),
                                                               amount_msat)])
 
 
 def refund(job_id: str, key_id: int, amount_msat: int, takes: Iterable[tuple[str, int]],
-           memo: str = "") -> Posting:
+           memo: str = "", *, prefix: str = "refund") -> Posting:
     """Give a developer back what a job cost (an audited answer that did not match the model):
-    ``takes`` says which accounts give it back (the queen's fee, the worker's earnings)."""
-    return _posting(f"refund:{job_id}", "refund",
+    ``takes`` says which accounts give it back (the queen's fee, the worker's earnings, a
+    worker's debt for what it no longer holds). ``prefix`` ``rebill``: give back the part of
+    the charge that the audit's exact counts did not use (one per job; with nothing to give
+    back, the posting has no entries and marks the job rebilled). Both are of kind ``refund``
+    (a key's spend and a worker's credits count them)."""
+    return _posting(f"{prefix}:{job_id}", "refund",
                     [(key_available(key_id), amount_msat),
                      *((account, -amount) for account, amount in takes)], memo)
 
@@ -167,9 +208,13 @@ def worker_paid(pubkey: str) -> str:
     return f"worker:{pubkey}:paid"
 
 
-def payout_start(pubkey: str, amount_msat: int, payout_id: int) -> Posting:
+def payout_start(pubkey: str, amount_msat: int, payout_id: int, repay_msat: int = 0) -> Posting:
+    """Reserve a payout out of the worker's available earnings, after repaying its debt
+    (``repay_msat``) out of them: guarded, so ``available`` never goes below zero."""
     return _posting(f"payout:{payout_id}", "payout",
-                    [(worker_available(pubkey), -amount_msat), (PAYOUTS_IN_FLIGHT, amount_msat)])
+                    [(worker_available(pubkey), -amount_msat - repay_msat),
+                     (worker_debt(pubkey), repay_msat), (PAYOUTS_IN_FLIGHT, amount_msat)],
+                    guard=worker_available(pubkey))
 
 
 def payout_paid(pubkey: str, amount_msat: int, payout_id: int) -> Posting:

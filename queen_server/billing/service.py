@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from queen_server.billing import ledger
+from queen_server.billing import ledger, takeback
+from queen_server.billing.clawback import Clawbacks
 from queen_server.billing.keys import KeyRecord, KeyStore, hash_secret
 from queen_server.billing.limits import InProcessKeyLimits, KeyLimits, Lease, RedisKeyLimits
 from queen_server.billing.pricing import Price, PriceTable
@@ -145,6 +146,7 @@ class Billing:
         self.prices = (PriceTable.from_file(settings.prices_file, unverified)
                        if settings.prices_file else PriceTable(unverified_class=unverified))
         self.ledger = LedgerStore(db.engine) if db is not None else None
+        self.clawbacks = Clawbacks(self.ledger) if self.ledger is not None else None
         self.keys = KeyStore(db.engine) if db is not None else None
         self._dev = {hashlib.sha256(key.encode()).hexdigest() for key in settings.api_keys}
         self._records: dict[str, KeyRecord] = {}
@@ -423,98 +425,83 @@ class Billing:
                     escrow_over.append((part.worker_key, worker))
             else:
                 shares.append((ledger.worker_available(part.worker_key), share))
+        usage = ledger.JobCharge(
+            hold.job_id, hold.key_id, price.size_class, price.prompt_msat_per_1k,
+            price.completion_msat_per_1k, sum(part.prompt_tokens for part in parts),
+            sum(part.completion_tokens for part in parts), charge)
         await self.ledger.post(ledger.settle(
             hold.key_id, hold.reserved_msat, charge, hold.job_id, shares,
-            count_job_for=counted, memo="; ".join(memos),
+            count_job_for=counted, memo="; ".join(memos), charge=usage,
         ))
         for key, worker in escrow_over:
-            if worker.pending > 0:
-                pending, worker.pending = worker.pending, 0
-                try:
-                    await self.ledger.post(ledger.release_escrow(key, pending))
-                except LedgerWriteError as exc:
-                    # The job is settled (posted above): its caller must not get an error. A
-                    # release of the same worker's escrow may already stand (another replica's
-                    # count of its jobs reached the end first: the posting's id is the worker's).
-                    log.warning("worker %s finished its escrow, but its release was not "
-                                "posted here: %s", key[:12], exc)
-                    continue
-                log.info("worker %s finished its escrow: %d msat released", key[:12], pending)
+            try:
+                released = await self.release_escrow(key)  # once: a replica's second is a no-op
+            except LedgerWriteError:  # the database failed; the job is settled all the same
+                log.exception("worker %s finished its escrow, but the release could not be "
+                              "posted", key[:12])
+                continue
+            worker.pending = 0
+            if released:
+                log.info("worker %s finished its escrow: %d msat released", key[:12], released)
 
-    # --- audits' consequences (issue 16) --------------------------------------------------------
+    # --- audits' consequences (issues 16 and 39): each one guarded step (``clawback.py``) ---
 
     async def refund(self, job_id: str, memo: str = "") -> int:
-        """Give the developer back what job ``job_id`` was charged, taken back from where the
-        charge went: the queen's fee, and the worker's share from its pending earnings first,
-        then its available ones; what the worker no longer holds (forfeited to the queen by a
-        flag, or paid out) the queen's fees give back. No account goes below zero.
-        Idempotent (the posting is ``refund:<job>``); returns the msat refunded now."""
-        if self.ledger is None:
+        """Give the developer back what job ``job_id`` was charged (less what a rebill gave
+        back already), taken back from where the charge went: the queen's fee, and the
+        worker's share from its pending earnings, then its available ones, then as its debt
+        (``takeback``). Runs wholly before or after any payout of the same worker.
+        Idempotent (``refund:<job>``); returns the msat refunded now."""
+        if self.clawbacks is None:
             return 0
-        settled = await self.ledger.entries_of(f"settle:{job_id}")
-        key_id: int | None = None
-        fee = 0
-        shares: dict[str, int] = {}
-        for account, amount in settled:
-            if account.startswith("key:") and account.endswith(":reserved"):
-                key_id = int(account.split(":")[1])
-            elif account == ledger.QUEEN_FEES:
-                fee += amount
-            elif account.startswith("worker:") and amount > 0:
-                pubkey = account.split(":")[1]
-                shares[pubkey] = shares.get(pubkey, 0) + amount
-        charge = fee + sum(shares.values())
-        if key_id is None or charge <= 0:
+        return self._refunded(await self.clawbacks.refund(job_id, memo))
+
+    async def rebill(self, job_id: str, prompt_tokens: int, completion_tokens: int,
+                     memo: str = "") -> int:
+        """Re-price an audited job at the auditor's exact counts and refund what it was
+        charged above that (``Clawbacks.rebill``; a count above the billed one changes
+        nothing). Once per job; nothing after a full refund. Returns the msat refunded now."""
+        if self.clawbacks is None:
             return 0
-        takes: list[tuple[str, int]] = []
-        from_pending: dict[str, int] = {}
-        for pubkey, share in shares.items():
-            pending, available = ledger.worker_pending(pubkey), ledger.worker_available(pubkey)
-            _, balances = await self.ledger.snapshot([pending, available])
-            taken = max(0, min(share, balances[pending]))
-            left = max(0, min(share - taken, balances[available]))
-            from_pending[pubkey] = taken
-            takes += [(pending, taken), (available, left)]
-            fee += share - taken - left  # already forfeited to the queen, or paid out
-        takes.append((ledger.QUEEN_FEES, fee))
-        if not await self.ledger.post(ledger.refund(job_id, key_id, charge, takes, memo)):
-            return 0  # refunded before
+        return self._refunded(await self.clawbacks.rebill(
+            job_id, prompt_tokens, completion_tokens, memo))
+
+    def _refunded(self, posting: ledger.Posting | None) -> int:
+        """Correct the caches after a take-back; returns the msat the key got back."""
+        if posting is None:
+            return 0
+        key_id, refunded = takeback.refunded(posting)
         state = self._states.get(key_id)
         if state is not None:
-            state.available += charge
-            state.spent -= charge
-        for pubkey, taken in from_pending.items():
+            state.available += refunded
+            state.spent -= refunded
+        for pubkey, taken in takeback.taken_from_pending(posting).items():
             worker = self._workers.get(pubkey)
             if worker is not None:
                 worker.pending = max(0, worker.pending - taken)
-        log.info("refunded %d msat of job %s to key %d", charge, job_id, key_id)
-        return charge
+        return refunded
+
+    async def release_escrow(self, pubkey: str) -> int:
+        """A worker's escrow is over: what ``pending`` holds becomes available, once."""
+        if self.clawbacks is None:
+            return 0
+        return await self.clawbacks.release_escrow(pubkey)
 
     async def forfeit_escrow(self, pubkey: str, flag: int) -> int:
         """A flagged worker's pending earnings go to the queen; returns the msat forfeited."""
-        if self.ledger is None:
+        if self.clawbacks is None:
             return 0
-        account = ledger.worker_pending(pubkey)
-        _, balances = await self.ledger.snapshot([account])
-        amount = balances[account]
-        if amount <= 0 or not await self.ledger.post(ledger.forfeit_escrow(pubkey, amount, flag)):
-            return 0
+        amount = await self.clawbacks.forfeit_escrow(pubkey, flag)
         worker = self._workers.get(pubkey)
-        if worker is not None:
+        if amount and worker is not None:
             worker.pending = 0
         return amount
 
     async def restore_escrow(self, pubkey: str, flag: int) -> int:
         """Undo flag ``flag``'s forfeit (an admin cleared it): paid into available."""
-        if self.ledger is None:
+        if self.clawbacks is None:
             return 0
-        forfeited = sum(amount for account, amount in
-                        await self.ledger.entries_of(f"forfeit:{pubkey}:{flag}")
-                        if account == ledger.QUEEN_FEES)
-        if forfeited <= 0 or not await self.ledger.post(
-                ledger.restore_escrow(pubkey, forfeited, flag)):
-            return 0
-        return forfeited
+        return await self.clawbacks.restore_escrow(pubkey, flag)
 
     def in_escrow(self, pubkey: str) -> bool:
         """Whether the worker is still in escrow, as far as the queen knows without a read: a

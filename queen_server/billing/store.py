@@ -2,7 +2,16 @@
 
 Postings queue up and one writer task commits everything waiting in a single transaction (one
 fsync for many requests), then resolves each caller's future. A posting whose txn id is already
-in the ledger is skipped, which makes every posting idempotent.
+in the ledger is skipped, which makes every posting idempotent: the check runs after its
+accounts are locked, so two replicas posting one txn id at once post it once (the second waits
+for the first and then finds it).
+
+A posting whose amounts depend on balances (a refund, a payout's reservation, an escrow's
+release) is decided and applied in one transaction under its accounts' locks
+(``post_locked``, or ``read_locked`` and ``apply_in`` inside the caller's transaction): on
+PostgreSQL the rows are locked ``FOR UPDATE`` in name order, on SQLite the first statement takes
+the file's write lock. Whichever of two such steps on one worker runs second sees the first's
+effect, whichever replica runs it.
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -20,9 +30,15 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.orm import aliased
 
-from queen_server.billing.ledger import Posting
+from queen_server.billing.ledger import JobCharge, Posting, may_go_negative
 from queen_server.errors import QueenError
-from queen_server.storage.tables import Account, LedgerEntry, LedgerTxn, WorkerRecord
+from queen_server.storage.tables import (
+    Account,
+    JobChargeRow,
+    LedgerEntry,
+    LedgerTxn,
+    WorkerRecord,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +66,24 @@ class CheckReport:
     unbalanced_txns: list[str] = field(default_factory=list)
     drift: dict[str, tuple[int, int]] = field(default_factory=dict)  # account: (cached, derived)
     negative: dict[str, int] = field(default_factory=dict)
+    debts_above_zero: dict[str, int] = field(default_factory=dict)  # a debt is owed, never held
 
     @property
     def clean(self) -> bool:
         return self.total_msat == 0 and not self.unbalanced_txns and not self.drift and not (
-            self.negative
+            self.negative or self.debts_above_zero
         )
 
 
-# Accounts allowed below zero: the source of deposits.
-MAY_GO_NEGATIVE = ("deposits",)
+@dataclass(frozen=True, slots=True)
+class Locked:
+    """What a guarded step read under its accounts' locks: their balances, and the entries of
+    the transactions it asked about (one that is not in the ledger is absent)."""
+
+    balances: Mapping[str, int]
+    txns: Mapping[str, list[tuple[str, int]]]
+
+
 _ATTEMPTS = 4  # a lone posting's tries when it meets a deadlock or a busy database
 # PostgreSQL's deadlock_detected and serialization_failure: the other transaction went first.
 _TRANSIENT_SQLSTATES = ("40P01", "40001")
@@ -160,6 +184,58 @@ class LedgerStore:
                 raise result
         return [bool(result) for result in results]
 
+    async def read_locked(self, conn: AsyncConnection, accounts: Iterable[str],
+                          txns: Iterable[str] = ()) -> Locked:
+        """Lock ``accounts`` (creating those that do not exist) in the caller's transaction,
+        then read their balances and the entries of ``txns``: no other transaction can move
+        these accounts until the caller's commits. Lock every account the step may post to."""
+        names = sorted(set(accounts))
+        await self._lock_accounts(conn, names)
+        rows = await conn.execute(select(Account.name, Account.balance_msat)
+                                  .where(Account.name.in_(names)))
+        balances = {name: 0 for name in names} | {name: int(b) for name, b in rows}
+        found: dict[str, list[tuple[str, int]]] = {}
+        wanted = list(dict.fromkeys(txns))
+        if wanted:
+            known = await conn.scalars(select(LedgerTxn.id).where(LedgerTxn.id.in_(wanted)))
+            found = {txn: [] for txn in known}
+            rows = await conn.execute(
+                select(LedgerEntry.txn_id, LedgerEntry.account, LedgerEntry.amount_msat)
+                .where(LedgerEntry.txn_id.in_(wanted)).order_by(LedgerEntry.id))
+            for txn, account, amount in rows:
+                found[txn].append((account, int(amount)))
+        return Locked(balances, found)
+
+    async def post_locked(self, accounts: Iterable[str],
+                          build: Callable[[Locked], Posting | None],
+                          txns: Iterable[str] = ()) -> Posting | None:
+        """One guarded step: lock ``accounts``, read them (and ``txns``), let ``build`` decide
+        the posting from what it read, and apply it, all in one transaction. Returns the
+        posting applied (None: ``build`` made none, or its txn id was there already). A
+        deadlock or a busy database is tried again from the start, with fresh balances."""
+        names = sorted(set(accounts))
+        txns = list(txns)
+        for attempt in range(_ATTEMPTS):
+            try:
+                async with self.engine.begin() as conn:
+                    posting = build(await self.read_locked(conn, names, txns))
+                    if posting is None:
+                        return None
+                    if stray := {a for a, _ in posting.entries} - set(names):
+                        raise LedgerWriteError(f"posting {posting.txn} touches unlocked "
+                                               f"accounts {sorted(stray)}")
+                    [applied] = await self.apply_in(conn, [posting])
+                return posting if applied else None
+            except (LedgerWriteError, Refused):
+                raise
+            except Exception as exc:
+                if _transient(exc) and attempt + 1 < _ATTEMPTS:
+                    log.info("a guarded ledger step met a concurrent transaction; trying "
+                             "again: %s", exc)
+                    continue
+                raise LedgerWriteError(f"the ledger could not commit: {exc}") from exc
+        raise AssertionError("unreachable")
+
     async def _apply(self, conn: AsyncConnection,
                      postings: list[Posting]) -> list[bool | Refused]:
         """Apply postings in one transaction: True for each applied, False for a txn id already
@@ -170,6 +246,9 @@ class LedgerStore:
         with a conditional ``UPDATE ... WHERE balance >= amount`` under that lock
         (``_debit_guarded``): no other process can spend the same msat, so a guarded account
         never goes below zero."""
+        names = sorted({account for posting in postings for account, _ in posting.entries})
+        if names:  # before the check: a concurrent posting of one txn id is seen, not repeated
+            await self._lock_accounts(conn, names)
         ids = [posting.txn for posting in postings]
         existing = set((await conn.scalars(select(LedgerTxn.id).where(LedgerTxn.id.in_(ids))))
                        .all())
@@ -178,9 +257,6 @@ class LedgerStore:
             if posting.txn not in existing:
                 existing.add(posting.txn)
                 fresh.append(posting)
-        names = sorted({account for posting in fresh for account, _ in posting.entries})
-        if names:
-            await self._lock_accounts(conn, names)
         refused = await self._debit_guarded(conn, [p for p in fresh if p.guard is not None])
         applied = [posting for posting in fresh if posting.txn not in refused]
         results: list[bool | Refused] = []
@@ -197,6 +273,9 @@ class LedgerStore:
         await conn.execute(insert(LedgerTxn), [
             {"id": posting.txn, "kind": posting.kind, "memo": posting.memo, "created_at": now}
             for posting in applied])
+        charges = [_charge_row(posting.charge, now) for posting in applied if posting.charge]
+        if charges:
+            await conn.execute(insert(JobChargeRow), charges)
         jobs: dict[str, int] = defaultdict(int)
         for posting in applied:
             for worker, count in posting.worker_jobs:
@@ -221,7 +300,7 @@ class LedgerStore:
 
     async def _lock_accounts(self, conn: AsyncConnection, names: list[str]) -> None:
         """Create the accounts that do not exist yet, then lock all of them in name order."""
-        rows = [{"name": name, "balance_msat": 0, "is_liability": name not in MAY_GO_NEGATIVE}
+        rows = [{"name": name, "balance_msat": 0, "is_liability": not may_go_negative(name)}
                 for name in names]
         dialect = conn.dialect.name
         if dialect in ("postgresql", "sqlite"):
@@ -338,6 +417,17 @@ class LedgerStore:
                                       .order_by(LedgerEntry.id))
             return [(account, int(amount)) for account, amount in rows]
 
+    async def job_charge(self, job_id: str) -> JobCharge | None:
+        """What a settled job was billed (None: it was charged nothing, or never settled)."""
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(select(JobChargeRow)
+                                      .where(JobChargeRow.job_id == job_id))).first()
+        if row is None:
+            return None
+        return JobCharge(row.job_id, row.key_id, row.size_class, row.prompt_msat_per_1k,
+                         row.completion_msat_per_1k, row.prompt_tokens, row.completion_tokens,
+                         row.charge_msat)
+
     async def worker_jobs(self, pubkey: str) -> int:
         async with self.engine.connect() as conn:
             value = await conn.scalar(select(WorkerRecord.jobs_settled)
@@ -346,7 +436,8 @@ class LedgerStore:
 
     async def worker_credits(self, pubkey: str, since: datetime) -> tuple[int, int]:
         """A worker's earnings credited by charges: in total, and since ``since``."""
-        accounts = [f"worker:{pubkey}:pending", f"worker:{pubkey}:available"]
+        accounts = [f"worker:{pubkey}:pending", f"worker:{pubkey}:available",
+                    f"worker:{pubkey}:debt"]
         credited = (
             select(func.coalesce(func.sum(LedgerEntry.amount_msat), 0))
             .join(LedgerTxn, LedgerEntry.txn_id == LedgerTxn.id)
@@ -385,6 +476,16 @@ class LedgerStore:
             have, want = int(cached.get(name, 0)), int(derived.get(name, 0))
             if have != want:
                 report.drift[name] = (have, want)
-            if want < 0 and name not in MAY_GO_NEGATIVE:
+            if want < 0 and not may_go_negative(name):
                 report.negative[name] = want
+            if want > 0 and name.endswith(":debt"):
+                report.debts_above_zero[name] = want
         return report
+
+
+def _charge_row(charge: JobCharge, now: datetime) -> dict[str, object]:
+    return {"job_id": charge.job_id, "key_id": charge.key_id, "size_class": charge.size_class,
+            "prompt_msat_per_1k": charge.prompt_msat_per_1k,
+            "completion_msat_per_1k": charge.completion_msat_per_1k,
+            "prompt_tokens": charge.prompt_tokens, "completion_tokens": charge.completion_tokens,
+            "charge_msat": charge.charge_msat, "created_at": now}

@@ -10,10 +10,24 @@ repo) until ``ttl_s``, one that may pass (the hub out of reach) until ``retry_s`
 the model is priced as unverified, and a fresh failure never erases an earlier good reading of
 the same name unless the hub said the name is gone.
 
-Good readings are also kept by the sha256 of the file read (``same_file``): a worker that
+One reading (issue 39): the first good reading of a name is its **pin**, and it is the only
+reading the rest of the queen sees (``facts``, ``parameter_count``, ``same_file``): routing (the
+file a worker must hold), pricing (the parameter count) and audits (the file an auditor must
+hold) all use it. Later readings (every ``ttl_s``) are kept apart (``latest``, ``hub_moved``)
+so the operator sees a repo that changed under the same name, and nothing moves until the
+operator re-pins the name (``repin``: the admin API, page or CLI), which is logged.
+
+Names the queen cannot read (local names, an imported file's) are unverified unless the
+operator pins them to a list of sha256s (``local_pins``, ``APIARY_LOCAL_MODEL_PINS``): a holder
+whose file is on the list serves the name and is audited by holders of that same file, and
+one holding any other file does not serve it at all (``served_files``). The operator's pin is
+then the name's one reading: a hub name pinned so (a queen that cannot reach the hub) is never
+read on the hub.
+
+Pinned readings are also kept by the sha256 of the file read (``same_file``): a worker that
 imported that very file under a name of its own can then be priced by the queen's reading of it
-(``queen_server.quoting``). ``version`` changes whenever a reading does, for callers that cache
-what they derive from the readings.
+(``queen_server.quoting``). ``version`` changes whenever a reading or a pin does, for callers
+that cache what they derive from them.
 
 Remembered failures are the queen's negative cache: a name the hub lacks is answered from it
 (``remembered_failure``) with no hub request until it expires, so a flood of made-up names costs
@@ -30,7 +44,7 @@ import itertools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -64,7 +78,9 @@ FIRST_READ_BYTES = 2 << 20
 # (the others are read when a client asks for them).
 PREFETCH_PER_WORKER = 16
 
-Status = Literal["verified", "unverified", "pending", "local"]
+# verified: a hub name the queen read and pinned; operator: a local name the operator pinned to
+# sha256s; local: a local name with no pin; pending: being read; unverified: could not be read.
+Status = Literal["verified", "operator", "unverified", "pending", "local"]
 
 
 class FileReader(Protocol):
@@ -94,6 +110,7 @@ class ModelCatalog:
         max_header_bytes: int = 64 << 20,
         max_entries: int = 10_000,
         concurrency: int = 4,
+        local_pins: Mapping[str, Iterable[str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.reader = reader
@@ -105,13 +122,18 @@ class ModelCatalog:
         self.clock = clock
         self._readings: OrderedDict[str, Reading] = OrderedDict()  # with facts
         self._failures: OrderedDict[str, Reading] = OrderedDict()  # without: the negative cache
-        # The first good reading of each name: the file it stays pinned to (issue 17), so a
-        # repo that changes later does not change what workers fetch or what routing accepts.
+        # The first good reading of each name: the file it stays pinned to (issue 17) until the
+        # operator re-pins it (issue 39), so a repo that changes later changes neither what
+        # workers fetch, what routing accepts, the price nor the file an audit looks for.
         self._pins: OrderedDict[str, ModelFacts] = OrderedDict()
         self._headers: OrderedDict[str, HeaderFacts] = OrderedDict()  # by sha256
-        # Good readings by the sha256 of the file a worker loads (the first part).
+        # Pinned readings by the sha256 of the file a worker loads (the first part).
         self._by_file: OrderedDict[str, ModelFacts] = OrderedDict()
-        self.version = 0  # changes whenever a reading is remembered
+        # Local names the operator vouches for: the sha256s of the files that may serve them.
+        self.local_pins: dict[str, frozenset[str]] = {
+            name: frozenset(sha.lower() for sha in shas)
+            for name, shas in (local_pins or {}).items()}
+        self.version = 0  # changes whenever a reading is remembered or a pin set
         self._pending: dict[str, asyncio.Task[None]] = {}
         self._local: set[str] = set()  # names seen that are not hub names
         self._gate = asyncio.Semaphore(concurrency)
@@ -120,29 +142,98 @@ class ModelCatalog:
     # --- what the rest of the queen asks --------------------------------------------------------
 
     def facts(self, name: str) -> ModelFacts | None:
-        """The queen's latest good reading of ``name`` (None: none, or not a hub name)."""
+        """The one reading of ``name`` the queen uses: its pin (None: none yet, or not a hub
+        name). Later readings of the hub never change it; ``repin`` does."""
+        return self._pins.get(name)
+
+    def latest(self, name: str) -> ModelFacts | None:
+        """The queen's latest good reading of the hub for ``name``, which may differ from its
+        pin when the repo changed (shown to the operator; used for nothing else)."""
         reading = self._readings.get(name)
         return reading.facts if reading is not None else None
+
+    def hub_moved(self, name: str) -> ModelFacts | None:
+        """The latest reading when it names other files than the pin (the operator may
+        re-pin to it), else None."""
+        pinned, latest = self._pins.get(name), self.latest(name)
+        if pinned is None or latest is None or latest.sha256s == pinned.sha256s:
+            return None
+        return latest
 
     def parameter_count(self, name: str) -> int | None:
         facts = self.facts(name)
         return facts.parameter_count if facts is not None else None
 
     def same_file(self, sha256: str) -> ModelFacts | None:
-        """The queen's latest good reading of a hub model whose file has this sha256 (the
-        first part of a split model), under whatever name it was read; None if none."""
+        """The pinned reading of a hub model whose file has this sha256 (the first part of a
+        split model), under whatever name it was read; None if none."""
         return self._by_file.get(sha256)
 
     def status(self, name: str) -> Status:
+        if name in self.local_pins:
+            return "operator"
         if hub_name(name) is None:
             return "local"
-        if self.facts(name) is not None:
+        if name in self._pins:
             return "verified"
         return "pending" if name in self._pending else "unverified"
 
+    def verified(self, name: str) -> bool:
+        """Whether the queen knows which file(s) may serve ``name``: a hub name it read and
+        pinned, or a local name the operator pinned. Only such a model can be audited."""
+        return name in self._pins or name in self.local_pins
+
+    def served_files(self, name: str) -> frozenset[str | None] | None:
+        """The sha256s of the files that may serve ``name`` (routing leaves other holders
+        out), None for any. A hub pin admits a worker naming no file (older workers did
+        not; the audits re-score its answers against the pinned file); an operator's pin of
+        a local name admits only the files it lists."""
+        local = self.local_pins.get(name)
+        if local is not None:
+            return local
+        pinned = self._pins.get(name)
+        return frozenset((pinned.sha256, None)) if pinned is not None else None
+
+    def audit_file(self, name: str, worker_sha256: str | None) -> str | None:
+        """The file an audit of an answer for ``name`` must be re-scored on (its auditor must
+        hold it): a hub name's pinned file; a local name's file when the operator pinned it
+        and the worker holds it. None: the answer cannot be audited (no case is made)."""
+        local = self.local_pins.get(name)
+        if local is not None:
+            return worker_sha256 if worker_sha256 in local else None
+        pinned = self._pins.get(name)
+        return pinned.sha256 if pinned is not None else None
+
     def pin(self, name: str) -> ModelFacts | None:
-        """The file ``name`` is pinned to: the queen's first good reading of it (None: none)."""
+        """The file ``name`` is pinned to (``facts``; None: none)."""
         return self._pins.get(name)
+
+    async def repin(self, name: str, wait_s: float | None = None) -> tuple[ModelFacts | None,
+                                                                         ModelFacts]:
+        """Read ``name`` on the hub now and pin it to what the hub holds (the operator's
+        explicit, logged act): returns the old pin and the new one. Raises
+        ``ModelUnverified`` (the old pin stays) when the name cannot be read."""
+        if hub_name(name) is None or name in self.local_pins:
+            raise ModelUnverified(f"'{name}' is not a hub model name the queen reads: the "
+                                  "operator pins it to sha256s with APIARY_LOCAL_MODEL_PINS",
+                                  lasting=True, kind="invalid")
+        await self.awaited(name, wait_s)  # a reading under way may be of the older files
+        try:
+            facts = await asyncio.wait_for(self._read(name),
+                                           self.wait_s if wait_s is None else wait_s)
+        except TimeoutError as exc:
+            raise ModelUnverified(f"the hub did not answer for {name} in time", lasting=False,
+                                  kind="unreachable") from exc
+        if facts is None:
+            reading = self._failures.get(name)
+            raise (reading.error if reading is not None and reading.error is not None else
+                   ModelUnverified(f"cannot read {name}", lasting=False, kind="unreachable"))
+        old = self._pins.get(name)
+        self._set_pin(name, facts)
+        logger.warning("re-pinned %s by the operator: %s -> %s (%s parameters)", name,
+                       ", ".join(old.sha256s) if old is not None else "no pin",
+                       ", ".join(facts.sha256s), f"{facts.parameter_count:,}")
+        return old, facts
 
     async def resolve(self, name: str, wait_s: float | None = None) -> ModelFacts:
         """The pinned facts of a hub name, reading it first if need be (waiting up to
@@ -152,7 +243,7 @@ class ModelCatalog:
         if pinned is not None:
             self.refresh(name)
             return pinned
-        if hub_name(name) is None:
+        if hub_name(name) is None or name in self.local_pins:
             raise ModelUnverified(f"'{name}' is not a hub model name (hf-user/hf-repo:filter)",
                                   lasting=True, kind="invalid")
         await self.settle(name, wait_s)
@@ -200,7 +291,7 @@ class ModelCatalog:
         if name in self._pending or name in self._local or (
                 reading is not None and reading.expires > self.clock()):
             return
-        if hub_name(name) is None:  # a local name: nothing to read, ever
+        if hub_name(name) is None or name in self.local_pins:  # nothing to read, ever
             if len(self._local) >= self.max_entries:  # kept apart from the readings, so that
                 self._local.clear()  # made-up names never push a real reading out
             self._local.add(name)
@@ -233,7 +324,9 @@ class ModelCatalog:
 
     # --- reading --------------------------------------------------------------------------------
 
-    async def _read(self, name: str) -> None:
+    async def _read(self, name: str) -> ModelFacts | None:
+        """Read ``name`` on the hub and remember the reading (pinned if it is the name's
+        first good one); the facts, or None when it failed."""
         parsed = hub_name(name)
         assert parsed is not None
         now = self.clock()
@@ -249,20 +342,35 @@ class ModelCatalog:
             old = self._reading(name)
             keep = old.facts if old is not None and not exc.lasting else None
             wait = self.ttl_s if exc.lasting else self.retry_s
-            logger.warning("cannot read %s to price it (%s); priced as %s until it can be read",
-                           name, exc, "before" if keep else "unverified")
+            logger.warning("cannot read %s (%s); %s", name, exc,
+                           "it stays as pinned" if name in self._pins
+                           else "priced as unverified until it can be read")
             self._remember(name, Reading(keep, str(exc), now + wait, exc))
-            return
+            return None
         facts = model_facts(name, listing, remotes, headers)
         logger.info("read %s: %s parameters in %s (sha256 %s…)", name,
                     f"{facts.parameter_count:,}", ", ".join(facts.paths), facts.sha256[:12])
         self._remember(name, Reading(facts, None, now + self.ttl_s))
+        pinned = self._pins.get(name)
+        if pinned is None:
+            self._set_pin(name, facts)
+        elif pinned.sha256s != facts.sha256s:
+            logger.warning("the hub now holds other files for %s (%s) than its pin (%s): it "
+                           "stays pinned until the operator re-pins it", name,
+                           facts.sha256[:12], pinned.sha256[:12])
+        return facts
+
+    def _set_pin(self, name: str, facts: ModelFacts) -> None:
+        old = self._pins.get(name)
+        if old is not None and self._by_file.get(old.sha256) is old:
+            del self._by_file[old.sha256]
+        self._pins[name] = facts
+        self._pins.move_to_end(name)
+        _trim(self._pins, self.max_entries)
         self._by_file[facts.sha256] = facts
         self._by_file.move_to_end(facts.sha256)
         _trim(self._by_file, self.max_entries)
-        if name not in self._pins:
-            self._pins[name] = facts
-            _trim(self._pins, self.max_entries)
+        self.version += 1
 
     async def _header(self, listing: RepoFiles, remote: RemoteFile) -> HeaderFacts:
         assert remote.sha256 is not None  # pick_file refuses files with none

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from queen_server.audits.cases import case_for
 from queen_server.billing.pricing import Price
 from queen_server.billing.service import Billing, Hold, Principal
 from queen_server.errors import ModelNotFound
+from queen_server.http.auditing import consider_audit
 from queen_server.http.deps import json_response
 from queen_server.http.io import ClientGone, DisconnectGuard
 from queen_server.http.sse import stream_answer
@@ -147,37 +147,6 @@ def delivered_text(gen: Generation, answer: Delivered, result: Result) -> str:
     return answer.text if gen.stream or whole is None else whole
 
 
-def consider_audit(state: QueenState, gen: Generation, hold: Hold | None, worker_key: str | None,
-                   answer: Delivered, result: Result) -> None:
-    """Offer a finished answer to the audits' sampling (``AuditService.wants``: O(1)); a drawn
-    one is queued as a case. The model file it must match is the queen's own reading of the
-    name, else the worker's."""
-    audits = state.audits
-    if worker_key is None or not audits.wants(worker_key):
-        return
-    facts = state.catalog.facts(gen.model)
-    sha256 = facts.sha256 if facts is not None else None
-    if sha256 is None and (worker := state.registry.get(worker_key)) is not None:
-        held = worker.models.get(gen.model)
-        sha256 = held.sha256 if held is not None else None
-    finish_reason = answer.finish_reason
-    for choice in result.data.get("choices") or ():
-        if isinstance(choice, dict) and choice.get("finish_reason"):
-            finish_reason = choice["finish_reason"]
-    case = case_for(
-        request_id=gen.job_id, model=gen.model, sha256=sha256, worker_url=gen.worker_url,
-        worker_req=gen.worker_req, worker_key=worker_key,
-        answer=delivered_text(gen, answer, result),
-        claimed_completion_tokens=result.usage.completion_tokens,
-        # What the client paid for: the claim, capped at the byte bound (``Meter.bill``).
-        claimed_prompt_tokens=min(result.usage.prompt_tokens, gen.meter.prompt_bound),
-        finish_reason=finish_reason, single_worker=not answer.parts,
-        key_id=hold.key_id if hold is not None else None,
-        charged_msat=hold.charged_msat if hold is not None else 0)
-    if case is not None:
-        audits.consider(case)
-
-
 async def serve(state: QueenState, request: Request, principal: Principal,
                 gen: Generation) -> Response:
     """Answer ``gen``: a stream of shaped events, or one shaped JSON answer."""
@@ -254,9 +223,9 @@ async def serve(state: QueenState, request: Request, principal: Principal,
         if not streaming:
             admission.leave()
     await billing.finish(hold, parts=collected.parts)
+    last = collected.parts[-1].worker_key if collected.parts else None
+    consider_audit(state, gen, hold, last, collected.answer, collected.result)
     if len(collected.parts) == 1:
-        worker_key = collected.parts[0].worker_key
-        consider_audit(state, gen, hold, worker_key, collected.answer, collected.result)
-        remember_turn(state, gen, scope, worker_key, collected.answer,
+        remember_turn(state, gen, scope, last, collected.answer,
                       delivered_text(gen, collected.answer, collected.result))
     return json_response(gen.view.whole(assemble_chat(gen.view.stamp, collected)))

@@ -257,7 +257,9 @@ def model_card(state: QueenState, name: str) -> ModelCard:
     """A model's card: who holds it now, its size as the queen read it, and its price."""
     holders = state.registry.holders(name)
     price = state.model_price(name)
-    facts = state.catalog.facts(name)
+    catalog = state.catalog
+    facts = catalog.facts(name)  # the pin: the one reading routing, price and audits use
+    verified = catalog.verified(name)
     return ModelCard(
         id=name,
         created=int(min((session.connected_at for session in holders), default=time.time())),
@@ -267,7 +269,8 @@ def model_card(state: QueenState, name: str) -> ModelCard:
             parameter_count=facts.parameter_count if facts is not None else None,
             size_bytes=facts.size_bytes if facts is not None else None,
             sha256=facts.sha256 if facts is not None else None,
-            verified=facts is not None,
+            verified=verified,
+            audited=verified and state.audits.enabled,
             price=price,
         ),
     )

@@ -14,6 +14,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from queen_server import reports
 from queen_server.errors import InvalidRequest
 from queen_server.http.deps import json_response, queen, require_admin
+from queen_server.http.io import parse, read_body
+from shared_schema.admin_types import ModelRepin
 
 router = APIRouter()
 
@@ -58,6 +60,15 @@ async def admin_jobs(request: Request) -> Response:
 @router.get("/admin/api/models", include_in_schema=False)
 async def admin_models(request: Request) -> Response:
     return json_response(await reports.models(require_admin(request)))
+
+
+@router.post("/admin/api/models/repin", include_in_schema=False)
+async def admin_repin_model(request: Request) -> Response:
+    """Re-pin a hub name to the file the hub holds now (issue 39): routing, price and audits
+    move to it together."""
+    state = require_admin(request)
+    body = parse(ModelRepin, await read_body(request, state.settings.max_body_bytes))
+    return json_response(await reports.repin(state, body.model))
 
 
 @router.get("/admin/api/placements", include_in_schema=False)

@@ -23,6 +23,12 @@ pass at a time: a pass holds a session-level advisory lock (``pg_try_advisory_lo
 connection of its own for its whole length, and a replica that cannot take it skips its pass
 (the holder is paying). A replica that dies mid-pass drops its connection, and with it the lock;
 the next pass reconciles what it left. On SQLite (one queen) there is no lock.
+
+A payout's reservation is one guarded step (``_record``): the worker's ``available`` and
+``debt`` accounts are locked and read, the debt is repaid out of ``available`` first, and the
+payout is recorded only if what is left still covers it; otherwise it is skipped (the next
+pass pays what is there). A refund of the worker's job (``billing.clawback``) locks the same
+accounts, so one of them always runs second and sees the other's effect.
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ class PassReport:
     failed: int = 0
     waiting: int = 0
     manual: int = 0
+    skipped: int = 0  # a refund took the money between the pass's read and its reservation
 
 
 def make_backend(settings: QueenSettings, client: httpx.AsyncClient) -> LightningBackend:
@@ -148,7 +155,8 @@ class PayoutRunner:
 
     async def _pass(self) -> PassReport:
         reconciled = await self.reconcile()
-        paid, failed, waiting, manual = reconciled.paid, reconciled.failed, reconciled.waiting, 0
+        paid, failed, waiting = reconciled.paid, reconciled.failed, reconciled.waiting
+        manual = skipped = 0
         threshold = self.settings.payout_threshold_sats * 1000
         due = await self._due(threshold)
         if not due:
@@ -160,15 +168,21 @@ class PayoutRunner:
                 failed += state == "failed"
                 waiting += state == "invoiced"
                 manual += state == "manual"
-        return PassReport(paid, failed, waiting, manual)
+                skipped += state == "skipped"
+        return PassReport(paid, failed, waiting, manual, skipped)
 
     async def _due(self, threshold: int) -> list[tuple[str, int, str]]:
-        """``(worker key, amount, address)`` of each worker to pay now, by key: over the
-        threshold, with an address ("don't pay me" otherwise), past any backoff, and not
-        flagged by audits (a flagged worker's payouts are held until an admin clears it)."""
+        """``(worker key, amount, address)`` of each worker to pay now, by key: its available
+        earnings less its debt over the threshold, with an address ("don't pay me"
+        otherwise), past any backoff, and not flagged by audits (a flagged worker's payouts
+        are held until an admin clears it)."""
         balances = await self.store.balances("worker:")
-        due = {account.split(":")[1]: amount for account, amount in balances.items()
-               if account.endswith(":available") and amount >= threshold}
+        net: dict[str, int] = {}
+        for account, amount in balances.items():
+            if account.endswith((":available", ledger.DEBT_SUFFIX)):
+                key = account.split(":")[1]
+                net[key] = net.get(key, 0) + amount
+        due = {key: amount for key, amount in net.items() if amount >= threshold}
         if not due:
             return []
         async with self.engine.connect() as conn:
@@ -202,9 +216,15 @@ class PayoutRunner:
 
     async def pay(self, worker_key: str, amount_msat: int, ln_url: str, *,
                   client: httpx.AsyncClient | None = None) -> str:
-        """One payout, from record to result; returns its state. ``client``: a guarded client
-        for the worker's LNURL service (one is made for this payout when None)."""
+        """One payout, from record to result; returns its state (``skipped``: the worker no
+        longer has ``amount_msat`` past its debt, and nothing was recorded). ``client``: a
+        guarded client for the worker's LNURL service (one is made for this payout when
+        None)."""
         payout_id = await self._record(worker_key, amount_msat, ln_url)
+        if payout_id is None:
+            log.info("worker %s no longer has %d msat to pay out (a refund took some first); "
+                     "skipped", worker_key[:12], amount_msat)
+            return "skipped"
         if self.manual:
             await self._set(payout_id, "manual", detail="no Lightning backend: settle by hand")
             log.warning("payout %d of %d msat to worker %s is due; settle it by hand", payout_id,
@@ -287,15 +307,28 @@ class PayoutRunner:
         await self._set(payout_id, "invoiced", detail=f"{status}: {detail}"[:500])
         return "invoiced"  # pending or unknown: asked again on the next pass
 
-    async def _record(self, worker_key: str, amount_msat: int, ln_url: str) -> int:
+    async def _record(self, worker_key: str, amount_msat: int, ln_url: str) -> int | None:
+        """Reserve the payout: one transaction under the worker's accounts' locks that repays
+        its debt out of ``available`` and moves ``amount_msat`` to ``payouts:in_flight``, with
+        the payout's row. None, with nothing written, if ``available`` less the debt no
+        longer covers it."""
+        available, debt = ledger.worker_available(worker_key), ledger.worker_debt(worker_key)
         now = datetime.now(UTC)
         async with self.engine.begin() as conn:
+            locked = await self.store.read_locked(
+                conn, [available, debt, ledger.PAYOUTS_IN_FLIGHT])
+            owed = max(0, -locked.balances[debt])
+            if locked.balances[available] - owed < amount_msat:
+                return None
             payout_id = (await conn.execute(insert(Payout).values(
                 worker_key=worker_key, amount_msat=amount_msat, ln_url=ln_url,
                 state="recorded", created_at=now, updated_at=now).returning(Payout.id)
             )).scalar_one()
-            await self.store.apply_in(conn, [ledger.payout_start(worker_key, amount_msat,
-                                                                 payout_id)])
+            await self.store.apply_in(conn, [ledger.payout_start(
+                worker_key, amount_msat, payout_id, repay_msat=owed)])
+        if owed:
+            log.info("worker %s repaid its %d msat debt before payout %d", worker_key[:12],
+                     owed, payout_id)
         return payout_id
 
     async def _finish(self, payout_id: int, worker_key: str, amount_msat: int, state: str,

@@ -183,10 +183,10 @@ class PlacementService:
 
     # --- what routing asks ------------------------------------------------------------------
 
-    def pinned(self, model: str) -> str | None:
-        """The sha256 ``model`` is pinned to (workers holding another file are not used)."""
-        facts = self.catalog.pin(model)
-        return facts.sha256 if facts is not None else None
+    def pinned(self, model: str) -> frozenset[str | None] | None:
+        """The sha256s of the files that may serve ``model`` (``catalog.served_files``:
+        workers holding another file are not used), None for any."""
+        return self.catalog.served_files(model)
 
     @property
     def demand(self) -> Demand:

@@ -99,6 +99,23 @@ class Account(Base):
     is_liability: Mapped[bool] = mapped_column(Boolean, default=True)
 
 
+class JobChargeRow(Base):
+    """What a settled job was billed: its usage and the rates it was priced at, written with
+    its settle posting, so that an audit's exact counts can re-price it (issue 39)."""
+
+    __tablename__ = "job_charges"
+
+    job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    key_id: Mapped[int] = mapped_column(Integer)
+    size_class: Mapped[str] = mapped_column(String(32))
+    prompt_msat_per_1k: Mapped[int] = mapped_column(BigInteger)
+    completion_msat_per_1k: Mapped[int] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+    charge_msat: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
 class Payout(Base):
     """A payout to a worker. States: ``recorded`` (money moved to in-flight, no invoice yet),
     ``invoiced`` (invoice stored, payment may have been sent), ``paid``, ``failed`` (money
@@ -133,6 +150,7 @@ class AuditStandingRow(Base):
     flagged_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     cleared_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    outvoted: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # as auditor
 
 
 class AuditRecord(Base):

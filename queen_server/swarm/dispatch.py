@@ -130,10 +130,11 @@ class Dispatcher:
         stats: JobStats,
         size_class_of: Callable[[str], str],
         rng: random.Random | None = None,
-        pinned: Callable[[str], str | None] = lambda _model: None,
+        pinned: Callable[[str], Collection[str | None] | None] = lambda _model: None,
     ) -> None:
-        """``pinned(model)``: the sha256 a model name is pinned to (issue 17), or None;
-        workers holding another file under that name are not used for it."""
+        """``pinned(model)``: the sha256s of the files a model name may be served from (issues
+        17 and 39, ``Eligibility``), or None for any; workers holding another file under that
+        name are not used for it."""
         self.registry = registry
         self.settings = settings
         self.stats = stats

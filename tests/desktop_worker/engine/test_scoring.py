@@ -18,6 +18,7 @@ from desktop_worker.engine.llama_model import llama_context
 from desktop_worker.engine.pool import ModelPool
 from desktop_worker.engine.sampler import MIN_P, TOP_K, SamplerChain
 from desktop_worker.engine.scoring import (
+    MASKED_LOGPROB,
     SCORE_URL,
     Sampling,
     Score,
@@ -33,6 +34,7 @@ from desktop_worker.errors import UnsupportedRequest
 from desktop_worker.jobs import JobRunner, job_kind
 from desktop_worker.service import CAPABILITIES
 from desktop_worker.store import ModelStore
+from queen_server.audits.decision import NEAR_TIE
 from shared_schema import Job, ScoreData, Usage, capabilities
 from tests.support.job_sink import RecordingSink
 
@@ -475,7 +477,7 @@ def test_tempered_stats_of_a_token_outside_the_support_are_finite_and_low():
     logits = logits.copy()
     logits[lowest] = -1e30  # a logit_bias of -100 on a very unlikely token, say
     lp, _, _ = tempered_stats(logits, lowest, sampling)
-    assert lp < -1e29
+    assert lp == MASKED_LOGPROB  # as good as impossible, and still a number JSON can carry
 
 
 def test_tempered_stats_of_a_tie_at_the_top_have_no_spread():
@@ -509,3 +511,133 @@ def test_the_end_event_merges_every_end_token_in_p_and_in_q():
     lp, mu, _ = tempered_stats(logits, [4], sampling)
     assert np.isfinite(lp)
     assert lp < mu - 5
+
+
+# --- constrained answers (issue 39): the grammar and the penalties replayed ----------------------
+
+JSON_CHAT = {"model": "smol", "temperature": 0, "max_tokens": 60,
+             "response_format": {"type": "json_object"},
+             "messages": [{"role": "user", "content": "Describe the moon as a JSON object."}]}
+
+
+async def test_an_honest_json_answer_is_the_models_own_choice_under_its_grammar(runner):
+    """Under a grammar the honest worker picks the top token the grammar allows, which is often
+    not the model's free top choice: replayed, every token is top again."""
+    text, generated = await generate(runner, CHAT_URL, JSON_CHAT)
+    data, _ = scored(await score(runner, "chat", JSON_CHAT, text))
+    assert data["constraints_replayed"] is True
+    assert data["format_broken_at"] is None
+    assert data["answer_tokens"] == generated.completion_tokens
+    misses = [i for i, top in enumerate(data["argmax"]) if not top]
+    assert len(misses) <= max(1, data["answer_tokens"] // 20), misses
+    unconstrained = dict(JSON_CHAT, response_format={"type": "text"})
+    free, _ = scored(await score(runner, "chat", unconstrained, text))
+    assert sum(free["argmax"]) < sum(data["argmax"])  # the grammar is what made them top
+
+
+async def test_text_that_breaks_the_format_is_caught_where_it_breaks(runner):
+    data, _ = scored(await score(runner, "chat", JSON_CHAT, "The moon is made of cheese."))
+    assert data["format_broken_at"] == 0  # a JSON object starts with "{"
+    assert data["logprobs"][0] <= -1000  # a refused token: as good as impossible
+    text, _ = await generate(runner, CHAT_URL, JSON_CHAT)
+    broken, _ = scored(await score(runner, "chat", JSON_CHAT, text + " and more prose"))
+    assert broken["format_broken_at"] is not None
+    assert broken["format_broken_at"] > 0
+
+
+def clear_misses(data: dict[str, Any]) -> list[int]:
+    """Greedy tokens clearly below the top choice: what the queen counts as mismatches (a
+    near-tie is one the batch and the step-by-step arithmetic can flip)."""
+    return [i for i, (lp, best) in enumerate(zip(data["logprobs"], data["best_logprobs"],
+                                                 strict=True)) if best - lp > NEAR_TIE]
+
+
+async def test_penalised_greedy_answers_are_top_choices_once_the_penalties_are_replayed(runner):
+    """Penalties flatten the top, so near-ties flip more often (here 6 of 80, each under 0.4
+    nats: one teacher-forced batch against step-by-step decoding); none is a clear miss once
+    the penalties are replayed, and many are without them."""
+    request = dict(CHAT, presence_penalty=1.5, frequency_penalty=1.0, max_tokens=80)
+    text, _ = await generate(runner, CHAT_URL, request)
+    data, _ = scored(await score(runner, "chat", request, text))
+    assert len(clear_misses(data)) <= max(1, data["answer_tokens"] // 40), clear_misses(data)
+    plain = {key: value for key, value in request.items()
+             if key not in ("presence_penalty", "frequency_penalty")}
+    free, _ = scored(await score(runner, "chat", plain, text))
+    assert len(clear_misses(free)) >= len(clear_misses(data)) + 5
+
+
+async def test_an_honest_sampled_json_answer_is_calibrated(runner):
+    honest, cheats = [], []
+    for seed, prompt in enumerate(SAMPLED_PROMPTS):
+        request = {**JSON_CHAT, "temperature": 0.8, "seed": seed, "max_tokens": 80,
+                   "messages": [{"role": "user", "content": f"{prompt} Answer in JSON."}]}
+        text, generated = await generate(runner, CHAT_URL, request)
+        data, _ = scored(await score(runner, "chat", request, text))
+        assert data["format_broken_at"] is None
+        honest.append(z_score(data))
+        fake = '{"a": "' + random_tokens_text(runner, generated.completion_tokens, seed) \
+            .replace('"', "").replace("\\", "") + '"}'
+        cheat, _ = scored(await score(runner, "chat", request, fake))
+        cheats.append(z_score(cheat))
+    assert all(abs(z) < 4 for z in honest), honest
+    assert all(z < -10 for z in cheats), cheats
+
+
+def test_tempered_stats_under_a_grammar_are_the_mixture_the_chain_draws_from():
+    """The chain draws freely, and again among the allowed tokens when the grammar refuses its
+    pick: ``mu`` is the mean of ``lp`` under that mixture (checked by drawing it)."""
+    logits = wide()
+    sampling = Sampling(0.8, 0.9)
+    rng = np.random.default_rng(11)
+    allowed = rng.random(logits.size) < 0.5
+    masked = np.where(allowed, logits, -np.inf).astype(np.float32)
+    free = sampling_support(logits, sampling.top_p)
+    again = sampling_support(masked, sampling.top_p)
+    again = again[allowed[again]]
+    q_free, q_again = chain_q(logits, free, 0.8), chain_q(masked, again, 0.8)
+    draws = []
+    for _ in range(20_000):
+        token = int(rng.choice(free, p=q_free))
+        draws.append(token if allowed[token] else int(rng.choice(again, p=q_again)))
+    assert all(allowed[token] for token in draws)
+    lps = {token: tempered_stats(logits, token, sampling, allowed)[0] for token in set(draws)}
+    sample = np.array([lps[token] for token in draws])
+    _, mu, var = tempered_stats(logits, draws[0], sampling, allowed)
+    assert abs(sample.mean() - mu) < 5 * np.sqrt(var / sample.size) + 1e-6
+    assert abs(sample.var() - var) < 0.1 * var + 1e-6
+    refused = int(np.flatnonzero(~allowed)[0])
+    assert tempered_stats(logits, refused, sampling, allowed)[0] <= -1000
+    everything = np.ones(logits.size, dtype=bool)
+    assert tempered_stats(logits, 7, sampling, everything) == pytest.approx(
+        tempered_stats(logits, 7, sampling))
+
+
+async def test_a_continued_part_is_scored_given_the_text_before_it(runner):
+    """A failover's later part (issue 39): scored given the prompt and the earlier worker's
+    text, it gets the numbers the same tokens get in the whole answer."""
+    text, _ = await generate(runner, CHAT_URL, CHAT)
+    whole, _ = scored(await score(runner, "chat", CHAT, text))
+    cut = text.index(" ", len(text) // 2)
+    sink = await run(runner, SCORE_URL, {"model": "smol", "kind": "chat", "request": CHAT,
+                                         "prefix": text[:cut], "answer": text[cut:]})
+    part, _ = scored(sink)
+    assert part["prompt_tokens"] > whole["prompt_tokens"]  # the earlier text is prompt now
+    n = part["answer_tokens"]
+    assert part["prompt_tokens"] + n == whole["prompt_tokens"] + whole["answer_tokens"]
+    assert part["argmax"] == whole["argmax"][-n:]
+    assert part["logprobs"] == pytest.approx(whole["logprobs"][-n:], abs=0.05)
+
+
+async def test_a_continued_json_part_replays_the_grammar_over_the_text_before_it(runner):
+    text, _ = await generate(runner, CHAT_URL, JSON_CHAT)
+    cut = len(text) // 2
+    sink = await run(runner, SCORE_URL, {"model": "smol", "kind": "chat",
+                                         "request": JSON_CHAT, "prefix": text[:cut],
+                                         "answer": text[cut:]})
+    part, _ = scored(sink)
+    assert part["format_broken_at"] is None
+    sink = await run(runner, SCORE_URL, {"model": "smol", "kind": "chat",
+                                         "request": JSON_CHAT, "prefix": "Not JSON at all",
+                                         "answer": text})
+    assert sink.errors
+    assert "text before the answer leaves the requested format" in str(sink.errors[0])

@@ -41,3 +41,40 @@ def test_an_honest_prompt_claim_reads_as_a_pass():
     score = read_score(audit, score_data(prompt_tokens=21))
     assert (score.prompt_tokens, score.claimed_prompt_tokens) == (21, 21)
     assert not judge(score, DEFAULT_BANDS).failed
+
+
+def json_case(**request: Any) -> AuditCase:
+    made = case_for(
+        request_id="req-2", model="m", sha256="a" * 64, worker_url="/v1/chat/completions",
+        worker_req={"messages": [{"role": "user", "content": "hi"}], "temperature": 0,
+                    "response_format": {"type": "json_object"}, **request},
+        worker_key="w" * 64, answer=ANSWER, claimed_completion_tokens=4,
+        claimed_prompt_tokens=21, finish_reason="stop", single_worker=True)
+    assert made is not None
+    return made
+
+
+def test_a_constrained_answer_is_judged_on_its_scores_only_when_the_auditor_replayed_them():
+    """A grammar or penalties change what the honest worker drew from: an auditor from before
+    issue 39 scored without them (usage only); one that replays them is judged as free text."""
+    audit = json_case(presence_penalty=1.0)
+    assert not audit.comparable
+    misses = dict(score_data(21), argmax=[False] * 4, logprobs=[-5.0] * 4)
+    old = read_score(audit, misses)
+    assert not old.comparable
+    assert judge(old, DEFAULT_BANDS).suspicion is None  # only the usage was checked
+    new = read_score(audit, dict(misses, constraints_replayed=True))
+    assert new.comparable
+    verdict = judge(new, DEFAULT_BANDS)
+    assert verdict.failed, verdict  # four clear misses of four greedy tokens
+
+
+def test_an_answer_its_format_refuses_fails_whatever_its_scores():
+    audit = json_case()
+    score = read_score(audit, dict(score_data(21), constraints_replayed=True,
+                                   format_broken_at=0))
+    verdict = judge(score, DEFAULT_BANDS)
+    assert verdict.failed
+    assert "leaves the requested response_format at its token 1" in verdict.reason
+    kept = read_score(audit, dict(score_data(21), constraints_replayed=True))
+    assert not judge(kept, DEFAULT_BANDS).failed

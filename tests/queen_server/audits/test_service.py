@@ -16,9 +16,9 @@ from queen_server.billing import ledger
 from queen_server.identity import public_id
 from shared_schema import Job, Result, Usage
 from shared_schema.audits import SCORE_URL
-from shared_schema.capabilities import AUDITOR, SCORE
+from shared_schema.capabilities import AUDITOR, CHOICES, SCORE
 from tests.support.queen import running_queen
-from tests.support.workers import ECHO_MODEL, ScriptedWorker
+from tests.support.workers import ECHO_MODEL, ECHO_SHA256, ScriptedWorker
 
 WORDS = "one two three four five six seven eight"
 # The prompt tokens a ScriptedWorker honestly claims; the scripted auditors count the same.
@@ -34,7 +34,8 @@ def scores(tokens: int, temperature: float, honest: bool) -> dict[str, Any]:
         "object": "apiary.score", "prompt_tokens": PROMPT_TOKENS, "answer_tokens": tokens,
         "logprobs": [-0.1 - miss] * tokens, "argmax": [honest] * tokens,
         "best_logprobs": [-0.1] * tokens, "end_logprob": -0.05 - miss,
-        "end_best_logprob": -0.05, "temperature": temperature, "sampled": None}
+        "end_best_logprob": -0.05, "temperature": temperature, "sampled": None,
+        "constraints_replayed": True}  # an auditor of issue 39's: it scores continuations
     if temperature > 0:
         data["sampled"] = {"logprobs": [-1.0 - miss] * tokens, "expected": [-1.0] * tokens,
                            "variances": [1.0] * tokens, "end": [-0.5 - miss, -0.5, 0.5]}
@@ -86,7 +87,9 @@ async def until_flagged(queen, client, key: str, temperature: float = 0.0,
 
 
 def settings(**overrides: Any) -> dict[str, Any]:
-    return {"audit_new_rate": 1.0, "audit_base_rate": 1.0, **overrides}
+    # The echo model is on no hub here: the operator pins it, or it could not be audited.
+    return {"audit_new_rate": 1.0, "audit_base_rate": 1.0,
+            "local_model_pins": {ECHO_MODEL: [ECHO_SHA256]}, **overrides}
 
 
 async def ask(queen, client, temperature: float = 0.0, **kwargs: Any):
@@ -333,4 +336,63 @@ async def test_a_trusted_auditor_may_be_named_by_its_public_id(tmp_path):
         rows = await queen.state.audits.store.recent(5)
         assert rows[0].auditor_trusted
         await worker.stop()
+        await auditor.stop()
+
+
+async def test_each_choice_of_n_is_scored_and_a_claim_over_them_all_is_counted(tmp_path):
+    """n > 1 (issue 39): the auditor scores every choice on its own (one score job each, the
+    request with n 1); an honest worker's one claim for them all passes, an inflated one is
+    caught on the auditor's counts summed."""
+    async with running_queen(tmp_path, **settings()) as queen:
+        auditor = await trusted_auditor(queen)
+        words = len(WORDS.split()) + 1  # the echo's "echo:" and its words
+        honest = await ScriptedWorker(queen.ws_url, continues=True,
+                                      capabilities=["chat", "stream", CHOICES]).start()
+        client = queen.client()
+        await audited(queen, client, n=3)
+        assert len(auditor.scored) == 3
+        assert all("n" not in job.openai_req["request"] for job in auditor.scored)
+        assert standing(queen, honest.pubkey).failed == 0
+        assert standing(queen, honest.pubkey).audited == 1
+        await honest.stop()
+        liar = await ScriptedWorker(queen.ws_url, continues=True, claims=Usage(
+            prompt_tokens=7, completion_tokens=3 * 3 * words, total_tokens=7 + 9 * words),
+            capabilities=["chat", "stream", CHOICES]).start()
+        await until_flagged(queen, client, liar.pubkey, n=3)
+        assert "counted" in standing(queen, liar.pubkey).reasons[-1]
+        await liar.stop()
+        await auditor.stop()
+
+
+async def test_each_workers_part_of_a_failover_is_audited_given_the_text_before_it(tmp_path):
+    """A worker lost mid-answer is credited its part and audited on it; the twin that finished
+    is audited on its own span, scored after the first one's text (issue 39)."""
+    import asyncio
+
+    async with running_queen(tmp_path, **settings()) as queen:
+        auditor = await trusted_auditor(queen)
+        first = await ScriptedWorker(queen.ws_url, behaviour="die_mid", continues=True).start()
+        client = queen.client()
+        request = asyncio.create_task(client.chat.completions.create(
+            model=ECHO_MODEL, messages=MESSAGES, temperature=0, stream=True))
+        async with asyncio.timeout(5):
+            await first.job_arrived.wait()
+        twin = await ScriptedWorker(queen.ws_url, continues=True).start()
+        await queen.wait_until(lambda: len(queen.state.registry) == 3, what="twin connected")
+        first.release.set()
+        async with asyncio.timeout(15):
+            stream = await request
+            text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream
+                            if chunk.choices])
+        await queen.wait_until(lambda: queen.state.audits.idle and len(auditor.scored) == 2,
+                               10, "both parts audited")
+        parts = {job.openai_req.get("prefix", ""): job.openai_req["answer"]
+                 for job in auditor.scored}
+        assert "" in parts  # the first worker's part, from the start
+        [prefix] = [key for key in parts if key]
+        assert prefix + parts[prefix] == text  # the twin's span, after the first one's text
+        assert parts[""] == prefix
+        assert standing(queen, first.pubkey).audited == 1
+        assert standing(queen, twin.pubkey).audited == 1
+        await twin.stop()
         await auditor.stop()

@@ -105,7 +105,9 @@ async def test_an_unreachable_hub_leaves_the_model_unverified_and_is_retried_lat
         assert catalog.parameter_count(BIG) == SEVENTY_B
 
 
-async def test_a_good_reading_survives_a_passing_failure_but_not_a_vanished_repo():
+async def test_a_pinned_reading_survives_a_passing_failure_and_a_vanished_repo():
+    """The pin is the one reading (issue 39): a repo that vanishes later is shown to the
+    operator (``latest``, ``problem``) but changes nothing until it re-pins."""
     clock = Clock()
     with FakeHub(pricing_repos({BIG: SEVENTY_B})) as hub:
         catalog = ModelCatalog(HubFiles(hub.url), ttl_s=60, clock=clock)
@@ -120,7 +122,8 @@ async def test_a_good_reading_survives_a_passing_failure_but_not_a_vanished_repo
         catalog.reader = HubFiles(empty.url)
         clock.now += 1000
         await catalog.settle(BIG)
-        assert catalog.facts(BIG) is None
+        assert catalog.parameter_count(BIG) == SEVENTY_B  # still the pin
+        assert catalog.latest(BIG) is None
         assert "not found" in (catalog.problem(BIG) or "")
 
 

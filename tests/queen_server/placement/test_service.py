@@ -63,7 +63,7 @@ async def test_the_fetch_names_the_pinned_commit_paths_and_sha256(swarm: Swarm):
     assert fetch.paths == ["model-Q4_K_M.gguf"]
     assert fetch.sha256 == swarm.reader.sha256(repo, "model-Q4_K_M.gguf")
     assert fetch.size_bytes == 100 * MB
-    assert swarm.service.pinned(MODEL) == fetch.sha256
+    assert swarm.service.pinned(MODEL) == {fetch.sha256, None}  # or a worker naming none
     swarm.holds(swarm.workers[name], MODEL)
     await asyncio.wait_for(task, WAIT)
 

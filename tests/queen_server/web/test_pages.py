@@ -327,7 +327,8 @@ async def test_models_and_jobs_pages_update_live(
         page = await new_page(browser, errors)
         await log_in(page, web_queen.base_url, then="/admin/models")
         await expect(page.locator(f'#rows tbody tr[data-key="{ALPHA}"] td')).to_have_text(
-            [ALPHA, "1", "1", "7B", "verified", "medium", "0.8", "1.6",
+            [ALPHA, "1", "1", "7B", "verified", "yes", re.compile(r"^[0-9a-f]{12}…$"), "—",
+             "medium", "0.8", "1.6",
              "verified: the queen read this model's file on the hub (7B parameters), so it is "
              "priced as the medium class"])
         async with workers(ScriptedWorker(web_queen.ws_url, models=[ALPHA, GAMMA])):
