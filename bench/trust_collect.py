@@ -17,7 +17,13 @@ worker claimed (usage, finish), the generation seconds, the scoring seconds and 
 evaluated, and ``Score.data()`` (floats rounded to 5 decimals) as gzip JSON.
 
     .venv/bin/python bench/trust_collect.py [--honest 1050] [--cheats 60] [--seed 16]
-        [--out bench/data/trust_scores.json.gz] [--batched N]
+        [--out bench/data/trust_scores.json.gz] [--batched N] [--shapes 0.5]
+        [--kinds shape_picker prompt_inflate]
+
+With ``--shapes S`` (issue 39) a share S of the jobs (honest and cheats alike) is constrained:
+half of them ask for a JSON object (``response_format`` json_object, the prompt asking for
+JSON), half carry presence and frequency penalties; the auditors replay both. ``--kinds`` runs
+only those cheats.
 
 With ``--batched N`` (issue 36) the honest jobs are served by one worker as the worker serves
 them: a confined engine child batching up to N jobs at once (``SandboxedContexts``, 2 threads),
@@ -122,6 +128,7 @@ class JobSpec:
     max_tokens: int
     seed: int
     stop: bool
+    shape: str = "plain"  # "plain", "json" (json_object) or "penalties"
 
 
 def auditor_for(worker: Engine) -> Engine:
@@ -130,19 +137,24 @@ def auditor_for(worker: Engine) -> Engine:
 
 
 def plan_jobs(honest: int, cheats: int, seed: int,
-              engines: tuple[Engine, ...] = HONEST) -> list[JobSpec]:
+              engines: tuple[Engine, ...] = HONEST, *, shapes: float = 0.0,
+              kinds: tuple[str, ...] = KINDS) -> list[JobSpec]:
     """Every job, shuffled: ``honest`` spread over the honest workers and, per worker, over the
-    temperatures; ``cheats`` per cheat kind, over the temperatures."""
+    temperatures; ``cheats`` per cheat kind, over the temperatures; a share ``shapes`` of them
+    constrained (JSON or penalties, half each)."""
     rng = random.Random(seed)
 
     def spec(kind: str, worker: str, i: int) -> JobSpec:
+        shape = "plain"
+        if rng.random() < shapes:
+            shape = rng.choice(("json", "penalties"))
         return JobSpec(kind, worker, rng.randrange(len(PROMPTS)),
                        TEMPERATURES[i % len(TEMPERATURES)], rng.choice(MAX_TOKENS),
-                       rng.randrange(2**31), rng.random() < STOP_SHARE)
+                       rng.randrange(2**31), rng.random() < STOP_SHARE, shape)
 
     jobs = [spec("honest", engines[i % len(engines)].name, i // len(engines))
             for i in range(honest)]
-    jobs += [spec(kind, f"cheat-{kind}", i) for kind in KINDS for i in range(cheats)]
+    jobs += [spec(kind, f"cheat-{kind}", i) for kind in kinds for i in range(cheats)]
     rng.shuffle(jobs)
     return jobs
 
@@ -153,6 +165,11 @@ def request_of(job: JobSpec) -> dict[str, Any]:
         "max_tokens": job.max_tokens, "seed": job.seed}
     if job.stop:
         request["stop"] = ["\n\n"]
+    if job.shape == "json":
+        request["response_format"] = {"type": "json_object"}
+        request["messages"][0]["content"] += " Answer as a JSON object."
+    elif job.shape == "penalties":
+        request.update(presence_penalty=0.6, frequency_penalty=0.4)
     return request
 
 
@@ -202,7 +219,8 @@ async def run_job(job: JobSpec, workers: dict[str, tuple[Engine, Any]],
     auditor = auditor_for(engine)
     record: dict[str, Any] = {
         "worker": job.worker, "kind": job.kind, "engine": asdict(engine),
-        "auditor": asdict(auditor), "prompt": job.prompt, "request": request, "text": text,
+        "auditor": asdict(auditor), "prompt": job.prompt, "shape": job.shape,
+        "request": request, "text": text,
         "text_chars": len(text), "text_bytes": len(text.encode("utf-8")), "usage": usage,
         "finish_reason": finish, "generation_s": round(generation_s, 4),
         "bent": None if job.kind == "honest" else (bent.bent if bent else False),
@@ -280,16 +298,18 @@ async def collect(args: argparse.Namespace) -> None:
     for engine in () if args.batched else HONEST:
         workers[engine.name] = (engine, await loaded_pool(store, engine))
     base = await loaded_pool(store, CHEAT_ENGINE)
-    for kind in KINDS:
+    for kind in args.kinds:
         if kind == "requant":
             pool: Any = CheatPool(await loaded_pool(swapped, CHEAT_ENGINE), kind, seed=args.seed)
         else:
             pool = CheatPool(base, kind, seed=args.seed)
         workers[f"cheat-{kind}"] = (CHEAT_ENGINE, pool)
     auditors = {engine.name: await loaded_pool(store, engine) for engine in AUDITORS}
-    replay = workers["cheat-replay"][1]
-    for prompt in range(3):  # fill the replay cache, so every replay job is one
-        await generate(replay, request_of(JobSpec("replay", "", prompt, 0.7, 64, prompt, False)))
+    if "cheat-replay" in workers:
+        replay = workers["cheat-replay"][1]
+        for prompt in range(3):  # fill the replay cache, so every replay job is one
+            await generate(replay, request_of(JobSpec("replay", "", prompt, 0.7, 64, prompt,
+                                                      False)))
     requant_path = swapped.get(NAME).path
     meta = {
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
@@ -301,8 +321,10 @@ async def collect(args: argparse.Namespace) -> None:
         "honest": [asdict(e) for e in honest], "batched": args.batched,
         "auditors": [asdict(e) for e in AUDITORS],
         "cheat_engine": asdict(CHEAT_ENGINE), "prompts": PROMPTS, "seed": args.seed,
+        "shapes": args.shapes, "kinds": list(args.kinds),
     }
-    jobs = plan_jobs(args.honest, args.cheats, args.seed, honest)
+    jobs = plan_jobs(args.honest, args.cheats, args.seed, honest, shapes=args.shapes,
+                     kinds=tuple(args.kinds))
     records: list[dict[str, Any]] = []
     done = 0
     for group in _groups(jobs, args.batched):
@@ -326,7 +348,7 @@ async def collect(args: argparse.Namespace) -> None:
     print(f"\n{inflate_note(records)}")
     errors = [r for r in records if r["score_error"]]
     print(f"not scored: {len(errors)} ({', '.join(sorted({r['score_error'] for r in errors}))})")
-    if args.batched:
+    if args.batched or args.shapes:
         print(judged_note(records, meta["model_sha256"]))
 
 
@@ -353,21 +375,27 @@ def judged_note(records: list[dict[str, Any]], sha256: str) -> str:
     from queen_server.audits.cases import BadScore, read_score
     from queen_server.audits.decision import DEFAULT_BANDS, SprtParams, Standing, judge
 
-    failed = judged = 0
-    standing = Standing()
-    for record in records:
-        if record["kind"] != "honest" or record["score"] is None:
-            continue
-        try:
-            verdict = judge(read_score(case_of(record, sha256), record["score"]), DEFAULT_BANDS)
-        except BadScore:
-            continue
-        judged += 1
-        failed += verdict.failed
-        standing = standing.after(verdict, SprtParams())
-    return (f"batched honest answers judged by the queen's rule (default bands): {failed} of "
-            f"{judged} failed ({100 * failed / max(1, judged):.2f} %); the worker's audited "
-            f"stream ends {standing.state}")
+    lines = []
+    for shape in ("plain", "json", "penalties"):
+        failed = judged = 0
+        standing = Standing()
+        for record in records:
+            if record["kind"] != "honest" or record["score"] is None \
+                    or record.get("shape", "plain") != shape:
+                continue
+            try:
+                verdict = judge(read_score(case_of(record, sha256), record["score"]),
+                                DEFAULT_BANDS)
+            except BadScore:
+                continue
+            judged += 1
+            failed += verdict.failed
+            standing = standing.after(verdict, SprtParams())
+        if judged:
+            lines.append(f"honest {shape} answers judged by the queen's rule (default bands): "
+                         f"{failed} of {judged} failed ({100 * failed / max(1, judged):.2f} %); "
+                         f"the worker's audited stream ends {standing.state}")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -380,6 +408,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench/data/trust_scores.json.gz")
     parser.add_argument("--batched", type=int, default=0,
                         help="serve the honest jobs batched, this many at once (issue 36)")
+    parser.add_argument("--shapes", type=float, default=0.0,
+                        help="the share of constrained jobs: JSON mode or penalties (issue 39)")
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS,
+                        help="the cheats to run")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     log.setLevel(logging.INFO)

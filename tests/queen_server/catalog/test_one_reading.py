@@ -74,7 +74,7 @@ async def test_a_changed_hub_file_moves_nothing_until_the_operator_repins(
                 # The repo changes under the same name; the queen reads it again (its TTL).
                 hub.add_repo(FakeRepo("org/one-GGUF", {PATH: large}, commit="b" * 40))
                 clock.now += catalog.ttl_s + 1
-                await catalog.settle(NAME)
+                await catalog.settle(NAME, wait_s=60)  # a loaded machine reads slowly
                 latest = catalog.latest(NAME)
                 assert latest is not None
                 assert latest.sha256 == new_sha  # it was read
@@ -123,7 +123,7 @@ async def test_repinning_a_name_the_hub_cannot_read_keeps_the_pin(tmp_path) -> N
         async with running_queen(tmp_path, hub_endpoint=hub.url, admin_token=TOKEN,
                                  unverified_price_class=None) as queen:
             catalog = queen.state.catalog
-            await catalog.settle(NAME)
+            await catalog.settle(NAME, wait_s=60)  # a loaded machine reads slowly
             assert catalog.pin(NAME) is not None
             hub.fail_next("/api/models/", 404, times=5, error_code="RepoNotFound")
             async with httpx.AsyncClient(base_url=queen.base_url) as http:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 from playwright.async_api import Browser, Page, expect
 
+from queen_server.billing import ledger
 from queen_server.identity import public_id
 from queen_server.payouts.lightning import NoneBackend
 from queen_server.payouts.runner import PayoutRunner
@@ -356,6 +357,9 @@ async def test_keys_and_payouts_pages(tmp_path: Path, browser: Browser) -> None:
         wid = public_id(worker.pubkey)
         secret, key_id = await funded_key(queen, 50)
         await chat(queen, ECHO_MODEL, api_key=secret, count=2)
+        # A payout is reserved only out of what the worker has (issue 39): give it a sat.
+        await queen.state.billing.ledger.post(ledger.Posting("test:earned", "settle", (
+            (ledger.key_available(key_id), -1000), (ledger.worker_available(worker.pubkey), 1000))))
         await PayoutRunner(queen.state.settings, queen.state.db.engine,
                            queen.state.billing.ledger, NoneBackend(), None).pay(
             worker.pubkey, 1000, "worker@example.com")

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from fastapi import Request
 
+from queen_server.billing import ledger
 from queen_server.errors import NotFound, Unauthorized
 from queen_server.identity import public_id
 from queen_server.payouts.lightning import NoneBackend
@@ -44,8 +45,12 @@ async def test_every_page_shows_what_its_json_route_answers(tmp_path: Path) -> N
         worker = await ScriptedWorker(queen.ws_url).start()
         try:
             wid = public_id(worker.pubkey)
-            secret, _ = await funded_key(queen, 50)
+            secret, key_id = await funded_key(queen, 50)
             await chat(queen, ECHO_MODEL, api_key=secret, count=3)
+            # A payout is reserved only out of what the worker has (issue 39): give it a sat.
+            await queen.state.billing.ledger.post(ledger.Posting("test:earned", "settle", (
+                (ledger.key_available(key_id), -1000),
+                (ledger.worker_available(worker.pubkey), 1000))))
             await PayoutRunner(queen.state.settings, queen.state.db.engine,
                                queen.state.billing.ledger, NoneBackend(), None).pay(
                 worker.pubkey, 1000, "worker@example.com")
