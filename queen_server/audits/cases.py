@@ -17,7 +17,7 @@ counts beside the worker's claims), refusing one that does not fit the case.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from queen_server.audits.decision import EndScore, JobScore, combine, score_job
@@ -251,7 +251,7 @@ def _read_part(case: AuditCase, part: AuditPart, data: Mapping[str, Any], *,
     sampled = None
     if score.sampled is not None:
         sampled = (score.sampled.logprobs, score.sampled.expected, score.sampled.variances)
-    return score_job(
+    scored = score_job(
         temperature=case.temperature,
         claimed_completion_tokens=(case.claimed_completion_tokens if single
                                    else score.answer_tokens),
@@ -265,4 +265,7 @@ def _read_part(case: AuditCase, part: AuditPart, data: Mapping[str, Any], *,
         prompt_tokens=score.prompt_tokens,
         claimed_prompt_tokens=case.claimed_prompt_tokens if single else None,
         format_broken_at=score.format_broken_at,
-    ), score.prompt_tokens
+    )
+    if not _plain_format(part.request):  # whitespace a character at a time (``token_slack``)
+        scored = replace(scored, token_slack=sum(char.isspace() for char in part.answer))
+    return scored, score.prompt_tokens

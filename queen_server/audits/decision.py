@@ -102,6 +102,10 @@ class JobScore:
     # ``max_tokens`` with far fewer tokens: ``(max_tokens, its tokens)`` (``combine``).
     length_short: tuple[int, int] | None = None
     parts: int = 1  # the answers its counts add up (each may end on an end token unseen)
+    # Tokens an honest worker may have made beyond the auditor's count of the text: under a
+    # JSON grammar, one per whitespace character (the grammar takes whitespace a character at
+    # a time, where the tokenizer merges a run into one token).
+    token_slack: int = 0
 
     @property
     def z(self) -> float:
@@ -188,7 +192,7 @@ def combine(parts: Sequence[JobScore], *, claimed_completion_tokens: int,
         math.fsum(part.variance for part in parts), "stop", None,
         all(part.comparable for part in parts), max(ends) if ends else None,
         min(sampled_ends) if sampled_ends else None, prompt_tokens, claimed_prompt_tokens,
-        broken, short, len(parts))
+        broken, short, len(parts), sum(part.token_slack for part in parts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +312,8 @@ def judge(score: JobScore, bands: HonestBands, *, usage_slack: float = USAGE_SLA
     (free text, or an auditor that replayed the grammar and penalties), the standardised
     evidence of its temperature's band; certain for an answer its format's grammar refuses."""
     # + each part's end token
-    allowed = math.ceil(score.answer_tokens * (1 + usage_slack)) + score.parts
+    allowed = (math.ceil((score.answer_tokens + score.token_slack) * (1 + usage_slack))
+               + score.parts)
     if score.claimed_completion_tokens > allowed:
         return Verdict(CLIP, True, f"claimed {score.claimed_completion_tokens} completion "
                                    f"tokens; the auditor counted {score.answer_tokens}")

@@ -81,7 +81,11 @@ def test_a_cheat_is_flagged_stops_getting_jobs_and_its_victims_are_refunded(tmp_
         queen = queen_process(
             tmp_path, port, auth="keys", admin_token=ADMIN, hub_endpoint=hub.url,
             heartbeat_interval_s="2", escrow_jobs="50", audit_new_rate="1.0",
-            trusted_auditors=auditor_pubkey)
+            trusted_auditors=auditor_pubkey,
+            # One audit at a time, so the trusted auditor is free for each: with two, a slow
+            # audit (a JSON answer's grammar) let the queen pick the cheat itself as the other
+            # auditor, and the cheat's slot, busy auditing, never took a client's job.
+            audit_concurrency="1")
         honest = worker_process(honest_dir, port, [MODEL], "--max-jobs", "1",
                                 hf_endpoint=hub.url)
         auditor = worker_process(auditor_dir, port, [MODEL], "--max-jobs", "1",

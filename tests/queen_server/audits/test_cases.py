@@ -78,3 +78,27 @@ def test_an_answer_its_format_refuses_fails_whatever_its_scores():
     assert "leaves the requested response_format at its token 1" in verdict.reason
     kept = read_score(audit, dict(score_data(21), constraints_replayed=True))
     assert not judge(kept, DEFAULT_BANDS).failed
+
+
+def test_a_json_answers_whitespace_may_have_cost_a_token_a_character():
+    """Seen in an end-to-end run: SmolLM2 under the JSON grammar wrote 23 tokens that the
+    auditor's tokenizer reads as 3 (the grammar takes whitespace a character at a time; the
+    tokenizer merges the run). Under a JSON format such a claim is honest; for free text it is
+    not."""
+    spaced = "{" + "\n" + " " * 19 + "}"
+    data = dict(score_data(21), answer_tokens=3, logprobs=[-0.1] * 3, argmax=[True] * 3,
+                best_logprobs=[-0.1] * 3, constraints_replayed=True)
+
+    def claimed(response_format: dict[str, Any] | None) -> Any:
+        extra = {"response_format": response_format} if response_format else {}
+        made = case_for(
+            request_id="req-3", model="m", sha256="a" * 64, worker_url="/v1/chat/completions",
+            worker_req={"messages": [{"role": "user", "content": "hi"}], "temperature": 0,
+                        **extra},
+            worker_key="w" * 64, answer=spaced, claimed_completion_tokens=23,
+            claimed_prompt_tokens=21, finish_reason="stop")
+        assert made is not None
+        return judge(read_score(made, data), DEFAULT_BANDS)
+
+    assert not claimed({"type": "json_object"}).failed
+    assert claimed(None).reason == "claimed 23 completion tokens; the auditor counted 3"
