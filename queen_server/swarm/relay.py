@@ -89,6 +89,8 @@ class Delivered:
 
     def choice_texts(self) -> dict[int, str]:
         """Each choice's text as streamed, by index (its own pieces, not interleaved)."""
+        if not self._by_choice:  # one choice (nearly every answer): no second copy kept
+            return {0: self.text} if self._text else {}
         return {index: "".join(pieces) for index, pieces in self._by_choice.items()}
 
     def sent(self, credit: Credit) -> None:
@@ -115,8 +117,12 @@ class Delivered:
             content = delta.get("content")
             if content:
                 self._text.append(content)
-                if isinstance(index, int) and 0 <= index < MAX_CHOICE_TEXTS:
+                if isinstance(index, int) and 0 < index < MAX_CHOICE_TEXTS:
+                    if not self._by_choice:  # until now the text was choice 0's alone
+                        self._by_choice[0] = self._text[:-1]
                     self._by_choice.setdefault(index, []).append(content)
+                elif index == 0 and self._by_choice:
+                    self._by_choice[0].append(content)
                 self.tokens += _tokens_in(data, tokens)
                 keep = True
                 logprobs = choice.get("logprobs")
