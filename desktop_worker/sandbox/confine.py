@@ -6,7 +6,10 @@ worker's start message: die with the worker (``PR_SET_PDEATHSIG``), not dumpable
 core files, few open files, files at most ``max_file_mb``, data memory at most what it uses now
 plus ``memory_mb``), every capability dropped (a worker run as root), ``no_new_privs``, Landlock
 (``landlock.py``) and the system call filter (``seccomp.py``). Each step that fails is written
-in ``notes``, and the worker decides what to do with a partial sandbox (no model groups).
+in ``notes``, and the worker decides what to do with a partial sandbox (no model groups). A
+child that runs a GPU driver then starts the driver (``gpu_driver.py``) and stacks the filter's
+lock on every thread (``seccomp.driver_lock``); if the lock cannot be installed the child stops
+(``SandboxError``) rather than run on with the driver's allowances.
 
 Other systems: nothing is applied here yet (``notes`` says so); the child still runs in its own
 process, so a crash in llama.cpp ends only the child.
@@ -22,6 +25,7 @@ import threading
 
 from desktop_worker.errors import SandboxError
 from desktop_worker.sandbox import landlock, seccomp
+from desktop_worker.sandbox.gpu_driver import GpuDriver
 from shared_schema.engine_ipc import Confinement, Role, SandboxPolicy
 
 log = logging.getLogger(__name__)
@@ -125,12 +129,17 @@ def _confine_linux(policy: SandboxPolicy, role: Role) -> Confinement:
         notes.append(f"no system call filter for this processor ({os.uname().machine})")
     elif no_new_privs:
         try:
-            seccomp.install(seccomp.program(
-                arch, sockets, shared_memory=policy.gpu_driver, unix_pairs=policy.gpu_driver,
-                unix_sockets=policy.gpu_driver and not (sockets.connect or sockets.listen)))
+            seccomp.install(seccomp.program(arch, sockets, shared_memory=policy.gpu_driver,
+                                            unix_sockets=policy.gpu_driver))
             filtered = True
         except SandboxError as exc:
             notes.append(str(exc))
+    if policy.gpu_driver:
+        start = GpuDriver().start()
+        if start.library is not None and not start.started:
+            notes.append(start.describe())
+        if filtered and arch is not None:  # the driver's allowances end with its start
+            seccomp.install(seccomp.driver_lock(arch, sockets), all_threads=True)
     return Confinement(os="linux", no_new_privs=no_new_privs, seccomp=filtered,
                        landlock_abi=abi, filesystem=filesystem, tcp_ports=network,
                        # no socket at all (the filter), or only the policy's ports (Landlock)

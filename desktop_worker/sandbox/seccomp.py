@@ -22,10 +22,17 @@ loads it into the calling process (``no_new_privs`` must be set first). What it 
   ``accept``), unless the role needs TCP: a group head may create IPv4/IPv6 stream sockets and
   ``connect`` (Landlock then limits the ports), a member's RPC server may create them, ``bind``,
   ``listen`` and ``accept`` (never ``connect``). Never a Unix socket that reaches another
-  process: no D-Bus, no keyring daemon, no X server. A child that runs a GPU driver may make
-  ``AF_UNIX`` socket pairs, and where its role neither dials nor listens, ``AF_UNIX`` sockets
-  (``unix_sockets``): the NVIDIA driver's ``cuInit`` failed with error 304 (driver 580, an
-  H200) when the socket calls were refused. Such a socket can neither ``connect`` nor ``bind``.
+  process: no D-Bus, no keyring daemon, no X server.
+
+A GPU driver's start: the NVIDIA driver's ``cuInit`` makes an ``AF_UNIX`` socket, ``bind``s it
+and ``listen``s (error 304 when refused: driver 580, an H200, issue 41), and needs none of that
+afterwards. So a child that runs a GPU driver is confined in two steps: first with
+``unix_sockets`` (``AF_UNIX`` sockets, ``bind`` and ``listen``, but no ``accept``, and no
+``connect`` unless its role dials), then, once the driver has started and before the child reads
+any model or peer byte, ``driver_lock`` is stacked on top for every thread (``install(...,
+all_threads=True)``, ``SECCOMP_FILTER_FLAG_TSYNC``): no ``AF_UNIX`` socket, no socket pair, and
+``bind``/``listen`` only for a role that listens. The driver's own listening socket stays: it can
+dial no one, and without ``accept`` nothing can reach the child through it.
 
 The architecture is checked first: a system call from another ABI (i386 or x32 on x86_64,
 32-bit ARM on aarch64) kills the process. A denylist rather than an allowlist, because
@@ -73,6 +80,9 @@ SOCK_TYPE_MASK = 0xF  # the type without SOCK_NONBLOCK and SOCK_CLOEXEC
 X32_SYSCALL_BIT = 0x40000000
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
+SECCOMP_SET_MODE_FILTER = 1  # the seccomp(2) system call's operation
+SECCOMP_FILTER_FLAG_TSYNC = 1
+SECCOMP_SYSCALL = {"x86_64": 317, "aarch64": 277}
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,34 +189,18 @@ def _when(number: int, body: list[bytes]) -> list[bytes]:
 
 
 def program(arch: Arch, sockets: Sockets = NO_SOCKETS, *, shared_memory: bool = True,
-            unix_pairs: bool = False, unix_sockets: bool = False) -> bytes:
+            unix_sockets: bool = False) -> bytes:
     """The filter's instructions (``struct sock_filter`` each), ready for ``install``.
     ``shared_memory``: the child may make shared memory its data limit does not count
     (``memfd_create``, shared anonymous ``mmap``): a GPU runtime may need it.
-    ``unix_pairs``: it may make ``AF_UNIX`` socket pairs; ``unix_sockets``: ``AF_UNIX``
-    sockets (a GPU driver; never with a role that may ``connect`` or ``bind``)."""
-    if unix_sockets and (sockets.connect or sockets.listen):
-        raise ValueError("Unix sockets with connect or bind would reach other processes")
+    ``unix_sockets``: ``AF_UNIX`` sockets, ``bind`` and ``listen``, for a GPU driver's start
+    only: ``driver_lock`` must follow before the child reads anything it was sent."""
     eperm = _errno(errno.EPERM)
     numbers = arch.numbers
-    out: list[bytes] = [
-        _insn(_LD_W_ABS, _ARCH),
-        _insn(_JEQ_K, arch.audit, 1, 0),
-        _ret(RET_KILL_PROCESS),
-        _insn(_LD_W_ABS, _NR),
-    ]
-    if arch.x32:
-        out += [_insn(_JGE_K, X32_SYSCALL_BIT, 0, 1), _ret(RET_KILL_PROCESS)]
+    out = _arch_check(arch)
     for name in DENIED:
-        if name in numbers and not (unix_pairs and name == "socketpair"):
+        if name in numbers:
             out += _deny(numbers[name], eperm)
-    if unix_pairs:  # socketpair(domain, type, protocol, sv): AF_UNIX only
-        out += _when(numbers["socketpair"], [
-            _insn(_LD_W_ABS, _arg_low(0)),
-            _insn(_JEQ_K, AF_UNIX, 0, 1),
-            _ret(RET_ALLOW),
-            _ret(eperm),
-        ])
     out += _deny(numbers["clone3"], _errno(errno.ENOSYS))
     # clone: threads only (its flags are the first argument on both architectures)
     out += _when(numbers["clone"], [
@@ -239,10 +233,44 @@ def program(arch: Arch, sockets: Sockets = NO_SOCKETS, *, shared_memory: bool = 
     if not sockets.connect:
         out += _deny(numbers["connect"], eperm)
     if not sockets.listen:
-        for name in ("bind", "listen", "accept", "accept4"):
+        refused = ("accept", "accept4") if unix_sockets else ("bind", "listen", "accept",
+                                                              "accept4")
+        for name in refused:
             out += _deny(numbers[name], eperm)
     out.append(_ret(RET_ALLOW))
     return b"".join(out)
+
+
+def driver_lock(arch: Arch, sockets: Sockets = NO_SOCKETS) -> bytes:
+    """Stacked on ``program(..., unix_sockets=True)`` once the GPU driver has started: no
+    ``AF_UNIX`` socket from then on, and ``bind``/``listen`` only for a role that listens."""
+    eperm = _errno(errno.EPERM)
+    numbers = arch.numbers
+    out = _arch_check(arch)
+    out += _when(numbers["socket"], [
+        _insn(_LD_W_ABS, _arg_low(0)),
+        _insn(_JEQ_K, AF_UNIX, 0, 1),
+        _ret(eperm),
+        _ret(RET_ALLOW),
+    ])
+    if not sockets.listen:
+        for name in ("bind", "listen"):
+            out += _deny(numbers[name], eperm)
+    out.append(_ret(RET_ALLOW))
+    return b"".join(out)
+
+
+def _arch_check(arch: Arch) -> list[bytes]:
+    """Kill a system call from another ABI; leave the call's number in the accumulator."""
+    out = [
+        _insn(_LD_W_ABS, _ARCH),
+        _insn(_JEQ_K, arch.audit, 1, 0),
+        _ret(RET_KILL_PROCESS),
+        _insn(_LD_W_ABS, _NR),
+    ]
+    if arch.x32:
+        out += [_insn(_JGE_K, X32_SYSCALL_BIT, 0, 1), _ret(RET_KILL_PROCESS)]
+    return out
 
 
 def _socket_rule(tcp: bool, unix: bool, eperm: int) -> list[bytes]:
@@ -271,16 +299,27 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def install(code: bytes) -> None:
-    """Load the filter into this process (``PR_SET_SECCOMP``); threads started later inherit
-    it. ``no_new_privs`` must be set already."""
+def install(code: bytes, *, all_threads: bool = False) -> None:
+    """Load the filter into this thread (``PR_SET_SECCOMP``); threads started later inherit
+    it. ``all_threads``: into every thread of the process (``seccomp(2)`` with
+    ``SECCOMP_FILTER_FLAG_TSYNC``), for a filter stacked after a GPU driver started its own.
+    ``no_new_privs`` must be set already."""
     count = len(code) // 8
     buffer = ctypes.create_string_buffer(code, len(code))
     prog = _SockFprog(count, ctypes.cast(buffer, ctypes.c_void_p))
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
-                           ctypes.c_ulong]
-    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+    if all_threads:
+        number = SECCOMP_SYSCALL.get(platform.machine().lower())
+        if number is None:
+            raise SandboxError(f"no seccomp(2) number known for {platform.machine()}")
+        libc.syscall.argtypes = [ctypes.c_long, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_void_p]
+        result = libc.syscall(number, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC,
+                              ctypes.byref(prog))
+    else:
+        libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
+                               ctypes.c_ulong]
+        result = libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0)
+    if result != 0:
         err = ctypes.get_errno()
-        raise SandboxError(f"the system call filter could not be installed: "
-                           f"{errno.errorcode.get(err, err)}")
+        detail = errno.errorcode.get(err, err) if result < 0 else f"thread {result} differs"
+        raise SandboxError(f"the system call filter could not be installed: {detail}")

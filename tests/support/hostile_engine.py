@@ -33,9 +33,12 @@ def main() -> None:
 
     policy = SandboxPolicy.model_validate_json(policy_json)
     targets = json.loads(targets_json)
-    confinement = confine(policy, role)  # type: ignore[arg-type]
-    scratch = policy.scratch or "."
     results: dict[str, str] = {}
+    driver = _FakeDriver(results, targets) if targets.get("driver") else None
+    confinement = confine(policy, role)  # type: ignore[arg-type]
+    if driver is not None:
+        driver.after_lock()
+    scratch = policy.scratch or "."
 
     def read(path: str) -> None:
         with open(path, "rb") as handle:
@@ -123,6 +126,57 @@ def main() -> None:
     results["bind_abstract"] = attempt(bind_abstract)
     report = {"confinement": confinement.model_dump(), "results": results}
     sys.stdout.write(json.dumps(report) + "\n")
+
+
+class _FakeDriver:
+    """Plays the NVIDIA driver's start (``GpuDriver.start``, between the two steps of the
+    confinement): it binds and listens on a Unix socket, as ``cuInit`` does, and leaves a
+    thread running, as ``cuInit`` does. After the lock, that thread tries what a hijacked
+    driver thread would: a Unix socket, the owner's bus, the worker's key."""
+
+    def __init__(self, results: dict[str, str], targets: dict) -> None:  # type: ignore[type-arg]
+        import threading
+
+        from desktop_worker.sandbox import gpu_driver
+        from desktop_worker.sandbox.gpu_driver import DriverStart
+
+        self.results, self.targets = results, targets
+        self.go, self.done = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._later)
+
+        def start(_self: object) -> DriverStart:
+            def listen() -> None:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.bind("\0apiary-fake-driver")
+                sock.listen()
+                self.kept = sock  # the driver keeps its socket
+
+            results["driver_bind_listen"] = attempt(listen)
+            self.thread.start()
+            return DriverStart("fake libcuda", 0)
+
+        gpu_driver.GpuDriver.start = start  # type: ignore[method-assign]
+
+    def _later(self) -> None:
+        self.go.wait(30)
+
+        def dial_unix() -> None:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.connect(self.targets["unix"])
+
+        def read_key() -> None:
+            with open(self.targets["key"], "rb") as handle:
+                handle.read(16)
+
+        self.results["driver_thread_unix_socket"] = attempt(
+            lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close())
+        self.results["driver_thread_dial_unix"] = attempt(dial_unix)
+        self.results["driver_thread_read_key"] = attempt(read_key)
+        self.done.set()
+
+    def after_lock(self) -> None:
+        self.go.set()
+        self.done.wait(30)
 
 
 def _fork() -> int:
