@@ -103,7 +103,9 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
                             pinned=placement.pinned)
     dispatcher.groups = groups
     audits = AuditService(settings, registry, dispatcher, billing,
-                          AuditStore(db.engine) if db is not None else None, metrics)
+                          AuditStore(db.engine) if db is not None else None, metrics,
+                          groups=groups)
+    groups.named_by_audits = audits.named.__contains__
     state = QueenState(
         settings=settings,
         registry=registry,

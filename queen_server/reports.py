@@ -600,6 +600,7 @@ async def audits(state: QueenState) -> dict[str, Any]:
                  "audited": standing.audited, "failed": standing.failed,
                  "llr": round(standing.llr, 2), "flags": record.flags,
                  "outvoted": record.outvoted, "auditor_eligible": eligible_auditor(record.outvoted),
+                 "named_in_groups": key in service.named,
                  "flagged_at": record.flagged_at.isoformat() if record.flagged_at else None,
                  "cleared_at": record.cleared_at.isoformat() if record.cleared_at else None,
                  "reasons": list(standing.reasons)}

@@ -50,6 +50,9 @@ class AuditCase:
     # What the auditor re-scores, one score job each (issue 39: each choice, each prompt of a
     # list, a failover's part); empty: one part, the request and the answer as they are.
     parts: tuple[AuditPart, ...] = ()
+    # The model group that served it (issue 39): its workers' keys, the head first; empty for
+    # a worker alone. Its auditor shares no worker with it (``choose_auditor``).
+    group: tuple[str, ...] = ()
 
     @property
     def temperature(self) -> float:
@@ -113,6 +116,7 @@ def case_for(
     key_id: int | None = None,
     charged_msat: int = 0,
     delivered: Sequence[Delivered] | None = None,
+    group: Sequence[str] = (),
 ) -> AuditCase | None:
     """The audit case of one worker's share of a finished answer, or None if it cannot be
     audited (a legacy worker, no text, a shape ``audit_parts`` cannot cut). ``delivered``:
@@ -137,7 +141,7 @@ def case_for(
     return AuditCase(request_id, model, sha256, worker_key, kind, dict(worker_req),
                      "".join(part.answer for part in parts), claimed_completion_tokens,
                      claimed_prompt_tokens, parts[0].finish_reason, key_id, charged_msat,
-                     parts)
+                     parts, tuple(group))
 
 
 class AuditorView(Protocol):
@@ -167,18 +171,27 @@ def choose_auditor(
     exclude: Collection[str] = (),
     ineligible: Collection[str] = (),
     independent: Callable[[A], bool] | None = None,
+    holds_group_model: Callable[[A], bool] | None = None,
 ) -> A | None:
     """The best free auditor for ``case`` among the model's holders, or None. ``record(key)``
     is a worker's audit ``(state, audits passed)``: after the operator's trusted auditors come
     the untrusted ones ``independent`` says are independent (of the audited worker and, for a
     second opinion, of the first auditor: ``audits.independence``), then the rest; within each,
     workers in good standing with the longest record, then unknown ones. Never a flagged one,
-    nor one ``ineligible`` (outvoted too often as an auditor)."""
+    nor one ``ineligible`` (outvoted too often as an auditor).
+
+    A group's answer (``case.group``): never a worker of that group, and only one that
+    ``holds_group_model`` says can hold the model (a trusted auditor with the memory, or the
+    head of another group with no worker in common); none without that judge."""
     best: tuple[tuple[int, int, int, int], A] | None = None
+    group = frozenset(case.group)
     for worker in holders:
         if (worker.key == case.worker_key or worker.key in exclude or worker.flagged
                 or worker.key in ineligible
                 or worker.free_slots <= 0 or capabilities.SCORE not in worker.capabilities):
+            continue
+        if group and (worker.key in group or holds_group_model is None
+                      or not holds_group_model(worker)):
             continue
         held = worker.models.get(case.model)
         if case.sha256 is None or held is None or held.sha256 != case.sha256:

@@ -35,9 +35,11 @@ import json
 import logging
 import random
 from collections import deque
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 from queen_server.audits.cases import AuditCase, BadScore, choose_auditor, read_scores
 from queen_server.audits.decision import (
@@ -67,6 +69,20 @@ log = logging.getLogger(__name__)
 GOOD_TRUST = 0.8  # a worker in good standing: its speed score counts as 20 % better
 RETRY_S = 1.0  # how often waiting cases look for a free auditor
 AUDITOR_SCAN = 64  # holders looked at per case (beyond the trusted auditors): O(1) per audit
+NAMED_AFTER_HEADS = 2  # a member in failing groups under this many heads is named
+MB = 1024 * 1024
+
+
+class GroupsForAudits(Protocol):
+    """What audits ask of model groups (``placement.groups.GroupService``)."""
+
+    def need_bytes(self, model: str) -> int | None:
+        """The memory ``model`` needs held whole, as its group was planned; None: no group."""
+        ...
+
+    def heads(self, model: str) -> list[tuple[Worker, tuple[str, ...]]]:
+        """Each ready group of ``model``: its head and its workers' keys."""
+        ...
 
 
 def load_bands(path: Path | None) -> dict[str, HonestBands]:
@@ -103,6 +119,7 @@ class AuditService:
         bands: dict[str, HonestBands] | None = None,
         params: SprtParams | None = None,
         rng: random.Random | None = None,
+        groups: GroupsForAudits | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -113,6 +130,10 @@ class AuditService:
         self.bands = bands if bands is not None else load_bands(settings.audit_bands_file)
         self.params = params or SprtParams()
         self.rng = rng or random.Random()
+        self.groups = groups
+        # a group member -> the heads of the failing groups it was in (``_blame_members``)
+        self._member_heads: dict[str, set[str]] = {}
+        self.named: set[str] = set()  # members the evidence names: kept out of groups
         self.trusted = frozenset(settings.trusted_auditors)  # keys or public ids
         self._trusted_keys: set[str] = set()  # the keys of trusted auditors that joined
         self._records: dict[str, Record] = {}
@@ -244,7 +265,8 @@ class AuditService:
         rate = audit_rate(standing, in_escrow=self.billing.in_escrow(worker_key),
                           base_rate=self.settings.audit_base_rate,
                           new_rate=self.settings.audit_new_rate, params=self.params)
-        if worker_key in self._ineligible and standing.state != "flagged":
+        if (worker_key in self._ineligible or worker_key in self.named) \
+                and standing.state != "flagged":
             rate = max(rate, self.settings.audit_new_rate)
         return rate
 
@@ -315,7 +337,14 @@ class AuditService:
         case = waiting.case
         trusted = [worker for key in self._trusted_keys
                    if (worker := self.registry.get(key)) is not None]
-        holders = self.registry.holders(case.model)
+        holds_group_model = None
+        if case.group:  # a group's answer: a trusted auditor with the memory, or another group
+            heads = {head.key: (head, keys) for head, keys in
+                     (self.groups.heads(case.model) if self.groups is not None else [])}
+            holders: Collection[Worker] = [head for head, _ in heads.values()]
+            holds_group_model = self._group_auditor(case.model, case.group, heads)
+        else:
+            holders = self.registry.holders(case.model)
         scan = [*trusted, *(worker for _, worker in zip(range(AUDITOR_SCAN), holders,
                                                          strict=False))]
 
@@ -333,7 +362,25 @@ class AuditService:
 
         return choose_auditor(case, scan, trusted={w.key for w in trusted},
                               record=record, exclude=waiting.exclude,
-                              ineligible=self._ineligible, independent=independent)
+                              ineligible=self._ineligible, independent=independent,
+                              holds_group_model=holds_group_model)
+
+    def _group_auditor(self, model: str, group: tuple[str, ...],
+                       heads: dict[str, tuple[Worker, tuple[str, ...]]]
+                       ) -> Callable[[Worker], bool]:
+        """Who can re-score a group's answer of ``model``: a trusted auditor whose memory holds
+        the model whole (as its group was planned), or the head of another group with no
+        worker in common."""
+        need = self.groups.need_bytes(model) if self.groups is not None else None
+        served_by = frozenset(group)
+
+        def holds(worker: Worker) -> bool:
+            if worker.key in heads:
+                return served_by.isdisjoint(heads[worker.key][1])
+            return (self.is_trusted(worker) and need is not None
+                    and (worker.memory_budget_mb or 0) * MB >= need)
+
+        return holds
 
     # --- one audit ----------------------------------------------------------------------------
 
@@ -460,6 +507,8 @@ class AuditService:
                                                      tokens, seconds))
         self._applied(key)
         await self._rebill(case, score)
+        if case.group and verdict.failed:
+            self._blame_members(case)
         if after.state == "flagged":
             if flagged_now:
                 log.warning("worker %s flagged by audits after %d audits (%d failed): %s",
@@ -468,6 +517,21 @@ class AuditService:
                 if self.metrics is not None:
                     self.metrics.flags.inc()
             await self._consequences(key, record.flags, forfeit=flagged_now)
+
+    def _blame_members(self, case: AuditCase) -> None:
+        """A group's answer failed: its head's standing bears the verdict (the case is the
+        head's). A member is named only by the evidence of failing groups under
+        ``NAMED_AFTER_HEADS`` different heads (one cheating head cannot name its honest
+        members): a named member is audited at the new-worker rate and joins no group."""
+        head = case.group[0] if case.group else case.worker_key
+        for member in case.group[1:]:
+            heads = self._member_heads.setdefault(member, set())
+            heads.add(head)
+            if len(heads) >= NAMED_AFTER_HEADS and member not in self.named:
+                self.named.add(member)
+                log.warning("worker %s was in failing model groups under %d heads: it joins no "
+                            "group now, and its own answers are audited more", member[:12],
+                            len(heads))
 
     async def _rebill(self, case: AuditCase, score: JobScore) -> None:
         """An audited job is billed and credited by the auditor's exact counts (issue 39): the

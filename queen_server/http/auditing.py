@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from queen_server.audits.cases import case_for
 from queen_server.audits.parts import Delivered as DeliveredPart
 from queen_server.billing.service import Hold
+from queen_server.swarm.jobs import Shares
 from queen_server.swarm.relay import Delivered, message_text
 from shared_schema import Result
 
@@ -45,17 +46,19 @@ class Share:
     claimed_completion_tokens: int
     claimed_prompt_tokens: int | None  # None: it was billed no prompt (a failover's later part)
     failed_over: bool = False  # its worker was lost mid-answer
+    group: tuple[str, ...] = ()  # the model group it headed then: its workers' keys, head first
 
 
 def shares(gen: Generation, answer: Delivered, result: Result,
-           worker_key: str | None) -> list[Share]:
-    """Each worker's share of a finished answer (``worker_key``: the worker that ended it)."""
+           worker_key: str | None, group: Shares = ()) -> list[Share]:
+    """Each worker's share of a finished answer (``worker_key``: the worker that ended it, as
+    the head of a model group when ``group`` holds that group's shares)."""
     claimed_prompt = min(result.usage.prompt_tokens, gen.meter.prompt_bound)
     if not answer.parts:
         if worker_key is None:
             return []
         return [Share(worker_key, _choices(gen, answer, result),
-                      result.usage.completion_tokens, claimed_prompt)]
+                      result.usage.completion_tokens, claimed_prompt, group=_keys(group))]
     # A failover (one choice): the text before the last worker, then the last worker's own.
     final = (message_text(result.data) if not gen.stream and result.data.get("choices")
              else answer.text[len(answer.carried):]) or ""
@@ -66,13 +69,17 @@ def shares(gen: Generation, answer: Delivered, result: Result,
         if part.worker_key is not None and starts[i] < starts[i + 1]:
             found.append(Share(part.worker_key, (DeliveredPart(
                 0, text[starts[i]:starts[i + 1]], "failover", text[:starts[i]]),),
-                part.completion_tokens, None, failed_over=True))
+                part.completion_tokens, None, failed_over=True, group=_keys(part.shares)))
     last = starts[len(answer.parts)]
     if worker_key is not None and final:
         found.append(Share(worker_key, (DeliveredPart(
             0, text[last:], answer.finish_reason or "stop", text[:last]),),
-            max(0, result.usage.completion_tokens), None))
+            max(0, result.usage.completion_tokens), None, group=_keys(group)))
     return found
+
+
+def _keys(group: Shares) -> tuple[str, ...]:
+    return tuple(key for key, _ in group)
 
 
 def _choices(gen: Generation, answer: Delivered,
@@ -99,7 +106,7 @@ def _choices(gen: Generation, answer: Delivered,
 
 
 def consider_audit(state: QueenState, gen: Generation, hold: Hold | None, worker_key: str | None,
-                   answer: Delivered, result: Result) -> None:
+                   answer: Delivered, result: Result, group: Shares = ()) -> None:
     """Offer each worker's share of a finished answer to the audits' sampling; a drawn one is
     queued as a case. The model file it must match is the name's one pinned reading
     (``catalog.audit_file``: the hub file the queen read, or for a local name the operator
@@ -107,7 +114,7 @@ def consider_audit(state: QueenState, gen: Generation, hold: Hold | None, worker
     and no case is made for it (one would wait for an auditor holding a file nobody vouched
     for, and expire)."""
     audits = state.audits
-    for share in shares(gen, answer, result, worker_key):
+    for share in shares(gen, answer, result, worker_key, group):
         worker = state.registry.get(share.worker_key)
         held = worker.models.get(gen.model) if worker is not None else None
         # A worker lost mid-answer has left the registry: it served the name, so it held the
@@ -124,7 +131,7 @@ def consider_audit(state: QueenState, gen: Generation, hold: Hold | None, worker
             claimed_prompt_tokens=share.claimed_prompt_tokens,
             finish_reason=None, delivered=share.delivered,
             key_id=hold.key_id if hold is not None else None,
-            charged_msat=hold.charged_msat if hold is not None else 0)
+            charged_msat=hold.charged_msat if hold is not None else 0, group=share.group)
         if case is not None:
             audits.consider(case)
 

@@ -199,7 +199,8 @@ async def serve(state: QueenState, request: Request, principal: Principal,
                 held = hold
 
                 def done(run: JobRun, answer: Delivered, result: Result) -> None:
-                    consider_audit(state, gen, held, run.worker.earnings_key, answer, result)
+                    consider_audit(state, gen, held, run.worker.earnings_key, answer, result,
+                                   run.handle.shares)
                     remember_turn(state, gen, scope, run.worker.earnings_key, answer,
                                   delivered_text(gen, answer, result))
 
@@ -224,7 +225,8 @@ async def serve(state: QueenState, request: Request, principal: Principal,
             admission.leave()
     await billing.finish(hold, parts=collected.parts)
     last = collected.parts[-1].worker_key if collected.parts else None
-    consider_audit(state, gen, hold, last, collected.answer, collected.result)
+    consider_audit(state, gen, hold, last, collected.answer, collected.result,
+                   collected.parts[-1].shares if collected.parts else ())
     if len(collected.parts) == 1:
         remember_turn(state, gen, scope, last, collected.answer,
                       delivered_text(gen, collected.answer, collected.result))

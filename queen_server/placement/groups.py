@@ -105,6 +105,8 @@ class GroupService:
         self._tasks: set[asyncio.Task[None]] = set()
         self.relay = GroupRelay(registry, max_channels=settings.group_relay_channels)
         registry.serves_model = self.serves
+        # a member the audits' evidence names (``AuditService.named``): joins no group
+        self.named_by_audits: Callable[[str], bool] = lambda key: False
 
     # --- what routing and billing ask -------------------------------------------------------
 
@@ -128,6 +130,22 @@ class GroupService:
     def head_of(self, group_id: str) -> Worker | None:
         group = self.groups.get(group_id)
         return group.head if group is not None else None
+
+    # --- what audits ask (``audits.service.GroupsForAudits``) -------------------------------
+
+    def need_bytes(self, model: str) -> int | None:
+        """The memory ``model`` needs held whole, as its group was planned (an auditor that
+        re-scores the group's answers alone needs that much); None without a group."""
+        group = self.by_model.get(model)
+        return group.plan.total_bytes if group is not None else None
+
+    def heads(self, model: str) -> list[tuple[Worker, tuple[str, ...]]]:
+        """Each ready group of ``model``: its head and its workers' keys (one group a model
+        today, so never another group than the one audited)."""
+        group = self.by_model.get(model)
+        if group is None or group.phase is not Phase.READY:
+            return []
+        return [(group.head, group.plan.keys)]
 
     def job_lost(self, group_id: str, worker: Worker, reason: str) -> None:
         """The head of ``group_id`` failed a job mid-answer (a part of its group was lost, it
@@ -588,7 +606,8 @@ class GroupService:
         out = []
         for w in self.registry:
             if (w.legacy or w.closed or w.paused or w.flagged or w.held_by or w.key in heading
-                    or w.key in self._cooldown or AUDITOR in w.capabilities):
+                    or w.key in self._cooldown or AUDITOR in w.capabilities
+                    or self.named_by_audits(w.key)):
                 continue
             held = w.models.get(model)
             holds = held is not None and held.sha256 == sha256

@@ -75,3 +75,40 @@ def test_an_ineligible_auditor_is_never_chosen_even_alone():
 def test_the_audited_worker_the_excluded_and_the_flagged_are_never_chosen():
     holders = [Holder("worker"), Holder("good", flagged=True), Holder("new")]
     assert choose(holders, exclude={"new"}) is None
+
+
+GROUP_CASE = case_for(request_id="req-g", model=MODEL, sha256=SHA,
+                      worker_url="/v1/chat/completions",
+                      worker_req={"messages": [{"role": "user", "content": "hi"}]},
+                      worker_key="head", answer="an answer", claimed_completion_tokens=2,
+                      claimed_prompt_tokens=5, finish_reason="stop", single_worker=True,
+                      group=("head", "member-1", "member-2"))
+
+
+def choose_for_group(holders: list[Holder], **kwargs) -> str | None:
+    assert GROUP_CASE is not None
+    chosen = choose_auditor(GROUP_CASE, holders, trusted=kwargs.pop("trusted", ()),
+                            record=record, **kwargs)
+    return chosen.key if chosen is not None else None
+
+
+def test_a_groups_answer_is_never_audited_by_a_worker_of_that_group():
+    """A member holding the file is no auditor of its own group's answer, even trusted and
+    even when the judge would take it (issue 39: no member in common)."""
+    holders = [Holder("member-1"), Holder("member-2")]
+    assert choose_for_group(holders, trusted={"member-1"},
+                            holds_group_model=lambda worker: True) is None
+
+
+def test_a_groups_answer_needs_an_auditor_that_can_hold_the_model():
+    holders = [Holder("good"), Holder("trusted")]
+    assert choose_for_group(holders) is None  # no judge: a lone holder cannot load it
+    big_enough = {"trusted"}
+    assert choose_for_group(holders, trusted={"trusted"},
+                            holds_group_model=lambda w: w.key in big_enough) == "trusted"
+    assert choose_for_group(holders, trusted={"trusted"},
+                            holds_group_model=lambda w: False) is None
+
+
+def test_a_lone_answer_ignores_the_group_judge():
+    assert choose([Holder("good")], holds_group_model=lambda w: False) == "good"
