@@ -20,6 +20,12 @@ taught; cheats are judged by bands learned from every honest job. Then:
 * **Detection:** ``--runs`` streams per cheat kind, each job drawn with replacement from that
   kind's jobs (the temperatures as collected), from a new worker's standing; the table gives
   the share flagged within 20 of its audited jobs, and the median jobs to the flag.
+* **A Sybil pair:** two auditor keys of one party that look independent and fail every audit
+  of an honest worker, among 0-10 honest auditors of the same file; each audit's auditors are
+  drawn at random, a failing first verdict needs a second auditor's, two that agree a third's
+  where there is one, and a disagreement outvotes the failing ones (``sybil_run``). The
+  queen's rules (a flag on untrusted evidence needs ``MIN_ACCUSERS`` accusers; a third opinion)
+  against two may flag, and against the accusers' rule alone.
 * **Cost:** at steady state an established worker is audited at ``audit_base_rate``; an audit
   costs the auditor its ``scoring_s`` (and ``scoring_tokens`` evaluated) against the
   ``generation_s`` (and prompt plus completion tokens) of the job it checks.
@@ -44,13 +50,16 @@ sys.path.insert(0, str(ROOT))
 
 from queen_server.audits.cases import AuditCase, BadScore, read_score  # noqa: E402
 from queen_server.audits.decision import (  # noqa: E402
+    CLIP,
     HonestBands,
     JobScore,
     SprtParams,
     Standing,
     Verdict,
+    enough_accusers,
     judge,
 )
+from queen_server.audits.independence import OUTVOTED_LIMIT  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "trust_scores.json.gz"
 WITHIN = 20  # a cheat must be flagged within this many of its audited jobs
@@ -88,6 +97,55 @@ def stream(verdicts: list[Verdict], params: SprtParams) -> tuple[bool, int]:
         if standing.state == "flagged":
             return True, count
     return False, len(verdicts)
+
+
+SYBIL_POOLS = (0, 1, 3, 10)  # honest auditors holding the model beside the Sybil pair
+
+
+def sybil_run(honest: list[Verdict], others: int, jobs: int, params: SprtParams,
+              rng: random.Random, *, accusers_rule: bool, third_opinion: bool) -> bool:
+    """One honest worker's ``jobs`` audited answers, each audited by auditors drawn at random
+    from a Sybil pair (which fail every answer) and ``others`` honest auditors (whose verdicts
+    are the honest worker's real ones, out of fold). A first failing verdict needs a second
+    auditor's; with ``third_opinion`` (the queen's), two that agree are checked by a third when
+    there is one. An auditor whose failing verdict the next one contradicts is outvoted, and
+    past ``OUTVOTED_LIMIT`` audits no one. ``accusers_rule`` (the queen's): a flag needs
+    ``MIN_ACCUSERS`` accusers. Whether the worker ends flagged."""
+    pool = ["sybil-a", "sybil-b", *(f"honest-{n}" for n in range(others))]
+    outvoted: dict[str, int] = defaultdict(int)
+    accusers: set[str] = set()
+    standing = Standing()
+
+    def opinion(auditor: str) -> Verdict:
+        return Verdict(CLIP, True, "sybil") if auditor.startswith("sybil") else rng.choice(honest)
+
+    for _ in range(jobs):
+        able = [a for a in pool if outvoted[a] < OUTVOTED_LIMIT]
+        if not able:
+            break
+        chosen = [rng.choice(able)]
+        verdict = opinion(chosen[0])
+        while verdict.failed and len(chosen) < (3 if third_opinion else 2):
+            rest = [a for a in able if a not in chosen]
+            if not rest:
+                break
+            chosen.append(rng.choice(rest))
+            more = opinion(chosen[-1])
+            if not more.failed:
+                for wrong in chosen[:-1]:
+                    outvoted[wrong] += 1
+                verdict = Verdict(None)  # they disagree: the job counts for nothing
+                break
+            verdict = Verdict(max(verdict.suspicion or 0, more.suspicion or 0), True, "")
+        if verdict.failed and len(chosen) < 2:
+            continue  # no second opinion: the case expires
+        if verdict.failed:
+            accusers |= set(chosen)
+        standing = standing.after(verdict, params, may_flag=not accusers_rule
+                                  or enough_accusers(accusers, trusted=False))
+        if standing.state == "flagged":
+            return True
+    return False
 
 
 def main() -> None:
@@ -175,6 +233,21 @@ def main() -> None:
         p99 = counts[int(0.99 * (len(counts) - 1))]
         print(f"{kind:<12}{len(verdicts):>6}{within:>15.1%}"
               f"{statistics.median(counts):>13g}{p99 if p99 < 10**6 else '>200':>10}")
+
+    # The Sybil pair.
+    print(f"\na Sybil pair of auditors failing every audit of an honest worker ({args.runs} runs "
+          f"of {args.honest_jobs} audited jobs per pool, auditors drawn at random):")
+    print(f"{'honest auditors beside it':<27}{'two may flag':>14}{'3 accusers':>12}"
+          f"{'the queen (3 accusers, a third opinion)':>41}")
+    every_honest = [v for _, v in by_kind["honest"]]
+    for others in SYBIL_POOLS:
+        shares = []
+        for accusers_rule, third_opinion in ((False, False), (True, False), (True, True)):
+            flagged = sum(sybil_run(every_honest, others, args.honest_jobs, params, rng,
+                                    accusers_rule=accusers_rule, third_opinion=third_opinion)
+                          for _ in range(args.runs))
+            shares.append(flagged / args.runs)
+        print(f"{others:<27}{shares[0]:>14.2%}{shares[1]:>12.2%}{shares[2]:>41.2%}")
 
     # Cost.
     jobs = [job for job, _ in honest]

@@ -172,23 +172,29 @@ def choose_auditor(
     ineligible: Collection[str] = (),
     independent: Callable[[A], bool] | None = None,
     holds_group_model: Callable[[A], bool] | None = None,
+    fresh: Callable[[A], bool] | None = None,
+    busy_too: bool = False,
 ) -> A | None:
     """The best free auditor for ``case`` among the model's holders, or None. ``record(key)``
     is a worker's audit ``(state, audits passed)``: after the operator's trusted auditors come
     the untrusted ones ``independent`` says are independent (of the audited worker and, for a
     second opinion, of the first auditor: ``audits.independence``), then the rest; within each,
     workers in good standing with the longest record, then unknown ones. Never a flagged one,
-    nor one ``ineligible`` (outvoted too often as an auditor).
+    nor one ``ineligible`` (outvoted too often as an auditor). Among equals, one ``fresh`` says
+    has not failed this worker before comes first: a flag on untrusted evidence needs several
+    accusers (``decision.enough_accusers``), so a new one is worth more than the same again.
+    ``busy_too``: one without a free slot will do (is there any such auditor at all?).
 
     A group's answer (``case.group``): never a worker of that group, and only one that
     ``holds_group_model`` says can hold the model (a trusted auditor with the memory, or the
     head of another group with no worker in common); none without that judge."""
-    best: tuple[tuple[int, int, int, int], A] | None = None
+    best: tuple[tuple[int, int, int, int, int], A] | None = None
     group = frozenset(case.group)
     for worker in holders:
         if (worker.key == case.worker_key or worker.key in exclude or worker.flagged
                 or worker.key in ineligible
-                or worker.free_slots <= 0 or capabilities.SCORE not in worker.capabilities):
+                or (worker.free_slots <= 0 and not busy_too)
+                or capabilities.SCORE not in worker.capabilities):
             continue
         if group and (worker.key in group or holds_group_model is None
                       or not holds_group_model(worker)):
@@ -197,11 +203,12 @@ def choose_auditor(
         if case.sha256 is None or held is None or held.sha256 != case.sha256:
             continue
         state, passed = record(worker.key)
+        new = 0 if fresh is None or fresh(worker) else 1
         if worker.key in trusted:
-            rank = (0, 0, 0, -passed)
+            rank = (0, 0, new, 0, -passed)
         elif state in ("good", "unknown"):
             apart = independent is None or independent(worker)
-            rank = (1, 0 if apart else 1, 0 if state == "good" else 1, -passed)
+            rank = (1, 0 if apart else 1, new, 0 if state == "good" else 1, -passed)
         else:
             continue
         if best is None or rank < best[0]:

@@ -41,7 +41,7 @@ pure: the audit service feeds it and acts on its answers.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -414,16 +414,22 @@ class Standing:
     state: State = "unknown"
     reasons: tuple[str, ...] = field(default=())  # the failed jobs' reasons, newest last
 
-    def after(self, verdict: Verdict, params: SprtParams = SprtParams()) -> Standing:
+    def after(self, verdict: Verdict, params: SprtParams = SprtParams(), *,
+              may_flag: bool = True) -> Standing:
         """The standing after one more audited job. A flag stays until an admin clears it; a
-        job that says nothing (``suspicion`` None) is counted but moves nothing."""
+        job that says nothing (``suspicion`` None) is counted but moves nothing. Without
+        ``may_flag`` (the evidence so far comes from too few accusers: ``enough_accusers``) the
+        test is held at its upper line instead: one more failing verdict from a new accuser
+        flags."""
         failed = self.failed + verdict.failed
         reasons = (*self.reasons[-9:], verdict.reason) if verdict.failed else self.reasons
         if self.state == "flagged" or verdict.suspicion is None:
             return replace(self, audited=self.audited + 1, failed=failed, reasons=reasons)
         llr = self.llr + params.step(verdict.suspicion)
         state: State = self.state
-        if llr >= params.upper:
+        if llr >= params.upper and not may_flag:
+            llr = params.upper
+        elif llr >= params.upper:
             state = "flagged"
         elif llr <= params.lower:
             state, llr = "good", params.lower  # held at the boundary: evidence can build again
@@ -432,6 +438,18 @@ class Standing:
     def cleared(self) -> Standing:
         """An admin cleared a false flag: the test starts again."""
         return Standing(audited=self.audited, failed=self.failed)
+
+
+MIN_ACCUSERS = 3  # untrusted auditors whose failing verdicts a flag needs, with no trusted one
+
+
+def enough_accusers(accusers: Collection[str], *, trusted: bool) -> bool:
+    """Whether failing verdicts from ``accusers`` (the distinct auditors whose failing verdicts
+    on a worker counted) may flag it: any from a trusted auditor, else at least
+    ``MIN_ACCUSERS`` of them. Two keys of one party, however independent they look, never
+    flag anyone (issue 39's Sybil pair); a cheat that only two others can audit is audited at
+    the highest rate until a third auditor or a trusted one comes."""
+    return trusted or len(set(accusers)) >= MIN_ACCUSERS
 
 
 def audit_rate(standing: Standing, *, in_escrow: bool, base_rate: float = 0.03,

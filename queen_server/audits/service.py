@@ -50,6 +50,7 @@ from queen_server.audits.decision import (
     Standing,
     Verdict,
     audit_rate,
+    enough_accusers,
     judge,
 )
 from queen_server.audits.independence import AuditorFacts, eligible_auditor, why_dependent
@@ -70,6 +71,7 @@ GOOD_TRUST = 0.8  # a worker in good standing: its speed score counts as 20 % be
 RETRY_S = 1.0  # how often waiting cases look for a free auditor
 AUDITOR_SCAN = 64  # holders looked at per case (beyond the trusted auditors): O(1) per audit
 NAMED_AFTER_HEADS = 2  # a member in failing groups under this many heads is named
+ACCUSERS_READ = 200  # a worker's latest audits read back for its accusers after a restart
 MB = 1024 * 1024
 
 
@@ -104,6 +106,9 @@ class _Waiting:
     exclude: frozenset[str] = frozenset()
     first: Verdict | None = None  # an untrusted auditor's failed verdict, to be confirmed
     first_auditor: AuditorFacts | None = None  # who gave it, as the queen saw it then
+    # A second untrusted auditor's failing verdict agreeing with the first, waiting for a third
+    # opinion (there was a third auditor to ask when it came)
+    second_auditor: AuditorFacts | None = None
 
 
 class AuditService:
@@ -134,6 +139,9 @@ class AuditService:
         # a group member -> the heads of the failing groups it was in (``_blame_members``)
         self._member_heads: dict[str, set[str]] = {}
         self.named: set[str] = set()  # members the evidence names: kept out of groups
+        # a worker -> the auditors whose failing verdicts on it counted ("" for a trusted one):
+        # a flag needs a trusted one or ``MIN_ACCUSERS`` (``decision.enough_accusers``)
+        self._accusers: dict[str, set[str]] = {}
         self.trusted = frozenset(settings.trusted_auditors)  # keys or public ids
         self._trusted_keys: set[str] = set()  # the keys of trusted auditors that joined
         self._records: dict[str, Record] = {}
@@ -333,7 +341,7 @@ class AuditService:
         self._running.discard(task)
         self._wake.set()
 
-    def _auditor_for(self, waiting: _Waiting) -> Worker | None:
+    def _auditor_for(self, waiting: _Waiting, *, busy_too: bool = False) -> Worker | None:
         case = waiting.case
         trusted = [worker for key in self._trusted_keys
                    if (worker := self.registry.get(key)) is not None]
@@ -353,17 +361,20 @@ class AuditService:
             return standing.state, standing.audited - standing.failed
 
         audited = self._facts.get(case.worker_key)
-        first = waiting.first_auditor
+        earlier = [facts for facts in (waiting.first_auditor, waiting.second_auditor) if facts]
+        accusers = self._accusers.get(case.worker_key, set())
 
         def independent(worker: Worker) -> bool:
             facts = self._facts_of(worker)
             return (audited is not None and why_dependent(audited, facts) is None
-                    and (first is None or why_dependent(first, facts) is None))
+                    and all(why_dependent(known, facts) is None for known in earlier))
 
         return choose_auditor(case, scan, trusted={w.key for w in trusted},
                               record=record, exclude=waiting.exclude,
                               ineligible=self._ineligible, independent=independent,
-                              holds_group_model=holds_group_model)
+                              holds_group_model=holds_group_model,
+                              fresh=lambda worker: worker.key not in accusers,
+                              busy_too=busy_too)
 
     def _group_auditor(self, model: str, group: tuple[str, ...],
                        heads: dict[str, tuple[Worker, tuple[str, ...]]]
@@ -423,6 +434,8 @@ class AuditService:
                 return
             why = (why_dependent(waiting.first_auditor, facts)
                    if waiting.first_auditor is not None else "the first auditor is unknown")
+            if why is None and waiting.second_auditor is not None:
+                why = why_dependent(waiting.second_auditor, facts)
             if why is not None:
                 # Agreement between two workers that may be one party proves nothing: wait for
                 # an independent one, as for any second opinion.
@@ -432,29 +445,56 @@ class AuditService:
                 self._count("not_independent")
                 self._again(waiting, auditor)
                 return
+            if waiting.second_auditor is None and self._third_opinion_exists(waiting, auditor):
+                # Two untrusted auditors agree: a third decides where the swarm has one, so a
+                # pair of one party's keys is outvoted wherever an honest auditor can look.
+                self._again(waiting, auditor, second_auditor=facts)
+                return
         if waiting.first is not None and not verdict.failed:
             verdict = Verdict(None, False, "two auditors disagreed")
             self._count("disagreed")
-            await self._outvoted(waiting, auditor, trusted)
+            for wrong in (waiting.first_auditor, waiting.second_auditor):
+                if wrong is not None:
+                    await self._outvoted(waiting, wrong, auditor, trusted)
         self._done_waiting(case.worker_key)
-        await self._settle(case, verdict, score, auditor.key, trusted, tokens, seconds)
+        accusers = ({""} if trusted else {auditor.key, *(
+            facts.key for facts in (waiting.first_auditor, waiting.second_auditor) if facts)})
+        await self._settle(case, verdict, score, auditor.key, trusted, tokens, seconds,
+                           accusers if verdict.failed else set())
 
     def _again(self, waiting: _Waiting, auditor: Worker, *, first: Verdict | None = None,
-               first_auditor: AuditorFacts | None = None) -> None:
+               first_auditor: AuditorFacts | None = None,
+               second_auditor: AuditorFacts | None = None) -> None:
         """Put a case back at the head of the queue for another auditor than ``auditor`` (with
-        the first failing verdict and its auditor, when this was it)."""
+        the first failing verdict and its auditor, when this was it; the second's, when it
+        agreed and a third is to decide)."""
         self._queue.appendleft(_Waiting(waiting.case, waiting.since,
                                         waiting.exclude | {auditor.key},
                                         first or waiting.first,
-                                        first_auditor or waiting.first_auditor))
+                                        first_auditor or waiting.first_auditor,
+                                        second_auditor or waiting.second_auditor))
         self._wake.set()
 
-    async def _outvoted(self, waiting: _Waiting, second: Worker, trusted: bool) -> None:
-        """``second`` contradicted the first auditor's failing verdict: count it against the
-        first when the second's word weighs (trusted, or independent of both the first auditor
-        and the audited worker: a cheat's own second key cannot outvote its honest auditor)."""
-        first = waiting.first_auditor
-        if self.store is None or first is None:
+    def _third_opinion_exists(self, waiting: _Waiting, second: Worker) -> bool:
+        """Whether an auditor other than the first two, independent of them and of the audited
+        worker, holds the file now (free or not): then it, not the two, decides."""
+        probe = _Waiting(waiting.case, waiting.since, waiting.exclude | {second.key},
+                         waiting.first, waiting.first_auditor, self._facts_of(second))
+        third = self._auditor_for(probe, busy_too=True)
+        if third is None or self.is_trusted(third):
+            return third is not None
+        facts = self._facts_of(third)
+        audited = self._facts.get(waiting.case.worker_key)
+        return audited is not None and all(
+            why_dependent(known, facts) is None
+            for known in (audited, probe.first_auditor, probe.second_auditor) if known)
+
+    async def _outvoted(self, waiting: _Waiting, first: AuditorFacts, second: Worker,
+                        trusted: bool) -> None:
+        """``second`` contradicted ``first``'s failing verdict: count it against ``first`` when
+        the second's word weighs (trusted, or independent of both the first auditor and the
+        audited worker: a cheat's own second key cannot outvote its honest auditor)."""
+        if self.store is None:
             return
         if not trusted:
             facts = self._facts_of(second)
@@ -490,12 +530,20 @@ class AuditService:
         raise BadScore(f"the auditor failed the score job: {reason}")
 
     async def _settle(self, case: AuditCase, verdict: Verdict, score: JobScore, auditor_key: str,
-                      trusted: bool, tokens: int, seconds: float) -> None:
+                      trusted: bool, tokens: int, seconds: float,
+                      accusers: set[str] | None = None) -> None:
         assert self.store is not None
         key = case.worker_key
         record = self._records.get(key) or await self.store.record(key)
+        known = await self._accusers_of(key)
+        known |= accusers or set()
         before = record.standing
-        after = before.after(verdict, self.params)
+        after = before.after(verdict, self.params,
+                             may_flag=enough_accusers(known - {""}, trusted="" in known))
+        if after.state != "flagged" and after.llr >= self.params.upper:
+            log.info("worker %s: the audits' evidence would flag it, but it comes from %d "
+                     "untrusted auditor(s) and no trusted one: waiting for another accuser",
+                     key[:12], len(known - {""}))
         flagged_now = after.state == "flagged" and before.state != "flagged"
         if flagged_now:
             record = replace(record, flags=record.flags + 1, flagged_at=datetime.now(UTC))
@@ -517,6 +565,20 @@ class AuditService:
                 if self.metrics is not None:
                     self.metrics.flags.inc()
             await self._consequences(key, record.flags, forfeit=flagged_now)
+
+    async def _accusers_of(self, key: str) -> set[str]:
+        """The auditors whose failing verdicts on ``key`` counted: kept as they come, and read
+        back from its latest audits after a restart (the auditor that settled each; ""
+        for a trusted one)."""
+        known = self._accusers.get(key)
+        if known is None:
+            known = set()
+            if self.store is not None:
+                for row in await self.store.recent(ACCUSERS_READ, worker_key=key):
+                    if row.failed:
+                        known.add("" if row.auditor_trusted else row.auditor_key)
+            self._accusers[key] = known
+        return known
 
     def _blame_members(self, case: AuditCase) -> None:
         """A group's answer failed: its head's standing bears the verdict (the case is the

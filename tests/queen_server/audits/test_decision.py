@@ -12,6 +12,7 @@ import pytest
 from queen_server.audits.decision import (
     CLIP,
     DEFAULT_BANDS,
+    MIN_ACCUSERS,
     PROMPT_SLACK_TOKENS,
     TOKEN_CLIP,
     USAGE_SLACK,
@@ -22,6 +23,7 @@ from queen_server.audits.decision import (
     Standing,
     Verdict,
     audit_rate,
+    enough_accusers,
     judge,
     prompt_allowance,
     score_job,
@@ -289,3 +291,31 @@ def test_a_grammar_does_not_hide_a_prompt_claim(bands):
 def test_a_score_with_no_prompt_counts_checks_no_prompt(bands):
     assert not judge(JobScore(0.0, 40, 40, 40, 0, claimed_prompt_tokens=10_000), bands).failed
     assert not judge(JobScore(0.0, 40, 40, 40, 0, prompt_tokens=1), bands).failed
+
+
+def test_two_accusers_hold_the_test_at_its_line_and_a_third_or_a_trusted_one_flags():
+    """Issue 39's Sybil pair: failing verdicts from two untrusted keys never flag; the test is
+    held at its upper line, so the next failing verdict from a new accuser (or a trusted
+    one) flags at once."""
+    params = SprtParams()
+    failing = Verdict(CLIP, True, "a failing answer")
+    standing = Standing()
+    for _ in range(20):
+        standing = standing.after(failing, params,
+                                  may_flag=enough_accusers({"a", "b"}, trusted=False))
+    assert standing.state == "unknown"
+    assert standing.llr == params.upper
+    assert standing.failed == 20
+    assert standing.after(failing, params,
+                          may_flag=enough_accusers({"a", "b", "c"}, trusted=False)
+                          ).state == "flagged"
+    assert standing.after(failing, params, may_flag=enough_accusers((), trusted=True)
+                          ).state == "flagged"
+    honest = Verdict(-1.0, False, "")
+    assert standing.after(honest, params, may_flag=False).llr < params.upper
+
+
+def test_accusers_are_counted_once_each():
+    assert MIN_ACCUSERS == 3
+    assert not enough_accusers(["a", "a", "b", "b"], trusted=False)
+    assert enough_accusers(["a", "b", "c"], trusted=False)

@@ -146,16 +146,73 @@ async def test_a_cheats_own_twin_cannot_outvote_the_auditor_that_caught_it(tmp_p
             await member.stop()
 
 
-async def test_two_independent_auditors_still_flag_a_real_cheat(tmp_path):
+async def test_an_independent_looking_sybil_pair_never_flags_an_honest_worker(tmp_path):
+    """Two keys of one party that pass every independence test (their own /24s, payout
+    addresses, first seen hours apart) fail every audit of an honest worker: their verdicts
+    count, the worker's test reaches its flag line and is held there, and no flag comes from
+    two accusers (``decision.MIN_ACCUSERS``)."""
+    async with queen_at(tmp_path, **settings(audit_max_wait_s=10)) as queen:
+        honest = await audited_worker(queen, max_jobs=4)
+        sybils = [await (await seen(queen, auditor(queen, host, honest=False,
+                                                   ln_url=f"sybil{n}@getalby.com"), age)).start()
+                  for n, (host, age) in enumerate((("127.0.6.1", 20), ("127.0.7.1", 30)))]
+        client = queen.client()
+        params = SprtParams()
+        while standing(queen, honest.pubkey).llr < params.upper:
+            await ask(queen, client)
+            await queen.wait_until(lambda: queen.state.audits.idle, 15, "audited")
+        for _ in range(3):  # and more, held at the line
+            await ask(queen, client)
+            await queen.wait_until(lambda: queen.state.audits.idle, 15, "audited")
+        record = standing(queen, honest.pubkey)
+        assert record.failed >= 4
+        assert record.state == "unknown"
+        assert record.llr == params.upper
+        assert not queen.state.registry.get(honest.pubkey).flagged
+        for member in (honest, *sybils):
+            await member.stop()
+
+
+async def test_a_third_auditor_outvotes_an_independent_looking_sybil_pair(tmp_path):
+    """The pair has the best records, so it is asked first and second, and agrees; an honest
+    auditor is connected, so it gives the third opinion, passes the answer, and outvotes both:
+    the job counts for nothing, and after ``OUTVOTED_LIMIT`` such jobs the pair audits no one."""
+    async with queen_at(tmp_path, **settings(audit_max_wait_s=10)) as queen:
+        service, store = queen.state.audits, queen.state.audits.store
+        assert store is not None
+        honest = await audited_worker(queen, max_jobs=4)
+        sybils = []
+        for n, (host, age) in enumerate((("127.0.6.1", 20), ("127.0.7.1", 30))):
+            sybil = await seen(queen, auditor(queen, host, honest=False,
+                                              ln_url=f"sybil{n}@getalby.com"), age)
+            await store.save(sybil.pubkey, Record(GOOD))
+            sybils.append(await sybil.start())
+        fair = await (await seen(queen, auditor(queen, "127.0.8.1"), 40)).start()
+        client = queen.client()
+        for _ in range(OUTVOTED_LIMIT + 2):
+            await ask(queen, client)
+            await queen.wait_until(lambda: service.idle, 15, "audited")
+        assert all(not service.auditor_eligible(sybil.pubkey) for sybil in sybils)
+        assert all(len(sybil.scored) == OUTVOTED_LIMIT for sybil in sybils)
+        assert len(fair.scored) == OUTVOTED_LIMIT + 2  # each third opinion, then alone
+        assert await metric(queen, "disagreed") == OUTVOTED_LIMIT
+        record = standing(queen, honest.pubkey)
+        assert record.failed == 0
+        assert record.state != "flagged"
+        for member in (honest, *sybils, fair):
+            await member.stop()
+
+
+async def test_three_independent_auditors_still_flag_a_real_cheat(tmp_path):
     async with queen_at(tmp_path, **settings(audit_max_wait_s=10)) as queen:
         words = len(WORDS.split())
         cheat = await audited_worker(queen, claims=Usage(
             prompt_tokens=7, completion_tokens=3 * words, total_tokens=7 + 3 * words))
         auditors = [await (await seen(queen, auditor(queen, host), age)).start()
-                    for host, age in (("127.0.4.1", 20), ("127.0.5.1", 30))]
+                    for host, age in (("127.0.4.1", 20), ("127.0.5.1", 30), ("127.0.8.1", 40))]
         await until_flagged(queen, queen.client(), cheat.pubkey)
         assert "counted" in standing(queen, cheat.pubkey).reasons[-1]
-        assert all(member.scored for member in auditors)  # each case took both opinions
+        assert all(member.scored for member in auditors)  # a third accuser was needed
         rows = await queen.state.audits.store.recent(10)
         assert rows
         assert all(row.failed and not row.auditor_trusted for row in rows)
