@@ -23,7 +23,8 @@ from queen_server.catalog.hub import HubFiles
 from queen_server.cluster.bus import RedisBus
 from queen_server.cluster.directory import RedisDirectory
 from queen_server.errors import ApiError
-from queen_server.http import admin, earnings, openai, worker_ws
+from queen_server.files.service import make_files
+from queen_server.http import admin, earnings, files, openai, worker_ws
 from queen_server.http import stats as stats_routes
 from queen_server.http.error_handlers import error_response, install_error_handlers
 from queen_server.http.fastpath import FastPath
@@ -134,6 +135,9 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
                             address=",".join(settings.public_url)
                             or f"{settings.host}:{settings.port}")
     state.replicas = replicas
+    if db is not None:  # uploads for fine-tuning (issue 37): records in the database
+        state.files = make_files(settings, db.engine)
+        log.info("files: kept in %s", state.files.blobs.describe())
     # With replicas, each reads back what the others wrote of their workers.
     stats_store = (StatsStore(db.engine, stats, reload=replicas is not None)
                    if db is not None else None)
@@ -206,6 +210,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     app.state.origins = origins
     app.include_router(openai.hot.router)
     app.include_router(openai.router)
+    app.include_router(files.router)
     app.include_router(earnings.router)
     app.include_router(admin.router)
     app.include_router(stats_routes.router)

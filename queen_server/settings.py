@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 import platformdirs
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
@@ -25,12 +25,17 @@ ASYNC_DRIVERS = {"sqlite": "aiosqlite", "postgresql": "asyncpg"}
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 _REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+_S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 PAYOUT_NOTE_MAX = 160  # characters: one line in the worker's app
 
 
 def default_db_url() -> str:
     data_dir = Path(platformdirs.user_data_dir("apiary", appauthor=False))
     return f"sqlite+aiosqlite:///{data_dir / 'queen.sqlite3'}"
+
+
+def default_files_dir() -> Path:
+    return Path(platformdirs.user_data_dir("apiary", appauthor=False)) / "files"
 
 
 def async_database_url(text: str) -> str:
@@ -289,6 +294,20 @@ class QueenSettings(BaseSettings):
     # not named there is judged by the built-in bands.
     audit_bands_file: Path | None = None
 
+    # Files (issue 37): uploads for fine-tuning. Kept in files_dir (made on the first upload),
+    # or, with files_s3_bucket set, in that S3-compatible bucket (made by the operator):
+    # files_s3_url is its endpoint (unset: AWS), the access key and secret its credentials
+    # (unset: boto3's own chain). An upload is at most files_max_bytes and files_max_examples
+    # lines (and at least 10, OpenAI's minimum).
+    files_dir: Path = Field(default_factory=default_files_dir)
+    files_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    files_max_examples: int = Field(default=50_000, ge=10)
+    files_s3_url: str | None = None
+    files_s3_bucket: str | None = None
+    files_s3_access_key: str | None = None
+    files_s3_secret_key: SecretStr | None = None
+    files_s3_region: str = "us-east-1"
+
     @field_validator("api_keys", "lnurl_insecure_hosts", "trusted_auditors", "group_heads",
                      mode="before")
     @classmethod
@@ -344,6 +363,37 @@ class QueenSettings(BaseSettings):
             raise ValueError("a replica id is 1 to 64 letters, digits, '.', '_' or '-', "
                              "starting with a letter or digit")
         return value
+
+    @field_validator("files_s3_url")
+    @classmethod
+    def _s3_endpoint(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("the S3 endpoint is an http:// or https:// URL with a host: e.g. "
+                             "http://minio:9000")
+        return value.strip()
+
+    @field_validator("files_s3_bucket")
+    @classmethod
+    def _s3_bucket(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        if not _S3_BUCKET.fullmatch(value.strip()):
+            raise ValueError(f"{value!r} is not an S3 bucket name (3 to 63 lowercase letters, "
+                             "digits, '.' or '-')")
+        return value.strip()
+
+    @model_validator(mode="after")
+    def _s3_complete(self) -> QueenSettings:
+        if self.files_s3_bucket is None and self.files_s3_url is not None:
+            raise ValueError("APIARY_FILES_S3_URL is set without APIARY_FILES_S3_BUCKET: name "
+                             "the bucket the queen keeps files in")
+        if (self.files_s3_access_key is None) != (self.files_s3_secret_key is None):
+            raise ValueError("set both APIARY_FILES_S3_ACCESS_KEY and APIARY_FILES_S3_SECRET_KEY, "
+                             "or neither (boto3's own credentials)")
+        return self
 
     @property
     def heartbeat_timeout_s(self) -> float:

@@ -3,6 +3,7 @@
 from shared_schema.audits import SCORE_OBJECT, SCORE_URL, SampledScores, ScoreData, ScoreJob
 from shared_schema.capabilities import CAPABILITY_AUDITOR
 from shared_schema.errors import InvalidQueenUrl, InvalidScoreData, ProtocolError, SchemaError
+from shared_schema.files import FileDeleted, FileList, FileObject
 from shared_schema.groups import (
     GroupClose,
     GroupEnd,
@@ -95,6 +96,9 @@ __all__ = [
     "ErrorResponse",
     "Fetch",
     "FetchFailed",
+    "FileDeleted",
+    "FileList",
+    "FileObject",
     "GroupClose",
     "GroupEnd",
     "GroupFailed",

@@ -193,3 +193,24 @@ class QueenSecret(Base):
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[str] = mapped_column(String(128))  # hex
+
+
+class StoredFile(Base):
+    """A file uploaded through the Files API (issue 37): whose it is, what it is, and where its
+    bytes are (``local:files/<id>`` or ``s3://bucket/files/<id>``). A deleted file keeps its row,
+    marked, so that a list page's ``after`` cursor still finds its place; its bytes are gone."""
+
+    __tablename__ = "files"
+    __table_args__ = (Index("ix_files_owner_seq", "owner", "seq"),)
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)  # list order
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    owner: Mapped[str] = mapped_column(String(128))  # key:<id>, dev:<sha256>, or open
+    filename: Mapped[str] = mapped_column(String(255))
+    purpose: Mapped[str] = mapped_column(String(32))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    examples: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    location: Mapped[str] = mapped_column(String(1024))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
