@@ -24,7 +24,9 @@ from queen_server.cluster.bus import RedisBus
 from queen_server.cluster.directory import RedisDirectory
 from queen_server.errors import ApiError
 from queen_server.files.service import make_files
-from queen_server.http import admin, earnings, files, openai, worker_ws
+from queen_server.finetune.service import FineTuning
+from queen_server.finetune.store import JobStore
+from queen_server.http import admin, earnings, files, fine_tuning, openai, worker_ws
 from queen_server.http import stats as stats_routes
 from queen_server.http.error_handlers import error_response, install_error_handlers
 from queen_server.http.fastpath import FastPath
@@ -138,6 +140,8 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     if db is not None:  # uploads for fine-tuning (issue 37): records in the database
         state.files = make_files(settings, db.engine)
         log.info("files: kept in %s", state.files.blobs.describe())
+        state.fine_tuning = FineTuning(settings, JobStore(db.engine), state.files, billing,
+                                       registry.holders, state.price_of)
     # With replicas, each reads back what the others wrote of their workers.
     stats_store = (StatsStore(db.engine, stats, reload=replicas is not None)
                    if db is not None else None)
@@ -158,6 +162,10 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
         if replicas is not None:
             await replicas.start()
         audits.start()
+        if state.fine_tuning is not None:
+            # alone, a queen fails the jobs it left unfinished (their holds are gone); beside
+            # replicas it cannot tell its own from theirs, and leaves them
+            await state.fine_tuning.start(recover=replicas is None)
         placement.start()
         groups.start()
         http = httpx.AsyncClient(timeout=20, trust_env=False)
@@ -177,6 +185,8 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
             await groups.stop()  # tells every group's workers, while they are connected
             await registry.close_all(CLOSE_GOING_AWAY, "the queen is shutting down")
             await audits.stop()
+            if state.fine_tuning is not None:
+                await state.fine_tuning.stop()
             await placement.stop()
             if payouts is not None:
                 await payouts.stop()
@@ -211,6 +221,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     app.include_router(openai.hot.router)
     app.include_router(openai.router)
     app.include_router(files.router)
+    app.include_router(fine_tuning.router)
     app.include_router(earnings.router)
     app.include_router(admin.router)
     app.include_router(stats_routes.router)

@@ -307,6 +307,11 @@ class QueenSettings(BaseSettings):
     files_s3_access_key: str | None = None
     files_s3_secret_key: SecretStr | None = None
     files_s3_region: str = "us-east-1"
+    # Fine-tuning (issue 37): a trained token costs the base model's completion rate times
+    # finetune_price_factor; a job no worker takes within finetune_queue_timeout_s fails, and
+    # its hold goes back.
+    finetune_price_factor: float = Field(default=4.0, gt=0, le=1000)
+    finetune_queue_timeout_s: float = Field(default=3600.0, gt=0)
 
     @field_validator("api_keys", "lnurl_insecure_hosts", "trusted_auditors", "group_heads",
                      mode="before")

@@ -29,6 +29,9 @@ EMBED_TOKENS = "embed_tokens"
 # ``/apiary/score`` jobs (issue 16's re-scoring audits): per-token log-probabilities of a
 # delivered answer in one teacher-forced pass. The queen sends them only to workers with this.
 SCORE = "score"
+# Trains LoRA adapters for fine-tuning jobs (issue 37): its owner opted in. The queen takes a
+# fine-tuning job only for a base model such a worker holds.
+TRAIN = "train"
 # A worker its operator offers as an audit-only re-scorer for the queen's operator (issue 16:
 # trusted auditors, which the queen prefers). It says who runs the worker; ``needs`` never asks it.
 AUDITOR = "auditor"

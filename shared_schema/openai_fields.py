@@ -162,6 +162,19 @@ ENDPOINTS: dict[str, dict[str, FieldRule]] = {
 }
 
 
+FINE_TUNING_JOBS: dict[str, FieldRule] = {
+    "model": honoured("a base model a connected worker that trains holds"),
+    "training_file": honoured("one of the caller's files with purpose fine-tune"),
+    "validation_file": honoured("one of the caller's files with purpose fine-tune"),
+    "suffix": honoured("up to 64 letters, digits, '-' and '_'"),
+    "seed": honoured(),
+    "method": honoured("supervised only"),
+    "hyperparameters": honoured("batch_size, learning_rate_multiplier, n_epochs"),
+    "metadata": honoured("kept and shown on the job"),
+    "integrations": refused("this queen runs no integrations (Weights and Biases)"),
+}
+
+
 def refusal(fields: dict[str, FieldRule], name: str) -> tuple[str, str]:
     """The message and code of the 400 for a top-level field ``name`` that the request model
     does not hold: why it is refused, or that OpenAI defines no such field."""

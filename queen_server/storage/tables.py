@@ -214,3 +214,63 @@ class StoredFile(Base):
     location: Mapped[str] = mapped_column(String(1024))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class FineTuningJobRow(Base):
+    """A fine-tuning job (issue 37): what was asked, what the queen decided, where it stands."""
+
+    __tablename__ = "fine_tuning_jobs"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(128), index=True)  # as the files' owner
+    key_id: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    model: Mapped[str] = mapped_column(String(512))
+    training_file: Mapped[str] = mapped_column(String(128))
+    validation_file: Mapped[str | None] = mapped_column(String(128))
+    suffix: Mapped[str | None] = mapped_column(String(64))
+    seed: Mapped[int] = mapped_column(Integer)
+    n_epochs: Mapped[int] = mapped_column(Integer)
+    batch_size: Mapped[int] = mapped_column(Integer)
+    learning_rate_multiplier: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(20), index=True)
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(String(1000))
+    error_param: Mapped[str | None] = mapped_column(String(64))
+    fine_tuned_model: Mapped[str | None] = mapped_column(String(700))
+    bound_tokens: Mapped[int] = mapped_column(BigInteger)  # the queen's bound on the job
+    trained_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    held_msat: Mapped[int] = mapped_column(BigInteger, default=0)
+    charged_msat: Mapped[int] = mapped_column(BigInteger, default=0)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    estimated_finish: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    metadata_json: Mapped[str | None] = mapped_column(String(20_000))
+    worker_key: Mapped[str | None] = mapped_column(String(64))
+
+
+class FineTuningEventRow(Base):
+    """One event of a fine-tuning job, as ``/events`` lists them (newest first)."""
+
+    __tablename__ = "fine_tuning_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(40), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    level: Mapped[str] = mapped_column(String(8))
+    type: Mapped[str] = mapped_column(String(8))
+    message: Mapped[str] = mapped_column(String(2000))
+    data_json: Mapped[str | None] = mapped_column(String(4000))
+
+
+class FineTuningCheckpointRow(Base):
+    """A checkpoint a job's worker saved (its adapter so far, in the queen's storage)."""
+
+    __tablename__ = "fine_tuning_checkpoints"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(40), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    step: Mapped[int] = mapped_column(Integer)
+    train_loss: Mapped[float | None] = mapped_column(Float)
+    valid_loss: Mapped[float | None] = mapped_column(Float)
+    location: Mapped[str] = mapped_column(String(1000))  # in the queen's file storage

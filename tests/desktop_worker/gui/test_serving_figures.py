@@ -177,6 +177,7 @@ PROMPTS = ["Name three colours.", "What is the capital of France?", "Say hello i
            "Name a planet."]
 
 
+@pytest.mark.timeout(240)  # four real answers at once on 2 cores: slow when the machine is busy
 async def test_the_hardware_tab_shows_four_jobs_served_at_once(tmp_path, settings_for, qtbot):
     async with (running_queen(tmp_path, **SLOW_MACHINE) as queen,
                 open_app(settings_for(queen_url=queen.ws_url, max_jobs=4)) as app):

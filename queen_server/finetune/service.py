@@ -1,0 +1,261 @@
+"""``FineTuning``: the fine-tuning jobs' work, between the HTTP edge and the stores (issue 37).
+
+A job is created whole or not at all: its files are the caller's own and for fine-tuning
+(``Files``: another's reads as none), its base model is one a connected worker with the
+``train`` capability holds (else a 400 naming ``model``, before anything is held), its
+hyperparameters are resolved from the data (``plan.resolve``), and the most it can cost (the
+queen's own bound on its trained tokens, ``plan.bound_trained_tokens``, at the training rate:
+the base model's completion rate times ``finetune_price_factor``) is held from the caller's
+balance (402 when it cannot pay). Then it is ``queued`` with OpenAI's first events.
+
+A job no worker takes within ``finetune_queue_timeout_s`` fails and its hold goes back; a
+cancelled one is charged what was trained until then (nothing, before it ran); a queen that
+restarts fails the jobs it left unfinished (their holds were released by the ledger's recovery
+of stale reservations), with an event saying why. Training on workers comes next (issue 37):
+until then no job leaves ``queued``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from queen_server.errors import InvalidRequest, NotFound
+from queen_server.files.errors import FileNotFound
+from queen_server.finetune.plan import (
+    TrainingData,
+    bound_trained_tokens,
+    resolve,
+)
+from queen_server.finetune.store import JobStore, event_of, job_of
+from shared_schema.capabilities import TRAIN
+from shared_schema.files import FINE_TUNE
+from shared_schema.finetune import (
+    FINISHED,
+    FineTuningJob,
+    FineTuningJobCreate,
+    JobEvent,
+)
+
+if TYPE_CHECKING:
+    from queen_server.billing.pricing import Price
+    from queen_server.billing.service import Billing, Hold, Principal
+    from queen_server.files.service import Files
+    from queen_server.settings import QueenSettings
+    from queen_server.swarm.worker import Worker
+
+log = logging.getLogger(__name__)
+
+JOB_PREFIX = "ftjob-"
+SWEEP_S = 30.0  # how often queued jobs are checked against their deadline
+
+
+class JobNotFound(NotFound):
+    code = "fine_tuning_job_not_found"
+
+    def __init__(self, job_id: str) -> None:
+        shown = job_id if len(job_id) <= 64 else job_id[:61] + "..."
+        super().__init__(f"No such fine-tuning job: {shown}", param="fine_tuning_job_id")
+
+
+class ModelNotTrainable(InvalidRequest):
+    code = "model_not_available"
+
+
+class JobNotCancellable(InvalidRequest):
+    code = "job_not_cancellable"
+
+
+def new_job_id() -> str:
+    return JOB_PREFIX + secrets.token_hex(12)
+
+
+class FineTuning:
+    def __init__(self, settings: QueenSettings, store: JobStore, files: Files,
+                 billing: Billing, holders: Callable[[str], Iterable[Worker]],
+                 price_of: Callable[[str], Price]) -> None:
+        self.settings = settings
+        self.store = store
+        self.files = files
+        self.billing = billing
+        self.holders = holders  # the connected workers holding a model
+        self.price_of = price_of
+        self._holds: dict[str, Hold] = {}  # this replica's jobs' holds, until they finish
+        self._sweeper: asyncio.Task[None] | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self, *, recover: bool = True) -> None:
+        """Fail the jobs a previous run left unfinished (their holds are gone; not beside
+        replicas, whose jobs these may be), then watch the queue's deadline."""
+        for row in await self.store.unfinished() if recover else []:
+            await self._end(row.id, "failed", ("error", "The queen restarted before this job "
+                                               "finished; nothing was charged."),
+                            error=("queen_restarted", "The queen restarted before this job "
+                                   "finished.", None), only_from=(row.status,))
+        self._sweeper = asyncio.create_task(self._sweep(), name="fine-tuning deadlines")
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            try:
+                await self.expire(datetime.now(UTC))
+            except Exception:
+                log.exception("the fine-tuning queue's deadline check failed")
+
+    async def expire(self, now: datetime) -> int:
+        """Fail every job queued longer than ``finetune_queue_timeout_s``; how many."""
+        ended = 0
+        for row in await self.store.unfinished():
+            created = row.created_at if row.created_at.tzinfo else row.created_at.replace(
+                tzinfo=UTC)
+            if row.status != "queued" or (
+                    now - created).total_seconds() < self.settings.finetune_queue_timeout_s:
+                continue
+            waited = int(self.settings.finetune_queue_timeout_s)
+            if await self._end(row.id, "failed", ("error", f"No worker took this job within "
+                                                  f"{waited} s; nothing was charged."),
+                               error=("no_worker", f"No worker that can train {row.model} took "
+                                      f"this job within {waited} s.", "model"),
+                               only_from=("queued",)):
+                ended += 1
+        return ended
+
+    # --- the API ------------------------------------------------------------------------------
+
+    async def create(self, principal: Principal, owner: str,
+                     request: FineTuningJobCreate) -> FineTuningJob:
+        training = await self._file(owner, request.training_file, "training_file")
+        if request.validation_file is not None:
+            await self._file(owner, request.validation_file, "validation_file")
+        self._trainable(request.model)
+        data = TrainingData(examples=training.examples, messages=0, text_bytes=training.bytes)
+        hyper = resolve(request.asked, data)
+        bound = bound_trained_tokens(data, hyper.n_epochs)
+        job_id = new_job_id()
+        price = self.training_price(request.model)
+        hold = await self.billing.hold(principal, job_id, price, [], {"max_tokens": bound},
+                                       completion_limit="max_tokens")
+        if hold is not None:  # a job may wait and train for hours: it takes no request slot
+            await self.billing.limits.release(hold.lease)
+            hold.lease = None
+        try:
+            values = {
+                "id": job_id, "owner": owner,
+                "key_id": principal.key.id if principal.key is not None else None,
+                "created_at": datetime.now(UTC), "model": request.model,
+                "training_file": request.training_file,
+                "validation_file": request.validation_file, "suffix": request.suffix,
+                "seed": request.seed if request.seed is not None else secrets.randbelow(2**31),
+                "n_epochs": hyper.n_epochs, "batch_size": hyper.batch_size,
+                "learning_rate_multiplier": hyper.learning_rate_multiplier,
+                "status": "queued", "bound_tokens": bound,
+                "held_msat": hold.reserved_msat if hold is not None else 0,
+                "metadata_json": json.dumps(request.metadata) if request.metadata else None,
+            }
+            await self.store.add(values, [
+                ("info", f"Validating training file: {request.training_file}"),
+                ("info", "Files validated, moving job to queued state"),
+            ])
+        except BaseException:
+            await self.billing.finish(hold)  # nothing was made: the hold goes back whole
+            raise
+        if hold is not None:
+            self._holds[job_id] = hold
+        log.info("fine-tuning job %s for %s queued: %s, %d examples, %d epochs, at most %d "
+                 "tokens", job_id, owner, request.model, training.examples, hyper.n_epochs,
+                 bound)
+        return await self.get(owner, job_id)
+
+    async def get(self, owner: str, job_id: str) -> FineTuningJob:
+        row = await self.store.get(owner, job_id)
+        if row is None:
+            raise JobNotFound(job_id)
+        return job_of(row)
+
+    async def page(self, owner: str, *, after: str | None,
+                   limit: int) -> tuple[list[FineTuningJob], bool]:
+        found = await self.store.page(owner, after=after, limit=limit)
+        if found is None:
+            raise InvalidRequest(f"Invalid value for 'after': no fine-tuning job {after} of "
+                                 "yours to list after.", param="after")
+        return [job_of(row) for row in found.rows], found.has_more
+
+    async def events(self, owner: str, job_id: str, *, after: str | None,
+                     limit: int) -> tuple[list[JobEvent], bool]:
+        await self.get(owner, job_id)  # another's job reads as none
+        found = await self.store.events(job_id, after=after, limit=limit)
+        return [event_of(row) for row in found.rows], found.has_more
+
+    async def cancel(self, owner: str, job_id: str) -> FineTuningJob:
+        """Cancel a job that has not finished: charged what was trained (nothing before it
+        ran); a finished one answers 400, as at OpenAI."""
+        job = await self.get(owner, job_id)
+        if job.status in FINISHED:
+            raise JobNotCancellable(f"Job {job_id} has already {job.status} and cannot be "
+                                    "cancelled.", param="fine_tuning_job_id")
+        if not await self._end(job_id, "cancelled", ("info", "Job was cancelled; nothing was "
+                                                     "charged."),
+                               only_from=("validating_files", "queued")):
+            return await self.cancel(owner, job_id)  # it changed meanwhile: read it again
+        return await self.get(owner, job_id)
+
+    # --- pieces -------------------------------------------------------------------------------
+
+    def training_price(self, model: str) -> Price:
+        """A trained token at the base model's completion rate times ``finetune_price_factor``
+        (its prompt rate unused)."""
+        price = self.price_of(model)
+        rate = max(1, round(price.completion_msat_per_1k * self.settings.finetune_price_factor))
+        return replace(price, prompt_msat_per_1k=0, completion_msat_per_1k=rate)
+
+    def _trainable(self, model: str) -> None:
+        if any(TRAIN in worker.capabilities and not worker.flagged and not worker.closed
+               for worker in self.holders(model)):
+            return
+        held = any(True for _ in self.holders(model))
+        why = ("no connected worker that trains holds it (workers opt in to training)" if held
+               else "no connected worker holds it")
+        raise ModelNotTrainable(f"The model {model!r} cannot be fine-tuned here now: {why}.",
+                                param="model")
+
+    async def _file(self, owner: str, file_id: str, param: str) -> Any:
+        try:
+            record = await self.files.get(owner, file_id)
+        except FileNotFound:
+            raise InvalidRequest(f"invalid {param}: no file {file_id} of yours",
+                                 param=param, code="invalid_file") from None
+        if record.purpose != FINE_TUNE:
+            raise InvalidRequest(f"invalid {param}: file {file_id} has purpose "
+                                 f"{record.purpose!r}, not 'fine-tune'", param=param,
+                                 code="invalid_file")
+        return record
+
+    async def _end(self, job_id: str, status: str, event: tuple[str, str], *,
+                   error: tuple[str, str, str | None] | None = None,
+                   only_from: tuple[str, ...]) -> bool:
+        """Finish a job: its status, error and event in one step (only from ``only_from``),
+        then its hold settled (nothing trained: nothing charged)."""
+        values: dict[str, Any] = {"status": status, "finished_at": datetime.now(UTC)}
+        if error is not None:
+            values.update(error_code=error[0], error_message=error[1], error_param=error[2])
+        changed = await self.store.change(job_id, values, event, only_from=only_from)
+        if changed:
+            hold = self._holds.pop(job_id, None)
+            if hold is not None:
+                await self.billing.finish(hold)
+        return changed
+

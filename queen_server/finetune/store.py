@@ -1,0 +1,144 @@
+"""Fine-tuning jobs in the queen's database (tables ``fine_tuning_jobs``, ``_events`` and
+``_checkpoints``): every read names the job's owner, so no query can hand one caller another's
+job (another's id reads as no job at all)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from queen_server.storage.tables import FineTuningEventRow, FineTuningJobRow
+from shared_schema.finetune import (
+    FineTuningJob,
+    JobError,
+    JobEvent,
+    ResolvedHyperparameters,
+    ResolvedMethod,
+)
+
+EVENT_PREFIX = "ftevent-"
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    """SQLite gives times back without their zone: they are UTC."""
+    if value is None:
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _seconds(value: datetime | None) -> int | None:
+    value = _utc(value)
+    return int(value.timestamp()) if value is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    rows: list[Any]
+    has_more: bool
+
+
+class JobStore:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def add(self, values: dict[str, Any], events: list[tuple[str, str]]) -> None:
+        """A new job and its first events (level, message), in one transaction."""
+        async with self.engine.begin() as conn:
+            await conn.execute(insert(FineTuningJobRow).values(values))
+            for level, message in events:
+                await conn.execute(insert(FineTuningEventRow).values(
+                    job_id=values["id"], created_at=datetime.now(UTC), level=level,
+                    type="message", message=message, data_json=None))
+
+    async def get(self, owner: str, job_id: str) -> Any | None:
+        async with self.engine.connect() as conn:
+            return (await conn.execute(select(FineTuningJobRow).where(
+                FineTuningJobRow.id == job_id, FineTuningJobRow.owner == owner))).first()
+
+    async def unfinished(self) -> list[Any]:
+        """Every job still validating, queued or running (at start, and for the queue's
+        deadline)."""
+        async with self.engine.connect() as conn:
+            return list((await conn.execute(select(FineTuningJobRow).where(
+                FineTuningJobRow.status.in_(("validating_files", "queued", "running")))))
+                .all())
+
+    async def page(self, owner: str, *, after: str | None, limit: int) -> JobPage | None:
+        """The owner's jobs, newest first, after the job ``after`` (None: no such job of its)."""
+        query = select(FineTuningJobRow).where(FineTuningJobRow.owner == owner)
+        async with self.engine.connect() as conn:
+            if after is not None:
+                cursor = (await conn.execute(select(FineTuningJobRow.created_at,
+                                                    FineTuningJobRow.id).where(
+                    FineTuningJobRow.id == after, FineTuningJobRow.owner == owner))).first()
+                if cursor is None:
+                    return None
+                query = query.where(
+                    (FineTuningJobRow.created_at < cursor.created_at)
+                    | ((FineTuningJobRow.created_at == cursor.created_at)
+                       & (FineTuningJobRow.id < cursor.id)))
+            rows = list((await conn.execute(query.order_by(
+                FineTuningJobRow.created_at.desc(), FineTuningJobRow.id.desc())
+                .limit(limit + 1))).all())
+        return JobPage(rows[:limit], len(rows) > limit)
+
+    async def change(self, job_id: str, values: dict[str, Any],
+                     event: tuple[str, str] | None = None, *,
+                     only_from: tuple[str, ...] = ()) -> bool:
+        """Update a job (only while its status is one of ``only_from``, when given) and add an
+        event, in one transaction; False if the job was not in such a status."""
+        async with self.engine.begin() as conn:
+            query = update(FineTuningJobRow).where(FineTuningJobRow.id == job_id)
+            if only_from:
+                query = query.where(FineTuningJobRow.status.in_(only_from))
+            changed = (await conn.execute(query.values(values))).rowcount
+            if not changed:
+                return False
+            if event is not None:
+                await conn.execute(insert(FineTuningEventRow).values(
+                    job_id=job_id, created_at=datetime.now(UTC), level=event[0],
+                    type="message", message=event[1], data_json=None))
+        return True
+
+    async def events(self, job_id: str, *, after: str | None, limit: int) -> JobPage:
+        """A job's events, newest first (``after``: an event id, ``ftevent-<n>``)."""
+        query = select(FineTuningEventRow).where(FineTuningEventRow.job_id == job_id)
+        if after is not None:
+            try:
+                query = query.where(FineTuningEventRow.id < int(after.removeprefix(EVENT_PREFIX)))
+            except ValueError:
+                return JobPage([], False)
+        async with self.engine.connect() as conn:
+            rows = list((await conn.execute(query.order_by(FineTuningEventRow.id.desc())
+                                            .limit(limit + 1))).all())
+        return JobPage(rows[:limit], len(rows) > limit)
+
+
+def job_of(row: Any) -> FineTuningJob:
+    """The ``fine_tuning.job`` object of a row."""
+    hyper = ResolvedHyperparameters(batch_size=row.batch_size, n_epochs=row.n_epochs,
+                                    learning_rate_multiplier=row.learning_rate_multiplier)
+    error = (JobError(code=row.error_code, message=row.error_message or "",
+                      param=row.error_param) if row.error_code else None)
+    return FineTuningJob(
+        id=row.id, created_at=_seconds(row.created_at) or 0, error=error,
+        fine_tuned_model=row.fine_tuned_model, finished_at=_seconds(row.finished_at),
+        hyperparameters=hyper,
+        method=ResolvedMethod(supervised={"hyperparameters": hyper.model_dump()}),
+        model=row.model, organization_id=row.owner.split(":", 1)[0], seed=row.seed,
+        status=row.status, trained_tokens=row.trained_tokens,
+        training_file=row.training_file, validation_file=row.validation_file,
+        estimated_finish=_seconds(row.estimated_finish),
+        metadata=json.loads(row.metadata_json) if row.metadata_json else None,
+        user_provided_suffix=row.suffix)
+
+
+def event_of(row: Any) -> JobEvent:
+    return JobEvent(id=f"{EVENT_PREFIX}{row.id}", created_at=_seconds(row.created_at) or 0,
+                    level=row.level, message=row.message, type=row.type,
+                    data=json.loads(row.data_json) if row.data_json else None)
