@@ -213,6 +213,15 @@ class FineTuning:
             return await self.cancel(owner, job_id)  # it changed meanwhile: read it again
         return await self.get(owner, job_id)
 
+    async def check_deletable(self, owner: str, file_id: str) -> None:
+        """A file an unfinished job of its owner needs cannot be deleted (400 naming the job):
+        the job would lose its data mid-run."""
+        job_id = await self.store.using(owner, file_id)
+        if job_id is not None:
+            raise InvalidRequest(f"File {file_id} is used by fine-tuning job {job_id}, which "
+                                 "has not finished: cancel the job first, or wait for it.",
+                                 param="file_id", code="file_in_use")
+
     # --- pieces -------------------------------------------------------------------------------
 
     def training_price(self, model: str) -> Price:

@@ -68,6 +68,15 @@ class JobStore:
                 FineTuningJobRow.status.in_(("validating_files", "queued", "running")))))
                 .all())
 
+    async def using(self, owner: str, file_id: str) -> str | None:
+        """An unfinished job of ``owner`` that trains on (or validates with) ``file_id``."""
+        async with self.engine.connect() as conn:
+            return (await conn.execute(select(FineTuningJobRow.id).where(
+                FineTuningJobRow.owner == owner,
+                FineTuningJobRow.status.in_(("validating_files", "queued", "running")),
+                (FineTuningJobRow.training_file == file_id)
+                | (FineTuningJobRow.validation_file == file_id)).limit(1))).scalar()
+
     async def page(self, owner: str, *, after: str | None, limit: int) -> JobPage | None:
         """The owner's jobs, newest first, after the job ``after`` (None: no such job of its)."""
         query = select(FineTuningJobRow).where(FineTuningJobRow.owner == owner)

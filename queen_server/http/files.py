@@ -116,6 +116,9 @@ async def retrieve_file(request: Request, file_id: str) -> Response:
                responses={**NOT_FOUND, **UNAVAILABLE})
 async def delete_file(request: Request, file_id: str) -> Response:
     files, owner = await caller_files(request)
+    fine_tuning = queen(request).fine_tuning
+    if fine_tuning is not None:  # a file a running job trains on stays until the job ends
+        await fine_tuning.check_deletable(owner, file_id)
     record = await files.delete(owner, file_id)
     return json_response(FileDeleted(id=record.id, deleted=True).model_dump(mode="json"))
 

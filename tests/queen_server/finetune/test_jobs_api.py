@@ -172,3 +172,16 @@ async def test_a_job_no_worker_takes_fails_at_its_deadline_and_gives_the_hold_ba
     assert failed.error is not None
     assert (failed.error.code, failed.error.param) == ("no_worker", "model")
     assert await available_msat(queen, secret) == before
+
+
+async def test_a_file_an_unfinished_job_uses_cannot_be_deleted_until_the_job_ends(queen):
+    client = queen.client(api_key=await funded_key(queen, 100_000))
+    upload = await client.files.create(file=("z.jsonl", DATA), purpose="fine-tune")
+    job = await client.fine_tuning.jobs.create(model=ECHO_MODEL, training_file=upload.id)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.files.delete(upload.id)
+    assert (caught.value.body["code"], caught.value.body["param"]) == ("file_in_use", "file_id")
+    assert job.id in caught.value.body["message"]
+    assert (await client.files.retrieve(upload.id)).id == upload.id  # still there
+    await client.fine_tuning.jobs.cancel(job.id)
+    assert (await client.files.delete(upload.id)).deleted
