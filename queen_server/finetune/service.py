@@ -34,7 +34,7 @@ from queen_server.finetune.plan import (
     bound_trained_tokens,
     resolve,
 )
-from queen_server.finetune.store import JobStore, event_of, job_of
+from queen_server.finetune.store import JobStore, as_utc, event_of, job_of
 from shared_schema.capabilities import TRAIN
 from shared_schema.files import FINE_TUNE
 from shared_schema.finetune import (
@@ -120,8 +120,8 @@ class FineTuning:
         """Fail every job queued longer than ``finetune_queue_timeout_s``; how many."""
         ended = 0
         for row in await self.store.unfinished():
-            created = row.created_at if row.created_at.tzinfo else row.created_at.replace(
-                tzinfo=UTC)
+            created = as_utc(row.created_at)
+            assert created is not None
             if row.status != "queued" or (
                     now - created).total_seconds() < self.settings.finetune_queue_timeout_s:
                 continue
@@ -142,6 +142,8 @@ class FineTuning:
         if request.validation_file is not None:
             await self._file(owner, request.validation_file, "validation_file")
         self._trainable(request.model)
+        # The file's own bytes bound its text: every message's JSON (at least 30 bytes) more
+        # than covers the template's per-message tokens, so none are counted again.
         data = TrainingData(examples=training.examples, messages=0, text_bytes=training.bytes)
         hyper = resolve(request.asked, data)
         bound = bound_trained_tokens(data, hyper.n_epochs)

@@ -24,7 +24,7 @@ from shared_schema.finetune import (
 EVENT_PREFIX = "ftevent-"
 
 
-def _utc(value: datetime | None) -> datetime | None:
+def as_utc(value: datetime | None) -> datetime | None:
     """SQLite gives times back without their zone: they are UTC."""
     if value is None:
         return None
@@ -32,7 +32,7 @@ def _utc(value: datetime | None) -> datetime | None:
 
 
 def _seconds(value: datetime | None) -> int | None:
-    value = _utc(value)
+    value = as_utc(value)
     return int(value.timestamp()) if value is not None else None
 
 

@@ -65,8 +65,8 @@ def _page(items: list[Any], has_more: bool) -> Response:
                         402: _error("The caller's balance cannot cover the job's bound")})
 async def create_job(request: Request) -> Response:
     service, principal, owner = await caller(request)
-    state = queen(request)
-    body = parse_body(FineTuningJobCreate, await read_body(request, state.settings.max_body_bytes),
+    body = parse_body(FineTuningJobCreate,
+                      await read_body(request, service.settings.max_body_bytes),
                       FINE_TUNING_JOBS)
     job = await service.create(principal, owner, body)
     return json_response(job.model_dump(mode="json"))
