@@ -141,6 +141,7 @@ class Billing:
         self.shared = redis is not None if shared is None else shared
         # No request lives longer than this: a reservation older is a dead replica's.
         self.stale_reservation_s = 2 * (settings.queue_timeout_s + settings.total_timeout_s) + 60
+        self._owned_prefixes: set[str] = set()  # jobs whose holds the stale sweep leaves alone
         self._last_sweep = 0.0
         unverified = settings.unverified_price_class
         self.prices = (PriceTable.from_file(settings.prices_file, unverified)
@@ -208,11 +209,36 @@ class Billing:
         self._last_sweep = time.monotonic()
         before = datetime.now(UTC) - timedelta(seconds=self.stale_reservation_s)
         released = 0
-        for job_id, key_id, amount in await self.ledger.open_reservations(before):
+        for job_id, key_id, amount in await self.ledger.open_reservations(
+                before, skip_prefixes=self._owned_prefixes):
             if await self.ledger.post(ledger.release(key_id, amount, job_id)):
                 released += amount
                 log.warning("released %d msat reserved on key %d for job %s, which no replica "
                             "finished", amount, key_id, job_id)
+        return released
+
+    def own_reservations(self, prefix: str) -> None:
+        """Holds of jobs whose ids start with ``prefix`` outlive any request (a fine-tuning
+        job waits and trains for hours): the stale sweep leaves them to the service that made
+        them, which ends each with ``finish`` or, from any replica, ``release_job``."""
+        self._owned_prefixes.add(prefix)
+
+    async def release_job(self, job_id: str) -> int:
+        """Release what job ``job_id`` still has reserved, whichever replica reserved it (its
+        ``Hold`` may be in another's memory, or lost with it); nothing if a settle or release
+        closed it. Beside replicas only: a lone queen's restart released every reservation
+        whole (``_recover_reservations``), which the ledger does not record per job. Returns
+        the msat released."""
+        if self.ledger is None or not self.shared:
+            return 0
+        released = 0
+        for job, key_id, amount in await self.ledger.open_reservations(job_id=job_id):
+            if await self.ledger.post(ledger.release(key_id, amount, job)):
+                released += amount
+                state = self._states.get(key_id)
+                if state is not None:
+                    state.available += amount
+                log.info("released %d msat reserved on key %d for job %s", amount, key_id, job)
         return released
 
     # --- who is calling -----------------------------------------------------------------------

@@ -380,19 +380,28 @@ class LedgerStore:
             found = {name: int(balance) for name, balance in rows}
         return last, {name: found.get(name, 0) for name in accounts}
 
-    async def open_reservations(self, before: datetime) -> list[tuple[str, int, int]]:
+    async def open_reservations(self, before: datetime | None = None, *,
+                                job_id: str | None = None,
+                                skip_prefixes: Iterable[str] = ()) -> list[tuple[str, int, int]]:
         """``(job id, key id, msat)`` of each reservation made before ``before`` that neither
-        a settle nor a release has closed: what a dead replica left held."""
+        a settle nor a release has closed: what a dead replica left held. ``job_id``: that
+        job's only; ``skip_prefixes``: not the jobs whose ids start so (they have an owner)."""
         closing = aliased(LedgerTxn)
         job = func.substr(LedgerTxn.id, len("reserve:") + 1)
         query = (
             select(LedgerTxn.id, LedgerEntry.account, LedgerEntry.amount_msat)
             .join(LedgerEntry, LedgerEntry.txn_id == LedgerTxn.id)
-            .where(LedgerTxn.kind == "reserve", LedgerTxn.created_at < before,
+            .where(LedgerTxn.kind == "reserve",
                    LedgerEntry.amount_msat > 0, LedgerEntry.account.endswith(":reserved"),
                    ~exists().where(closing.id.in_([literal("settle:", String).concat(job),
                                                    literal("release:", String).concat(job)])))
         )
+        if before is not None:
+            query = query.where(LedgerTxn.created_at < before)
+        if job_id is not None:
+            query = query.where(LedgerTxn.id == f"reserve:{job_id}")
+        for prefix in skip_prefixes:
+            query = query.where(~LedgerTxn.id.startswith(f"reserve:{prefix}", autoescape=True))
         async with self.engine.connect() as conn:
             rows = (await conn.execute(query)).all()
         return [(txn.removeprefix("reserve:"), int(account.split(":")[1]), int(amount))

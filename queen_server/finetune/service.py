@@ -10,9 +10,12 @@ balance (402 when it cannot pay). Then it is ``queued`` with OpenAI's first even
 
 A job no worker takes within ``finetune_queue_timeout_s`` fails and its hold goes back; a
 cancelled one is charged what was trained until then (nothing, before it ran); a queen that
-restarts fails the jobs it left unfinished (their holds were released by the ledger's recovery
-of stale reservations), with an event saying why. Training on workers comes next (issue 37):
-until then no job leaves ``queued``.
+restarts alone fails the jobs it left unfinished (its restart released every reservation), with
+an event saying why. A job's hold outlives any request's, so the sweep of a dead replica's
+stale reservations leaves it (``Billing.own_reservations``); beside replicas, a job ended on a
+replica that does not hold its ``Hold`` (another's, or one that is gone) is released from the
+ledger by its id (``Billing.release_job``). Training on workers comes next (issue 37): until
+then no job leaves ``queued``.
 """
 
 from __future__ import annotations
@@ -89,6 +92,9 @@ class FineTuning:
         self.price_of = price_of
         self._holds: dict[str, Hold] = {}  # this replica's jobs' holds, until they finish
         self._sweeper: asyncio.Task[None] | None = None
+        # A job's hold lasts as long as the job, hours past any request's: the ledger's sweep
+        # of stale reservations leaves it to this service.
+        billing.own_reservations(JOB_PREFIX)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -268,5 +274,7 @@ class FineTuning:
             hold = self._holds.pop(job_id, None)
             if hold is not None:
                 await self.billing.finish(hold)
+            else:  # another replica's job, or one whose replica is gone: from the ledger
+                await self.billing.release_job(job_id)
         return changed
 

@@ -317,3 +317,28 @@ async def test_stale_reservations_of_a_dead_replica_are_released_job_by_job(repl
     assert await replicas.money(who.key.id) == (10 * COST, 0)
     assert await replicas.billings[1].recover_stale_reservations() == 0  # idempotent
     assert await replicas.clean()
+
+
+async def test_a_long_job_s_hold_outlives_the_stale_sweep_and_is_released_once_from_any_replica(
+        replicas):
+    """A fine-tuning job's hold (issue 37) waits and trains for hours: the sweep of a dead
+    replica's reservations leaves the jobs whose ids the owning service claimed, and that
+    service releases one from any replica, by its job id, once."""
+    who = await replicas.key(10 * COST)
+    for billing in replicas.billings:
+        billing.own_reservations("ftjob-")
+    maker = replicas.billings[0]
+    long_hold = await maker.hold(who, "ftjob-1", TINY, PROMPT, {"max_tokens": TOKENS})
+    assert long_hold is not None
+    assert await replicas.hold(1, who) is not None  # a request's hold, left by a dead replica
+    survivor = replicas.billings[2]
+    survivor.stale_reservation_s = 0
+    await asyncio.sleep(0.01)  # strictly older than now
+    assert await survivor.recover_stale_reservations() == COST  # the request's only
+    assert await replicas.money(who.key.id) == (9 * COST, COST)
+    # The job ends on another replica than the one holding its Hold: released from the ledger.
+    assert await survivor.release_job("ftjob-1") == COST
+    assert await replicas.money(who.key.id) == (10 * COST, 0)
+    assert await replicas.billings[1].release_job("ftjob-1") == 0  # once
+    assert await survivor.release_job("ftjob-unknown") == 0
+    assert await replicas.clean()
