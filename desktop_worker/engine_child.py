@@ -135,7 +135,12 @@ def _load(message: Load) -> tuple[Any, Loaded, Any]:
     from desktop_worker.engine.llama_model import LlamaContext, check_before_load
     from shared_schema.fitting import LoadPlan
 
-    check_before_load(message.model_path)
+    adapter = message.adapter
+    if adapter is not None and message.head is not None:
+        from desktop_worker.errors import UnsupportedRequest
+
+        raise UnsupportedRequest("a model group's head serves no LoRA adapter")
+    check_before_load(message.model_path, adapter.path if adapter else None)
     if message.head is not None:
         from desktop_worker.groups.head import HeadConfig
         from desktop_worker.groups.head_load import load_head
@@ -154,7 +159,8 @@ def _load(message: Load) -> tuple[Any, Loaded, Any]:
 
     context = LlamaContext(message.name, Path(message.model_path), plan,
                            n_threads=message.n_threads, embedding=message.embedding,
-                           slots=message.slots)
+                           slots=message.slots, adapter=Path(adapter.path) if adapter else None,
+                           adapter_scale=adapter.scale if adapter else 1.0)
     from desktop_worker.engine.devices import gpu_device_names
 
     return context, Loaded(n_ctx=context.llama.n_ctx(), slots=context.slots,

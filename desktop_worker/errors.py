@@ -225,3 +225,12 @@ class RpcRefused(GroupLinkError):
         self.code = code
         self.detail = detail
         self.by = by
+
+
+# --- fine-tuned models: a LoRA adapter on its base (issue 37) ------------------------------------
+
+
+class InvalidAdapter(InvalidModelFile):
+    """A LoRA adapter file is not one this worker serves on its base model: not a GGUF LoRA
+    adapter, of another architecture, tensors that are not the base's or not its shapes, or
+    over the size bound (``engine.adapters``). Refused before llama.cpp opens it."""

@@ -140,6 +140,13 @@ class HeadLoad(WireModel):
     output_on_cpu: bool = False
 
 
+class LoadAdapter(WireModel):
+    """A LoRA adapter applied to the model a ``Load`` names (a fine-tuned model, issue 37)."""
+
+    path: Path_
+    scale: Annotated[float, Field(ge=0.0, le=16.0, allow_inf_nan=False)] = 1.0
+
+
 class Load(WireModel):
     type: Literal["load"] = "load"
     name: Annotated[str, Field(max_length=512)]
@@ -150,6 +157,7 @@ class Load(WireModel):
     embedding: bool = False
     head: HeadLoad | None = None
     slots: Slots = 1  # sequences decoded in one batch (issue 36); 1 for heads and embeddings
+    adapter: LoadAdapter | None = None  # base + this LoRA adapter (issue 37); not for heads
 
 
 class Stream(WireModel):

@@ -10,6 +10,7 @@ Everything here blocks and runs in one thread, never on the event loop.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import logging
 import threading
@@ -22,6 +23,7 @@ from llama_cpp import Llama
 from llama_cpp import _internals as internals
 from llama_cpp.llama_chat_format import format_llama2
 
+from desktop_worker.engine.adapters import check_adapter_file
 from desktop_worker.engine.batch import BatchEngine, Event
 from desktop_worker.engine.chat_template import ChatTemplate
 from desktop_worker.engine.constraints import ScoreConstraints
@@ -80,7 +82,12 @@ class LlamaContext:
         embedding: bool = False,
         tensor_split: tuple[float, ...] | None = None,
         slots: int = 1,
+        adapter: Path | None = None,
+        adapter_scale: float = 1.0,
     ) -> None:
+        """``adapter``: a GGUF LoRA adapter applied to every context of this model at
+        ``adapter_scale`` (a fine-tuned model, issue 37), checked by the caller
+        (``engine.adapters``); the base's weights stay memory-mapped."""
         self.name = name
         self.plan = plan
         self.embedding = embedding
@@ -101,6 +108,14 @@ class LlamaContext:
             self.llama = Llama(**kwargs)
         except (ValueError, RuntimeError, OSError) as exc:
             raise ModelLoadError(f"llama.cpp could not load {name}: {exc}") from exc
+        self._adapter: Any = None
+        self.adapter_scale = adapter_scale
+        if adapter is not None:
+            try:
+                self._attach(adapter)
+            except ModelLoadError:
+                self.llama.close()
+                raise
         self.busy = threading.Lock()  # in this process, one job at a time (``stream``)
         self._pieces = Pieces(self.llama._model.vocab)
         self._usage: dict[str, int] = {}
@@ -140,9 +155,31 @@ class LlamaContext:
             except ValueError as exc:
                 raise ModelLoadError(f"llama.cpp could not make a context of {self.slots} "
                                      f"sequences for {self.name}: {exc}") from exc
+            if self._adapter is not None:
+                self._apply_adapter(ctx.ctx)
         return BatchEngine(ctx, vocab=llama._model.vocab, n_vocab=llama.n_vocab(),
                            n_ctx_seq=llama.n_ctx(), slots=self.slots, n_batch=n_batch,
                            pieces=self._pieces)
+
+    def _attach(self, path: Path) -> None:
+        """Load the LoRA adapter at ``path`` onto the model and apply it to the model's own
+        context. llama-cpp-python's ``lora_path`` does the same for that one context, but also
+        turns memory-mapping off (a leftover from merging adapters into weights); llama.cpp
+        applies an adapter per context, so the batched context gets it too (``_batch_engine``)."""
+        handle = llama_cpp.llama_adapter_lora_init(self.llama._model.model,
+                                                   str(path).encode("utf-8"))
+        if not handle:  # llama.cpp logs why (a shape, a name) and returns NULL
+            raise ModelLoadError(f"llama.cpp refused the LoRA adapter {Path(path).name} of "
+                                 f"{self.name} (not an adapter of this base model)")
+        self._adapter = handle
+        self.llama._stack.callback(llama_cpp.llama_adapter_lora_free, handle)  # before the model
+        self._apply_adapter(self.llama._ctx.ctx)
+
+    def _apply_adapter(self, ctx: Any) -> None:
+        adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(self._adapter)
+        scales = (ctypes.c_float * 1)(self.adapter_scale)
+        if llama_cpp.llama_set_adapters_lora(ctx, adapters, 1, scales):
+            raise ModelLoadError(f"llama.cpp could not apply the LoRA adapter of {self.name}")
 
     def close(self) -> None:
         if self.engine is not None:
@@ -321,12 +358,15 @@ class LlamaContext:
         return vectors, sum(len(tokens) for tokens in inputs)
 
 
-def check_before_load(path: str) -> None:
+def check_before_load(path: str, adapter: str | None = None) -> None:
     """Refuse a model file whose header or tensor table is not sound (``InvalidModelFile``,
-    from ``store.gguf_info.check_model_file``: every part of it), before llama.cpp opens it
-    (issue 34). It runs in the engine child, inside the sandbox, like the load itself: the
-    file may have changed since the store read it."""
+    from ``store.gguf_info.check_model_file``: every part of it), and an ``adapter`` that is
+    not a LoRA adapter of it (``InvalidAdapter``, ``engine.adapters``), before llama.cpp opens
+    them (issues 34, 37). It runs in the engine child, inside the sandbox, like the load
+    itself: the files may have changed since the worker read them."""
     check_model_file(Path(path))
+    if adapter is not None:
+        check_adapter_file(Path(adapter), Path(path))
 
 
 def llama_context(model: Any, plan: LoadPlan, n_threads: int | None,
@@ -334,5 +374,7 @@ def llama_context(model: Any, plan: LoadPlan, n_threads: int | None,
     """A context in this process: what an engine child makes, and what the benchmarks and
     the engine's own tests compare against. The worker's pool makes its contexts in engine
     children (``sandbox.context.SandboxedContexts``)."""
+    adapter = getattr(model, "adapter", None)  # a fine-tuned model (``pool.AdaptedModel``)
     return LlamaContext(model.name, model.path, plan, n_threads=n_threads, embedding=embedding,
-                        slots=slots)
+                        slots=slots, adapter=adapter.path if adapter else None,
+                        adapter_scale=adapter.scale if adapter else 1.0)

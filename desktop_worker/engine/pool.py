@@ -2,6 +2,11 @@
 blocking work in threads, and unload idle models (least recently used first) to stay within
 the memory budget. ``choose_evictions`` is the pure deciding part.
 
+A fine-tuned model (issue 37) is served under its own name as its base plus a LoRA adapter:
+``register_adapter(name, base_name, adapter_path)`` checks the adapter against the base
+(``engine.adapters``); from then on ``name`` loads as an ``AdaptedModel``, beside the plain
+base, counted as the base plus the adapter.
+
 Each context is made by the pool's factory (``contexts``). The worker's is
 ``sandbox.context.SandboxedContexts`` (issue 34): every context is a confined engine child, so
 the worker's process never loads llama.cpp; the engine's own tests and the benchmarks pass
@@ -18,8 +23,10 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from desktop_worker.engine.adapters import AdapterInfo, check_adapter_file
 from desktop_worker.engine.scores import Score, ScoreRequest
 from shared_schema.fitting import (
     MB,
@@ -67,6 +74,41 @@ class ServableModel(Protocol):
     def size_bytes(self) -> int: ...
     @property
     def info(self) -> ModelShape: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Adapter:
+    """A checked LoRA adapter file and the scale it is applied at."""
+
+    path: Path
+    size_bytes: int
+    scale: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptedModel:
+    """A fine-tuned model as the pool serves it: its base's file and shape, the adapter on
+    top, under its own name; its size the base's plus the adapter's."""
+
+    name: str
+    base: ServableModel
+    adapter: Adapter
+
+    @property
+    def path(self) -> Any:
+        return self.base.path
+
+    @property
+    def paths(self) -> tuple[Any, ...]:
+        return tuple(getattr(self.base, "paths", None) or (self.base.path,))
+
+    @property
+    def size_bytes(self) -> int:
+        return self.base.size_bytes + self.adapter.size_bytes
+
+    @property
+    def info(self) -> ModelShape:
+        return self.base.info
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +189,7 @@ class ModelPool:
         self.free_vram_mb = free_vram_mb
         self.budget_mb = budget_mb
         self._loaded: dict[str, _Loaded] = {}
+        self._adapters: dict[str, tuple[str, Adapter]] = {}  # name -> (base name, adapter)
         self._load_locks: dict[str, asyncio.Lock] = {}
         self._freed = asyncio.Condition()
         self._executor = ThreadPoolExecutor(max_workers=max_jobs + 1,
@@ -169,6 +212,45 @@ class ModelPool:
         limit = self.max_contexts(name) if self.max_contexts is not None else None
         return max(1, min(self.max_jobs, limit)) if limit is not None else self.max_jobs
 
+    # --- fine-tuned models ---------------------------------------------------------------------
+
+    async def register_adapter(self, name: str, base_name: str, adapter_path: Path | str, *,
+                               scale: float = 1.0) -> AdapterInfo:
+        """Serve ``name`` as ``base_name`` (resolved as any model) plus the LoRA adapter at
+        ``adapter_path``, once the adapter passes ``check_adapter_file`` against that base
+        (``InvalidAdapter`` otherwise, and nothing changes). A name loaded with another
+        adapter or base is unloaded, so its next job loads the new one."""
+        if name == base_name:
+            raise ValueError("a fine-tuned model needs a name of its own")
+        if not 0.0 <= scale <= 16.0:
+            raise ValueError(f"an adapter's scale is 0 to 16, not {scale}")
+        base = self.resolve(base_name)
+        info = await self._run(check_adapter_file, Path(adapter_path), Path(base.path))
+        registered = (base_name, Adapter(info.path, info.size_bytes, scale))
+        if self._adapters.get(name) != registered:
+            await self.unload(name)
+            self._adapters[name] = registered
+        log.info("%s is %s with the LoRA adapter %s (%d bytes, %d weights)", name, base_name,
+                 info.path.name, info.size_bytes, len(info.ranks))
+        return info
+
+    async def forget_adapter(self, name: str) -> None:
+        """Stop serving a fine-tuned name (unloaded first); its base stays as it is."""
+        if self._adapters.pop(name, None) is not None:
+            await self.unload(name)
+
+    def adapted(self) -> dict[str, str]:
+        """The fine-tuned names this pool serves, each with its base's name."""
+        return {name: base for name, (base, _) in self._adapters.items()}
+
+    def _model(self, name: str) -> ServableModel:
+        """What ``name`` loads: a registered fine-tuned model, or what ``resolve`` says."""
+        registered = self._adapters.get(name)
+        if registered is None:
+            return self.resolve(name)
+        base_name, adapter = registered
+        return AdaptedModel(name, self.resolve(base_name), adapter)
+
     # --- loading ------------------------------------------------------------------------------
 
     async def _run(self, func: Callable[..., Any], *args: Any) -> Any:
@@ -187,7 +269,7 @@ class ModelPool:
             entry = self._loaded.get(name)
             if entry is not None:
                 return entry
-            model = self.resolve(name)
+            model = self._model(name)
             plan = plan_load(model.info, self.free_vram_mb(), gpu_layers=self.gpu_layers,
                              n_ctx=self.n_ctx)
             entry = _Loaded(model, plan, slots=self._slots(name, model, plan))

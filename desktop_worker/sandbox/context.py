@@ -16,8 +16,10 @@ import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from desktop_worker.engine.adapters import check_adapter_file
 from desktop_worker.engine.scores import Score, ScoreRequest
 from desktop_worker.errors import (
     EngineCrashed,
@@ -35,6 +37,7 @@ from shared_schema.engine_ipc import (
     Failed,
     HeadLoaded,
     Load,
+    LoadAdapter,
     Loaded,
     Scored,
     ScoreJob,
@@ -323,16 +326,21 @@ class SandboxedContexts:
     def __call__(self, model: Any, plan: LoadPlan, n_threads: int | None,
                  embedding: bool, slots: int = 1) -> SandboxedContext:
         files = [str(path) for path in getattr(model, "paths", None) or (model.path,)]
+        adapter = getattr(model, "adapter", None)  # a fine-tuned model (``pool.AdaptedModel``)
+        if adapter is not None:  # refused here, before a child starts (and again in it)
+            check_adapter_file(Path(adapter.path), Path(model.path))
         slots = 1 if embedding else slots
         cost = memory_cost_mb(model.info, model.size_bytes, plan.n_ctx,
                               slots + 1 if slots > 1 else 1)
         policy = policy_for("context", model_files=files,
                             memory_mb=cost if self.memory_limits else None,
-                            extra_read=self.extra_read, gpus=plan.n_gpu_layers != 0)
+                            extra_read=self.extra_read, gpus=plan.n_gpu_layers != 0,
+                            adapter_files=[str(adapter.path)] if adapter else ())
         process = EngineProcess("context", policy, label=f"engine {model.name}")
         load = Load(name=model.name, model_path=str(model.path), n_ctx=plan.n_ctx,
                     n_gpu_layers=plan.n_gpu_layers, n_threads=n_threads, embedding=embedding,
-                    slots=slots)
+                    slots=slots, adapter=LoadAdapter(path=str(adapter.path), scale=adapter.scale)
+                    if adapter else None)
         context = SandboxedContext(model.name, process, load,
                                    ready_timeout_s=self.load_timeout_s, on_crash=self.on_crash)
         self._tell(context)

@@ -114,14 +114,17 @@ def policy_for(
     connect_ports: Sequence[int] = (),
     extra_read: Sequence[str] = (),
     gpus: bool = True,
+    adapter_files: Sequence[str] = (),
 ) -> SandboxPolicy:
     """The policy of one child. ``model_files``: every file of the model it loads (a context
     or a head; a member and a probe read none); ``memory_mb``: the model's cost on this worker
     (``fitting.memory_cost_mb``), to which ``RUNTIME_ALLOWANCE_MB`` is added (None: no limit);
     ``bind_ports``: a member's RPC port; ``connect_ports``: a head's dialers; ``gpus``: whether
     it may open the GPU devices (not when the owner keeps layers off the GPU); ``scratch``:
-    its folder (None: ``EngineProcess`` makes one)."""
-    read = _unique([*python_paths(), *SYSTEM_READ, *model_files, *extra_read])[:MAX_PATHS]
+    its folder (None: ``EngineProcess`` makes one); ``adapter_files``: a fine-tuned model's
+    LoRA adapter (issue 37), read-only like the model's files."""
+    read = _unique([*python_paths(), *SYSTEM_READ, *model_files, *adapter_files,
+                    *extra_read])[:MAX_PATHS]
     devices = device_paths() if gpus else []
     return SandboxPolicy(
         read_paths=read,
