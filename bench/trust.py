@@ -20,6 +20,10 @@ taught; cheats are judged by bands learned from every honest job. Then:
 * **Detection:** ``--runs`` streams per cheat kind, each job drawn with replacement from that
   kind's jobs (the temperatures as collected), from a new worker's standing; the table gives
   the share flagged within 20 of its audited jobs, and the median jobs to the flag.
+* **The rule before issue 39's robust test:** ``--contamination 0`` weighs every job in full
+  (no ``job_cap``), as the queen did before; the default is ``SprtParams``'s. The per-job table
+  says how many failed jobs weigh in full (evidence no honest answer gives) against ambiguous
+  ones (their scores: at most ``job_cap`` each).
 * **A Sybil pair:** two auditor keys of one party that look independent and fail every audit
   of an honest worker, among 0-10 honest auditors of the same file; each audit's auditors are
   drawn at random, a failing first verdict needs a second auditor's, two that agree a third's
@@ -30,7 +34,8 @@ taught; cheats are judged by bands learned from every honest job. Then:
   costs the auditor its ``scoring_s`` (and ``scoring_tokens`` evaluated) against the
   ``generation_s`` (and prompt plus completion tokens) of the job it checks.
 
-    .venv/bin/python bench/trust.py [--data PATH] [--runs 1000] [--bands OUT.json]
+    .venv/bin/python bench/trust.py [--data PATH] [--runs 1000] [--contamination EPS]
+        [--bands OUT.json]
 """
 
 from __future__ import annotations
@@ -136,7 +141,8 @@ def sybil_run(honest: list[Verdict], others: int, jobs: int, params: SprtParams,
                     outvoted[wrong] += 1
                 verdict = Verdict(None)  # they disagree: the job counts for nothing
                 break
-            verdict = Verdict(max(verdict.suspicion or 0, more.suspicion or 0), True, "")
+            verdict = Verdict(max(verdict.suspicion or 0, more.suspicion or 0), True, "",
+                              verdict.ambiguous and more.ambiguous)
         if verdict.failed and len(chosen) < 2:
             continue  # no second opinion: the case expires
         if verdict.failed:
@@ -154,11 +160,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--honest-jobs", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=16)
+    parser.add_argument("--contamination", type=float, default=SprtParams().contamination,
+                        help="the share of honest jobs the test allows to score anyhow (0: "
+                        "every job weighs in full, the rule before issue 39)")
     parser.add_argument("--bands", type=Path, help="write the bands learned from all honest "
                         "jobs here, as an APIARY_AUDIT_BANDS_FILE")
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    params = SprtParams()
+    params = SprtParams(contamination=args.contamination)
     meta, scored = load(args.data)
     honest = [(job, score) for job, score in scored if job["kind"] == "honest"]
     rng.shuffle(honest)
@@ -174,6 +183,9 @@ def main() -> None:
 
     print(f"data: {args.data.name}, {len(scored)} scored jobs ({len(honest)} honest), model "
           f"{meta['model']} ({meta['model_sha256'][:12]}…), {meta.get('machine', '?')}")
+    print(f"test: delta {params.delta:g}, alpha {params.alpha:g}, beta {params.beta:g}, flag at "
+          f"{params.upper:.2f}, good at {params.lower:.2f}; contamination {params.contamination:g}:"
+          f" an ambiguous job adds at most {params.job_cap:.2f}")
     print("bands learned from every honest job (each honest job below is judged by those of "
           "the other half):")
     for band in bands.bands:
@@ -191,8 +203,8 @@ def main() -> None:
         if job["kind"] != "honest":
             by_kind[job["kind"]].append((job, judge(score, bands)))
     print("\nper job (honest jobs judged out of fold; every cheat job):")
-    print(f"{'kind':<12}{'jobs':>6}{'failed':>9}{'T=0':>8}{'T=0.7':>8}{'T=1':>8}"
-          f"{'mean suspicion':>16}")
+    print(f"{'kind':<14}{'jobs':>6}{'failed':>9}{'T=0':>8}{'T=0.7':>8}{'T=1':>8}"
+          f"{'mean suspicion':>16}{'failed, in full':>17}")
     for kind, verdicts in by_kind.items():
         rates = []
         for temperature in (0.0, 0.7, 1.0):
@@ -201,8 +213,9 @@ def main() -> None:
         informative = [v.suspicion for _, v in verdicts if v.suspicion is not None]
         mean = statistics.fmean(informative) if informative else float("nan")
         failed = sum(v.failed for _, v in verdicts) / len(verdicts)
-        print(f"{kind:<12}{len(verdicts):>6}{failed:>9.1%}{rates[0]:>8}{rates[1]:>8}"
-              f"{rates[2]:>8}{mean:>16.2f}")
+        full = sum(v.failed and not v.ambiguous for _, v in verdicts)
+        print(f"{kind:<14}{len(verdicts):>6}{failed:>9.1%}{rates[0]:>8}{rates[1]:>8}"
+              f"{rates[2]:>8}{mean:>16.2f}{full:>17}")
 
     # False flags.
     print("\nhonest workers (every job, judged out of fold):")
@@ -220,7 +233,7 @@ def main() -> None:
 
     # Detection.
     print(f"\ncheats (new workers; {args.runs} resampled runs each):")
-    print(f"{'kind':<12}{'jobs':>6}{f'flagged <= {WITHIN}':>15}{'median jobs':>13}"
+    print(f"{'kind':<14}{'jobs':>6}{f'flagged <= {WITHIN}':>15}{'median jobs':>13}"
           f"{'p99 jobs':>10}")
     for kind, pairs in by_kind.items():
         if kind == "honest":
@@ -231,7 +244,7 @@ def main() -> None:
         within = sum(flag and count <= WITHIN for flag, count in results) / args.runs
         counts = sorted(count if flag else 10**6 for flag, count in results)
         p99 = counts[int(0.99 * (len(counts) - 1))]
-        print(f"{kind:<12}{len(verdicts):>6}{within:>15.1%}"
+        print(f"{kind:<14}{len(verdicts):>6}{within:>15.1%}"
               f"{statistics.median(counts):>13g}{p99 if p99 < 10**6 else '>200':>10}")
 
     # The Sybil pair.

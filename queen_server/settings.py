@@ -293,6 +293,11 @@ class QueenSettings(BaseSettings):
     # Honest bands learned from real runs (``bench/trust.py --bands``): {sha256: bands}; a file
     # not named there is judged by the built-in bands.
     audit_bands_file: Path | None = None
+    # The share of honest answers whose scores may look like a cheat's (a word the auditor
+    # tokenizes otherwise than the worker generated it): a job whose only evidence is its scores
+    # weighs at most Huber's censoring point for it in the sequential test (issue 39). Higher:
+    # fewer honest workers flagged, subtle cheats (a smaller quant) flagged a few jobs later.
+    audit_contamination: float = Field(default=0.01, ge=0, lt=0.5)
 
     # Files (issue 37): uploads for fine-tuning. Kept in files_dir (made on the first upload),
     # or, with files_s3_bucket set, in that S3-compatible bucket (made by the operator):

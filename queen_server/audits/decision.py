@@ -33,9 +33,21 @@ A single job flags nobody. Jobs combine per worker in Wald's sequential probabil
 ``log((1 - beta) / alpha)``, and is in good standing when it falls below ``log(beta / (1 -
 alpha))``, where it is held so that evidence can build again if the worker turns. ``alpha``
 bounds the false-flag rate, ``beta`` the missed cheats; with ``CLIP`` below the flag line no
-single job, however unlucky, can flag a worker. ``audit_rate`` audits most of a new worker's
-jobs and a few percent of an established one's, more as its test drifts. Everything here is
-pure: the audit service feeds it and acts on its answers.
+single job, however unlucky, can flag a worker.
+
+Honest scores are not N(0, 1) in the tail: about 1 % of honest answers score like a cheat's
+(real SmolLM2 runs), mostly where the auditor's tokenization of the delivered text differs from
+the worker's (" tragic"+"o" generated, " trag"+"ico" re-tokenised: a miss, then near-ties tipped
+the other way for a few tokens, again at each use of the word), and no reading of one job's
+scores tells such an answer from a smaller model's. So a job whose evidence is its scores is
+``Verdict.ambiguous`` and weighs at most ``SprtParams.job_cap`` in the test: Huber's censored
+probability ratio test for a share ``contamination`` of honest jobs that may score anyhow
+(``censoring_point``). Evidence no honest answer gives weighs in full: usage past the counts, a
+false "length", a broken format, an end the model would not make, an answer far surer than
+sampling, and an answer that is mostly not the model's text (``not_the_models``: garbage, text
+for another prompt). ``audit_rate`` audits most of a new worker's jobs and a few percent of an
+established one's, more as its test drifts. Everything here is pure: the audit service feeds it
+and acts on its answers.
 """
 
 from __future__ import annotations
@@ -69,6 +81,14 @@ TOKEN_CLIP = 4.0
 # top and below -7.
 END_GAP = 3.0
 END_FLOOR = -6.9
+# An answer that is mostly not the model's text: more than half of a greedy answer's positions
+# are clear misses, or a sampled answer's tokens sit on average more than TOKEN_CLIP / 2 nats
+# below expectation, over at least this many positions (``not_the_models``). Real SmolLM2 runs
+# (1,702 honest jobs): honest answers at most 12 % misses and -0.9 nats a token (a re-tokenised
+# word touches a few tokens); garbage and a shape-picker's garbage 89-100 % and -2.7 to -4; a
+# requantised model 3-45 % and -1.1 at worst, another prompt's answer 36-58 % and -1.0 (those
+# under the line weigh as ambiguous: a few more jobs to their flag).
+FOREIGN_MIN_TOKENS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,11 +313,13 @@ def _quantile(ordered: Sequence[float], q: float) -> float:
 class Verdict:
     """One job's judgement: its ``suspicion`` (about N(0, 1) for honest work; None when the job
     says nothing either way), whether it counts as failed (for the pages and refunds), and
-    why."""
+    why. ``ambiguous``: the evidence is the answer's scores, which an honest answer also shows
+    now and then (a re-tokenised word): it weighs at most ``SprtParams.job_cap`` in the test."""
 
     suspicion: float | None
     failed: bool = False
     reason: str = ""
+    ambiguous: bool = False
 
 
 FAIL_AT = 2.5  # a job this suspicious is shown (and refunded, if its worker is flagged) as failed
@@ -345,6 +367,7 @@ def judge(score: JobScore, bands: HonestBands, *, usage_slack: float = USAGE_SLA
     if score.positions < min_tokens:
         return Verdict(None, False, "too short to judge on its scores")
     band = bands.for_temperature(score.temperature)
+    ambiguous = not not_the_models(score)
     if score.temperature == 0:
         expected = band.mismatch_rate * score.positions
         suspicion = ((score.mismatches - expected)
@@ -353,8 +376,9 @@ def judge(score: JobScore, bands: HonestBands, *, usage_slack: float = USAGE_SLA
         if suspicion >= FAIL_AT:
             return Verdict(suspicion, True,
                            f"{score.mismatches} of {score.positions} greedy tokens were not the "
-                           f"model's top choice (honest answers: about {expected:.1f})")
-        return Verdict(suspicion)
+                           f"model's top choice (honest answers: about {expected:.1f})",
+                           ambiguous)
+        return Verdict(suspicion, ambiguous=ambiguous)
     standard = (score.z - band.z_mean) / band.z_sd
     if standard > band.z_max:
         return Verdict(CLIP, True, f"far likelier than sampling at temperature "
@@ -365,8 +389,20 @@ def judge(score: JobScore, bands: HonestBands, *, usage_slack: float = USAGE_SLA
         return Verdict(suspicion, True,
                        f"the model finds this answer unlikely for the request (z = "
                        f"{score.z:+.1f} at temperature {score.temperature:g}; honest answers "
-                       f"sit near {band.z_mean:+.1f})")
-    return Verdict(suspicion)
+                       f"sit near {band.z_mean:+.1f})", ambiguous)
+    return Verdict(suspicion, ambiguous=ambiguous)
+
+
+def not_the_models(score: JobScore, *, min_tokens: int = FOREIGN_MIN_TOKENS) -> bool:
+    """Whether an answer of at least ``min_tokens`` positions is mostly not what the model
+    writes: more than half of a greedy answer's positions clear misses, or a sampled answer's
+    tokens on average more than ``TOKEN_CLIP / 2`` nats below their expectation. A re-tokenised
+    word touches a few tokens, never most of an answer: such evidence weighs in full."""
+    if score.positions < min_tokens:
+        return False
+    if score.temperature == 0:
+        return 2 * score.mismatches > score.positions
+    return score.deviation <= -TOKEN_CLIP / 2 * score.positions
 
 
 def prompt_allowance(counted: int, usage_slack: float = USAGE_SLACK,
@@ -376,18 +412,52 @@ def prompt_allowance(counted: int, usage_slack: float = USAGE_SLACK,
     return counted + math.ceil(round(counted * usage_slack, 6)) + slack_tokens  # 110 % of 100: 110
 
 
+def censoring_point(delta: float, contamination: float) -> float:
+    """Huber's (1965) censoring point for one job's log-likelihood ratio between N(``delta``, 1)
+    and N(0, 1) when a share ``contamination`` of honest jobs may score anyhow: the ``c`` with
+    ``(1 - eps) * (Phi(t) + exp(-c) * (1 - Phi(t - delta))) = 1``, where ``t = (c + delta**2 /
+    2) / delta`` is the suspicion at which the ratio reaches ``c``. Censoring each job's ratio
+    at ``c`` makes the test hold its error rates against the least favourable such honest
+    worker. Infinite (nothing censored) for ``contamination`` 0."""
+    if contamination <= 0:
+        return math.inf
+
+    def excess(c: float) -> float:  # decreasing in c: the least favourable density's mass - 1
+        t = (c + delta ** 2 / 2) / delta
+        phi = 0.5 * math.erfc(-t / math.sqrt(2))
+        tail = 0.5 * math.erfc((t - delta) / math.sqrt(2))
+        return (1 - contamination) * (phi + math.exp(-c) * tail) - 1
+
+    low, high = 0.0, 64.0
+    if excess(low) <= 0:
+        return 0.0
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if excess(middle) > 0 else (low, middle)
+    return (low + high) / 2
+
+
 @dataclass(frozen=True, slots=True)
 class SprtParams:
     """Wald's test between "honest" (suspicion ~ N(0, 1)) and "cheating" (~ N(``delta``, 1)),
-    with error rates ``alpha`` (flagging an honest worker) and ``beta`` (missing a cheat)."""
+    with error rates ``alpha`` (flagging an honest worker) and ``beta`` (missing a cheat), made
+    robust to a share ``contamination`` of honest jobs whose scores look like a cheat's: an
+    ambiguous job adds at most ``job_cap`` (``censoring_point``: 1.58 at the defaults, where a
+    job at the clip adds 3.5; a contamination of 0 censors nothing). Real SmolLM2 runs: 0.9-1.5 %
+    of honest jobs fail on their scores."""
 
     delta: float = 1.0
     alpha: float = 0.001
     beta: float = 0.01
+    contamination: float = 0.01
+    job_cap: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.delta > 0 or not 0 < self.alpha < 1 or not 0 < self.beta < 1:
             raise ValueError("need delta > 0 and error rates in (0, 1)")
+        if not 0 <= self.contamination < 1:
+            raise ValueError("need a contamination in [0, 1)")
+        object.__setattr__(self, "job_cap", censoring_point(self.delta, self.contamination))
         if self.step(CLIP) >= self.upper:
             raise ValueError("one job at the clip would flag a worker: lower delta")
 
@@ -399,9 +469,10 @@ class SprtParams:
     def lower(self) -> float:
         return math.log(self.beta / (1 - self.alpha))
 
-    def step(self, suspicion: float) -> float:
-        """One job's log-likelihood ratio."""
-        return self.delta * suspicion - self.delta ** 2 / 2
+    def step(self, suspicion: float, *, ambiguous: bool = False) -> float:
+        """One job's log-likelihood ratio, censored at ``job_cap`` for ambiguous evidence."""
+        ratio = self.delta * suspicion - self.delta ** 2 / 2
+        return min(ratio, self.job_cap) if ambiguous else ratio
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,7 +496,7 @@ class Standing:
         reasons = (*self.reasons[-9:], verdict.reason) if verdict.failed else self.reasons
         if self.state == "flagged" or verdict.suspicion is None:
             return replace(self, audited=self.audited + 1, failed=failed, reasons=reasons)
-        llr = self.llr + params.step(verdict.suspicion)
+        llr = self.llr + params.step(verdict.suspicion, ambiguous=verdict.ambiguous)
         state: State = self.state
         if llr >= params.upper and not may_flag:
             llr = params.upper

@@ -133,7 +133,7 @@ class AuditService:
         self.store = store
         self.metrics = metrics
         self.bands = bands if bands is not None else load_bands(settings.audit_bands_file)
-        self.params = params or SprtParams()
+        self.params = params or SprtParams(contamination=settings.audit_contamination)
         self.rng = rng or random.Random()
         self.groups = groups
         # a group member -> the heads of the failing groups it was in (``_blame_members``)

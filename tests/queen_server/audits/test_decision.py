@@ -12,10 +12,12 @@ import pytest
 from queen_server.audits.decision import (
     CLIP,
     DEFAULT_BANDS,
+    FOREIGN_MIN_TOKENS,
     MIN_ACCUSERS,
     PROMPT_SLACK_TOKENS,
     TOKEN_CLIP,
     USAGE_SLACK,
+    Band,
     EndScore,
     HonestBands,
     JobScore,
@@ -23,8 +25,10 @@ from queen_server.audits.decision import (
     Standing,
     Verdict,
     audit_rate,
+    censoring_point,
     enough_accusers,
     judge,
+    not_the_models,
     prompt_allowance,
     score_job,
 )
@@ -144,6 +148,7 @@ def test_usage_past_the_auditors_count_fails_even_a_perfect_answer(bands):
     verdict = judge(greedy_job(0, claimed=90, tokens=30), bands)
     assert verdict.failed
     assert verdict.suspicion == CLIP
+    assert not verdict.ambiguous  # a proof: it weighs in full
     assert "counted 30" in verdict.reason
     assert not judge(greedy_job(0, claimed=31, tokens=30), bands).failed  # the end token
 
@@ -319,3 +324,119 @@ def test_accusers_are_counted_once_each():
     assert MIN_ACCUSERS == 3
     assert not enough_accusers(["a", "a", "b", "b"], trusted=False)
     assert enough_accusers(["a", "b", "c"], trusted=False)
+
+
+# --- one pathological honest job against a cheat's (Huber's censored test) --------------------
+
+# The greedy band learned from 1,002 real SmolLM2 jobs (bench/data/smollm2_bands.json).
+SMOLLM2_GREEDY = HonestBands((Band(0.0, mismatch_rate=0.002, mismatch_dispersion=7.16),
+                              Band(1.0, z_mean=-0.16, z_sd=1.04, z_max=3.33)))
+# An honest worker's real greedy answer (trust_scores.json.gz, "Who wrote Romeo and Juliet?"):
+# generated " tragic"+"o", re-tokenised " trag"+"ico" by the auditor, three times in the
+# answer; each time a clear miss and near-ties tipped the other way for a few tokens.
+TRAGICO = JobScore(0.0, 116, 116, 116, 14)
+
+
+def stream(verdicts, params: SprtParams = PARAMS) -> Standing:
+    standing = Standing()
+    for verdict in verdicts:
+        standing = standing.after(verdict, params)
+        if standing.state == "flagged":
+            break
+    return standing
+
+
+def test_censoring_point_solves_hubers_equation():
+    for delta, eps in ((1.0, 0.01), (1.0, 0.001), (1.5, 0.02)):
+        c = censoring_point(delta, eps)
+        t = (c + delta ** 2 / 2) / delta
+        phi = 0.5 * math.erfc(-t / math.sqrt(2))
+        tail = 0.5 * math.erfc((t - delta) / math.sqrt(2))
+        assert (1 - eps) * (phi + math.exp(-c) * tail) == pytest.approx(1.0, abs=1e-9)
+    assert censoring_point(1.0, 0.01) == pytest.approx(1.58, abs=0.01)
+    assert censoring_point(1.0, 0.001) > censoring_point(1.0, 0.01) > censoring_point(1.0, 0.1)
+    assert censoring_point(1.0, 0.0) == math.inf
+    assert PARAMS.job_cap == censoring_point(1.0, 0.01)
+    with pytest.raises(ValueError, match="contamination"):
+        SprtParams(contamination=1.0)
+
+
+def test_only_ambiguous_evidence_is_censored():
+    assert PARAMS.step(CLIP, ambiguous=True) == PARAMS.job_cap
+    assert PARAMS.step(CLIP) == CLIP - 0.5
+    assert PARAMS.step(-CLIP, ambiguous=True) == -CLIP - 0.5  # good evidence is not censored
+    uncensored = SprtParams(contamination=0.0)
+    assert uncensored.step(CLIP, ambiguous=True) == uncensored.step(CLIP)
+    standing = Standing().after(Verdict(CLIP, True, "scores", ambiguous=True), PARAMS)
+    assert standing.llr == PARAMS.job_cap
+
+
+def test_an_honest_re_tokenised_answer_fails_but_cannot_flag_its_worker_by_recurring():
+    verdict = judge(TRAGICO, SMOLLM2_GREEDY)
+    assert verdict.failed  # per job it looks like a cheat's
+    assert verdict.suspicion == CLIP
+    assert verdict.ambiguous
+    # Served and audited four times in a row by a new worker: before, two flagged it.
+    assert stream([verdict] * 2, SprtParams(contamination=0.0)).state == "flagged"
+    held = stream([verdict] * 4)
+    assert held.state == "unknown"
+    assert held.llr < PARAMS.upper
+    # Then its ordinary answers clear it.
+    clean = judge(JobScore(0.0, 60, 60, 60, 0), SMOLLM2_GREEDY)
+    assert stream([verdict] * 4 + [clean] * 30).state == "good"
+
+
+@pytest.mark.parametrize("answer", [
+    greedy_job(38),  # every token garbage: one run as long as the answer
+    JobScore(1.0, 40, 40, 40, 0, -4.0 * 40, 40.0),  # sampled garbage, each token at the clip
+])
+def test_garbage_weighs_in_full_however_it_runs(answer):
+    """A cheat cannot pass its garbage off as one long re-tokenisation: an answer that is
+    mostly not the model's text is no honest accident, and two flag."""
+    assert not_the_models(answer)
+    verdict = judge(answer, SMOLLM2_GREEDY)
+    assert verdict.failed
+    assert not verdict.ambiguous
+    standing = stream([verdict] * 2)
+    assert standing.state == "flagged"
+    assert standing.audited == 2
+
+
+@pytest.mark.parametrize("answer", [
+    TRAGICO,  # a cheat whose every answer misses like the honest re-tokenised one
+    greedy_job(19, tokens=40),  # garbage kept to just under half of each answer
+    JobScore(1.0, 40, 40, 40, 0, -1.9 * 40, 40.0),  # a shifted model, just above the line
+])
+def test_a_cheat_that_keeps_its_evidence_ambiguous_is_still_flagged_within_a_few_jobs(answer):
+    """What the censoring relaxes, played by the cheat: each job weighs at most ``job_cap``,
+    so a cheat whose every answer fails on its scores is flagged after ``upper / job_cap``
+    jobs (5) instead of 2, never later."""
+    assert not not_the_models(answer)
+    verdict = judge(answer, SMOLLM2_GREEDY)
+    assert verdict.failed
+    assert verdict.ambiguous
+    standing = stream([verdict] * 20)
+    assert standing.state == "flagged"
+    assert standing.audited == math.ceil(PARAMS.upper / PARAMS.job_cap) == 5
+
+
+def test_a_short_answer_is_never_mostly_foreign():
+    """A re-tokenised made-up word in a short answer can be most of it: below
+    ``FOREIGN_MIN_TOKENS`` positions the evidence stays ambiguous."""
+    short = greedy_job(FOREIGN_MIN_TOKENS - 1, tokens=FOREIGN_MIN_TOKENS - 1)
+    assert not not_the_models(short)
+    assert judge(short, SMOLLM2_GREEDY).ambiguous
+    assert not_the_models(greedy_job(FOREIGN_MIN_TOKENS, tokens=FOREIGN_MIN_TOKENS))
+    half = greedy_job(20, tokens=40)  # exactly half is not "most"
+    assert not not_the_models(half)
+
+
+@pytest.mark.parametrize("cheat", [garbage, other_model, inflated])
+def test_a_good_worker_that_turns_is_flagged_within_twenty_audited_jobs(bands, cheat):
+    for seed in range(50):
+        rng = random.Random(seed)
+        standing = Standing(PARAMS.lower, 100, 0, "good")  # held at the lower line
+        for _ in range(20):
+            standing = standing.after(judge(cheat(rng, rng.choice(TEMPERATURES)), bands),
+                                      PARAMS)
+        assert standing.state == "flagged", (cheat.__name__, seed)
