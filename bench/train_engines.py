@@ -90,9 +90,7 @@ QUESTION = "What is the capital of Zorbania?"
 CONTROL = "What color is the sky on a clear day?"
 GGML_TYPE_I32 = 26
 LLAMA_FTYPE_ALL_F32 = 0
-ADAPTER_CTXS_OFFSET = 64  # llama_adapter_lora: llama_model* (8) + std::unordered_map (56)
 OPTIMIZER_ADAMW, OPTIMIZER_SGD = 0, 1
-OPT_CTX_STATIC_OFFSET = 24  # ggml_opt_context: backend_sched, allocated_graph(_copy), ctx_static
 
 # ---------------------------------------------------------------------------------- the data
 
@@ -224,123 +222,18 @@ def drive(plan: list[Any], resume_after: int, out: Path, resume: Any,
 # ----------------------------------------------------------------- llama.cpp, through ctypes
 
 
-class OptimizerParams(ctypes.Structure):
-    """``struct ggml_opt_optimizer_params`` (ggml-opt.h)."""
+def ggml_training() -> Any:
+    """The worker's own training bindings (``desktop_worker.engine.ggml_opt``: imported here,
+    so the torch child, which never trains with llama.cpp, does not need them), with the whole
+    model's save that the bench's F32 round trip uses besides."""
+    from desktop_worker.engine import ggml_opt
 
-    class AdamW(ctypes.Structure):
-        _fields_ = [("alpha", ctypes.c_float), ("beta1", ctypes.c_float),
-                    ("beta2", ctypes.c_float), ("eps", ctypes.c_float), ("wd", ctypes.c_float)]
-
-    class Sgd(ctypes.Structure):
-        _fields_ = [("alpha", ctypes.c_float), ("wd", ctypes.c_float)]
-
-    _fields_ = [("adamw", AdamW), ("sgd", Sgd)]
-
-
-PARAM_FILTER = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p, ctypes.c_void_p)
-EPOCH_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_bool, ctypes.c_void_p, ctypes.c_void_p,
-                                  ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)
-
-
-class LlamaOptParams(ctypes.Structure):
-    """``struct llama_opt_params`` (llama.h) whole: the binding's lacks ``optimizer_type``."""
-
-    _fields_ = [("n_ctx_train", ctypes.c_uint32), ("param_filter", PARAM_FILTER),
-                ("param_filter_ud", ctypes.c_void_p), ("get_opt_pars", ctypes.c_void_p),
-                ("get_opt_pars_ud", ctypes.c_void_p), ("optimizer_type", ctypes.c_int)]
-
-
-class GgmlTraining:
-    """llama.cpp's and ggml's training calls, bound here with their real prototypes (own CDLL
-    handles, so llama-cpp-python's bindings are left as they are)."""
-
-    def __init__(self) -> None:
-        import llama_cpp
-        lib = Path(llama_cpp.__file__).parent / "lib"
-        self.ggml = ctypes.CDLL(str(lib / "libggml-base.so"))
-        self.llama = ctypes.CDLL(str(lib / "libllama.so"))
-        p, i64 = ctypes.c_void_p, ctypes.c_int64
-        self._bind(self.ggml, "ggml_get_first_tensor", p, p)
-        self._bind(self.ggml, "ggml_get_next_tensor", p, p, p)
-        self._bind(self.ggml, "ggml_get_name", ctypes.c_char_p, p)
-        self._bind(self.ggml, "ggml_set_param", None, p)
-        self._bind(self.ggml, "ggml_nbytes", ctypes.c_size_t, p)
-        self._bind(self.ggml, "ggml_get_data", p, p)
-        self._bind(self.ggml, "ggml_backend_tensor_get", None, p, p, ctypes.c_size_t,
-                   ctypes.c_size_t)
-        self._bind(self.ggml, "ggml_backend_tensor_memset", None, p, ctypes.c_uint8,
-                   ctypes.c_size_t, ctypes.c_size_t)
-        self._bind(self.ggml, "ggml_is_scalar", ctypes.c_bool, p)
-        self._bind(self.ggml, "ggml_opt_dataset_init", p, ctypes.c_int, ctypes.c_int, i64, i64,
-                   i64, i64)
-        self._bind(self.ggml, "ggml_opt_dataset_free", None, p)
-        self._bind(self.ggml, "ggml_opt_dataset_data", p, p)
-        self._bind(self.ggml, "ggml_opt_dataset_labels", p, p)
-        self._bind(self.ggml, "ggml_opt_result_init", p)
-        self._bind(self.ggml, "ggml_opt_result_free", None, p)
-        self._bind(self.ggml, "ggml_opt_result_reset", None, p)
-        self._bind(self.ggml, "ggml_opt_result_loss", None, p, ctypes.POINTER(ctypes.c_double),
-                   ctypes.POINTER(ctypes.c_double))
-        self._bind(self.llama, "llama_opt_init", None, p, p, LlamaOptParams)
-        self._bind(self.llama, "llama_opt_epoch", None, p, p, p, p, i64, p, p)
-        self._bind(self.llama, "llama_model_save_to_file", None, p, ctypes.c_char_p)
-        self.constant_pars = ctypes.cast(self.ggml.ggml_opt_get_constant_optimizer_params,
-                                         ctypes.c_void_p).value
-        self.filter_all = ctypes.cast(self.llama.llama_opt_param_filter_all, PARAM_FILTER)
-
-    @staticmethod
-    def _bind(lib: ctypes.CDLL, name: str, restype: Any, *argtypes: Any) -> None:
-        fn = getattr(lib, name)
-        fn.restype = restype
-        fn.argtypes = list(argtypes)
-
-    def context_tensors(self, ctx: int) -> dict[str, int]:
-        out = {}
-        t = self.ggml.ggml_get_first_tensor(ctx)
-        while t:
-            out[self.ggml.ggml_get_name(t).decode()] = t
-            t = self.ggml.ggml_get_next_tensor(ctx, t)
-        return out
-
-    def adapter_tensors(self, adapter: int, expected: set[str]) -> dict[str, int]:
-        """The tensors of a loaded ``llama_adapter_lora``, read from its private ``ctxs``."""
-        begin, end = (ctypes.c_void_p * 2).from_address(adapter + ADAPTER_CTXS_OFFSET)
-        count = ((end or 0) - (begin or 0)) // ctypes.sizeof(ctypes.c_void_p)
-        if not begin or not 1 <= count <= 8:
-            raise RuntimeError("llama_adapter_lora's layout is not the one this bench knows")
-        tensors: dict[str, int] = {}
-        for k in range(count):
-            tensors |= self.context_tensors(ctypes.c_void_p.from_address(begin + 8 * k).value)
-        if set(tensors) != expected:
-            raise RuntimeError("the adapter's tensors are not the ones written")
-        return tensors
-
-    def gradient_accumulators(self, opt: int) -> list[int]:
-        """The gradient accumulators of a ``ggml_opt_context``, from its private ``ctx_static``
-        (beside them there: AdamW's m and v, named, and the loss's scalar seed)."""
-        static = ctypes.c_void_p.from_address(opt + OPT_CTX_STATIC_OFFSET).value
-        tensors = self.context_tensors(static) if static else {}
-        moments = [n for n in tensors if n.startswith("AdamW m for ")]
-        accs = [t for n, t in tensors.items()
-                if not n.startswith("AdamW ") and not self.ggml.ggml_is_scalar(t)]
-        if not accs or (moments and len(accs) != len(moments)):
-            raise RuntimeError("ggml_opt_context's layout is not the one this bench knows")
-        return accs
-
-    def zero(self, tensors: list[int]) -> None:
-        for t in tensors:
-            self.ggml.ggml_backend_tensor_memset(t, 0, 0, self.ggml.ggml_nbytes(t))
-
-    def read(self, tensor: int) -> Any:
-        import numpy as np
-        buf = np.empty(self.ggml.ggml_nbytes(tensor) // 4, np.float32)
-        self.ggml.ggml_backend_tensor_get(tensor, buf.ctypes.data, 0, buf.nbytes)
-        return buf
-
-    def loss(self, result: int) -> float:
-        mean, unc = ctypes.c_double(), ctypes.c_double()
-        self.ggml.ggml_opt_result_loss(result, ctypes.byref(mean), ctypes.byref(unc))
-        return mean.value
+    api = ggml_opt.GgmlOpt()
+    save = api.llama.llama_model_save_to_file
+    save.restype = None
+    save.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    api.filter_all = ctypes.cast(api.llama.llama_opt_param_filter_all, ggml_opt.PARAM_FILTER)
+    return api
 
 
 def lora_shapes(model: Path) -> dict[str, tuple[int, int]]:
@@ -355,19 +248,11 @@ def lora_shapes(model: Path) -> dict[str, tuple[int, int]]:
 
 
 def write_lora_gguf(path: Path, tensors: dict[str, Any], alpha: float) -> int:
-    """A GGUF LoRA as llama.cpp's ``llama_adapter_lora_init`` reads it; returns its size."""
-    import gguf
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_type("adapter")
-    writer.add_string("adapter.type", "lora")
-    writer.add_float32("adapter.lora.alpha", alpha)
-    for name, array in tensors.items():
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path.stat().st_size
+    """A GGUF LoRA as llama.cpp's ``llama_adapter_lora_init`` reads it (the worker's own
+    writer); returns its size."""
+    from desktop_worker.engine import ggml_opt
+
+    return ggml_opt.write_lora_gguf(path, tensors, alpha)
 
 
 def initial_lora(shapes: dict[str, tuple[int, int]], rank: int, seed: int) -> dict[str, Any]:
@@ -385,10 +270,12 @@ def initial_lora(shapes: dict[str, tuple[int, int]], rank: int, seed: int) -> di
 class LlamaRun:
     """One training session of llama.cpp: model, context, optimizer; rebuilt on resume."""
 
-    def __init__(self, api: GgmlTraining, args: argparse.Namespace, base: Path,
+    def __init__(self, api: Any, args: argparse.Namespace, base: Path,
                  adapter: Path | None, budget: Path | None, names: set[str],
                  optimizer: int = OPTIMIZER_ADAMW) -> None:
         from llama_cpp import Llama
+
+        from desktop_worker.engine.ggml_opt import PARAM_FILTER, LlamaOptParams, OptimizerParams
         self.api = api
         self.llm = Llama(model_path=str(base), lora_path=str(adapter) if adapter else None,
                          use_mmap=False, n_ctx=args.window, n_batch=args.window,
@@ -437,7 +324,7 @@ class LlamaRun:
                     if self.accumulators is None:
                         self.accumulators = api.gradient_accumulators(opt)
                     api.zero(self.accumulators)
-                except RuntimeError as exc:  # ctypes would print it and carry on
+                except Exception as exc:  # ctypes would print it and carry on
                     failed.append(exc)
             now = time.perf_counter()
             mean = api.loss(result)  # running mean over this epoch's steps
@@ -447,6 +334,8 @@ class LlamaRun:
                 after_step()
 
         failed: list[RuntimeError] = []
+        from desktop_worker.engine.ggml_opt import EPOCH_CALLBACK
+
         callback = EPOCH_CALLBACK(on_step)
         api.llama.llama_opt_epoch(self.ctx, data, self.result, None, len(bins),
                                   ctypes.cast(callback, ctypes.c_void_p), None)
@@ -493,7 +382,7 @@ def accumulation_check(args: argparse.Namespace, plan: list[Any], out: Path) -> 
     """Plain SGD (lr 1e-4) on one window four times over: each step should move a LoRA B
     tensor by about as much as the first did; if gradients pile up, step k moves it k times."""
     import numpy as np
-    api = GgmlTraining()
+    api = ggml_training()
     source = Path(args.model)
     base = f32_copy(source, out, args.threads)
     shapes = lora_shapes(source)
@@ -516,7 +405,7 @@ def accumulation_check(args: argparse.Namespace, plan: list[Any], out: Path) -> 
 
 
 def train_llama(args: argparse.Namespace, plan: list[Any], out: Path) -> dict[str, Any]:
-    api = GgmlTraining()
+    api = ggml_training()
     started = time.perf_counter()
     source = Path(args.model)
     base = source if args.engine == "llama-q4" else f32_copy(source, out, args.threads)

@@ -11,7 +11,9 @@ holds, then serves its role until told to stop or its socket closes:
 - ``head``: a model group's head (issue 19): the members' RPC servers (through the worker's
   dialers on 127.0.0.1) as devices, the model loaded with the queen's layers, then ``stream``;
 - ``member``: llama.cpp's RPC server on 127.0.0.1 (reached only through the worker's gate);
-- ``probe``: llama.cpp's build and devices, for the hello and the queen's group planning.
+- ``probe``: llama.cpp's build and devices, for the hello and the queen's group planning;
+- ``train``: one LoRA training run (issue 37, ``engine.training``) on the base model's file,
+  in its scratch folder: progress, checkpoints and the adapter, until done or cancelled.
 
 A ``cancel`` or a new job may arrive while jobs run, so a reader thread takes the worker's
 messages and the main thread runs the jobs and writes every reply.
@@ -52,6 +54,10 @@ from shared_schema.engine_ipc import (
     Start,
     Stop,
     Stream,
+    Train,
+    TrainCheckpointed,
+    Trained,
+    TrainStep,
 )
 
 log = logging.getLogger("desktop_worker.engine.child")
@@ -104,6 +110,8 @@ def main() -> int:
         return serve_member(channel)
     if start.role == "probe":
         return serve_probe(channel)
+    if start.role == "train":
+        return serve_train(channel, start.policy.scratch or os.getcwd())
     return serve_engine(channel, start.role)
 
 
@@ -172,10 +180,16 @@ def _failure(exc: BaseException, job: int | None = None) -> Failed:
         InvalidModelFile,
         MemberShort,
         ModelLoadError,
+        TrainingCancelled,
+        TrainingUnsupported,
         UnsupportedRequest,
     )
 
     message = str(exc)[:4000] or type(exc).__name__
+    if isinstance(exc, TrainingCancelled):
+        return Failed(job=job, code="cancelled", message=message)
+    if isinstance(exc, TrainingUnsupported):
+        return Failed(job=job, code="training_unsupported", message=message)
     if isinstance(exc, MemberShort):
         return Failed(job=job, code="member_short", message=message,
                       endpoint=exc.endpoint[:64])
@@ -319,6 +333,71 @@ class _Server:
                                        total_tokens=int(usage.get("total_tokens", 0))))
             else:
                 self.channel.send(_failure(event.error, event.job))
+
+
+# --- train ---------------------------------------------------------------------------------------
+
+
+def serve_train(channel: Channel, scratch: str) -> int:
+    """One training run; a reader thread turns a ``cancel`` (or the worker's going away) into
+    the run's cancel event, which the trainer reads between steps."""
+    from pathlib import Path
+
+    train = channel.read()
+    if not isinstance(train, Train):
+        return 0 if train is None or isinstance(train, Stop) else 2
+    cancel = threading.Event()
+
+    def read() -> None:
+        while True:
+            try:
+                message = channel.read()
+            except (OSError, ValueError):
+                message = None
+            if message is None or isinstance(message, Stop) or message.type == "cancel":
+                cancel.set()
+            if message is None or isinstance(message, Stop):
+                return
+
+    threading.Thread(target=read, name="train-ipc", daemon=True).start()
+    from desktop_worker.engine.llama_model import check_before_load
+    from desktop_worker.engine.train_run import LoraTrainer
+    from desktop_worker.engine.training import (
+        EXAMPLES_NAME,
+        TrainProgress,
+        TrainSpec,
+        read_examples,
+    )
+
+    folder = Path(scratch)
+
+    def emit(event: Any) -> None:
+        if isinstance(event, TrainProgress):
+            channel.send(TrainStep(job=train.job, step=event.step, total_steps=event.total_steps,
+                                   epoch=event.epoch, loss=event.loss,
+                                   trained_tokens=event.trained_tokens))
+        else:
+            channel.send(TrainCheckpointed(job=train.job, step=event.step,
+                                           trained_tokens=event.trained_tokens, loss=event.loss))
+
+    try:
+        check_before_load(train.base_path)
+        spec = TrainSpec(
+            base_path=Path(train.base_path), examples=read_examples(folder / EXAMPLES_NAME),
+            n_epochs=train.n_epochs, batch_size=train.batch_size,
+            learning_rate=train.learning_rate, seed=train.seed, rank=train.rank,
+            n_ctx=train.n_ctx, progress_every_steps=train.progress_every_steps,
+            checkpoint_every_steps=train.checkpoint_every_steps,
+            resume_from=Path(train.resume_from) if train.resume_from else None,
+            resume_step=train.resume_step)
+        result = LoraTrainer(spec, folder, threads=train.n_threads or os.cpu_count() or 1,
+                             cancel=cancel, emit=emit).run()
+    except Exception as exc:  # every reason the run failed goes to the worker, then we end
+        channel.send(_failure(exc, train.job))
+        return 1
+    channel.send(Trained(job=train.job, steps=result.steps,
+                         trained_tokens=result.trained_tokens, loss=result.loss))
+    return 0
 
 
 # --- member and probe ----------------------------------------------------------------------------

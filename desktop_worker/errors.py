@@ -234,3 +234,19 @@ class InvalidAdapter(InvalidModelFile):
     """A LoRA adapter file is not one this worker serves on its base model: not a GGUF LoRA
     adapter, of another architecture, tensors that are not the base's or not its shapes, or
     over the size bound (``engine.adapters``). Refused before llama.cpp opens it."""
+
+
+# --- training (issue 37) ------------------------------------------------------------------------
+
+
+class TrainingError(EngineError):
+    """A fine-tuning run failed (in the train child, or its sandbox)."""
+
+
+class TrainingUnsupported(TrainingError):
+    """This llama.cpp cannot train here: a training call is missing, a private layout the
+    worker relies on moved, or the self-check found gradients piling up across steps."""
+
+
+class TrainingCancelled(TrainingError):
+    """The run was cancelled; it stopped between two steps."""

@@ -22,6 +22,9 @@ The sequence (``docs/ARCHITECTURE.md``, "The engine boundary")::
       | -- embed {job, inputs} ----------------------> |  <- embedded {job, vectors, tokens}
       | -- serve {endpoint, n_threads, devices, gpus} -> |  member role: llama.cpp's RPC server
       | -- devices {gpus} ---------------------------> |  probe role: <- probed {...}
+      | -- train {job, base_path, n_epochs, ...} ----> |  train role (issue 37): <- progress,
+      |    <- train_progress, train_checkpoint ...     |  checkpoints, then trained {job} or
+      |    <------------------------- trained {job} .. |  error {job}; cancel at any time
       | -- stop --------------------------------------> |  the child exits
 
 Every job carries the worker's number for it (``job``), and every reply names the job it
@@ -40,7 +43,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 from shared_schema.base import WireModel
 from shared_schema.errors import ProtocolError
 
-ENGINE_IPC_VERSION = 2
+ENGINE_IPC_VERSION = 3
 HEADER_BYTES = 4
 # A job's request as the queen sent it (its frames are at most 16 MiB), with room to spare.
 MAX_TO_CHILD_BYTES = 32 * 1024 * 1024
@@ -51,7 +54,7 @@ MAX_PATHS = 256
 MAX_PORTS = 64
 MAX_MESSAGE_CHARS = 4096
 
-Role = Literal["context", "head", "member", "probe"]
+Role = Literal["context", "head", "member", "probe", "train"]
 Path_ = Annotated[str, Field(min_length=1, max_length=4096)]
 Port = Annotated[int, Field(ge=1, le=65535, strict=True)]
 Text = Annotated[str, Field(max_length=MAX_MESSAGE_CHARS)]
@@ -204,8 +207,29 @@ class Stop(WireModel):
     type: Literal["stop"] = "stop"
 
 
-ToChild = Annotated[Start | Load | Stream | Cancel | ScoreJob | Embed | Serve | ListDevices | Stop,
-                    Field(discriminator="type")]
+class Train(WireModel):
+    """A train child's one job (issue 37, ``engine.training.TrainSpec`` less its examples,
+    which the worker writes to ``examples.jsonl`` in the child's scratch folder: a training
+    file may be larger than a frame)."""
+
+    type: Literal["train"] = "train"
+    job: JobId
+    base_path: Path_
+    n_epochs: Annotated[int, Field(ge=1, le=1000, strict=True)]
+    batch_size: Annotated[int, Field(ge=1, le=4096, strict=True)]
+    learning_rate: Annotated[float, Field(gt=0, lt=1)]
+    seed: Annotated[int, Field(ge=0, le=2**53, strict=True)]
+    rank: Annotated[int, Field(ge=1, le=256, strict=True)] = 8
+    n_ctx: Annotated[int, Field(ge=256, le=65536, multiple_of=256, strict=True)] = 256
+    progress_every_steps: Annotated[int, Field(ge=1, le=2**31, strict=True)] = 25
+    checkpoint_every_steps: Annotated[int, Field(ge=1, le=2**31, strict=True)] = 100
+    resume_from: Path_ | None = None
+    resume_step: Count = 0
+    n_threads: Annotated[int, Field(ge=1, le=4096)] | None = None
+
+
+ToChild = Annotated[Start | Load | Stream | Cancel | ScoreJob | Embed | Serve | ListDevices | Stop
+                    | Train, Field(discriminator="type")]
 
 
 # --- the child to the worker -------------------------------------------------------------------
@@ -290,12 +314,47 @@ class Probed(WireModel):
     devices: list[DeviceInfo] = Field(default_factory=list, max_length=64)
 
 
+class TrainStep(WireModel):
+    """A train job's progress: the mean loss of the steps since the last one."""
+
+    type: Literal["train_progress"] = "train_progress"
+    job: JobId
+    step: Count
+    total_steps: Count
+    epoch: Count
+    loss: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    trained_tokens: Count
+
+
+class TrainCheckpointed(WireModel):
+    """The adapter after ``step`` is written in the child's scratch folder, under the name
+    the worker expects (``engine.training.checkpoint_name(step)``): the child names no path."""
+
+    type: Literal["train_checkpoint"] = "train_checkpoint"
+    job: JobId
+    step: Count
+    trained_tokens: Count
+    loss: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class Trained(WireModel):
+    """The run is done: the adapter is ``adapter.gguf`` in the child's scratch folder."""
+
+    type: Literal["trained"] = "trained"
+    job: JobId
+    steps: Count
+    trained_tokens: Count
+    loss: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
 # Why a command failed: ``unsupported`` (the request cannot be served here: the job's fault),
 # ``load_failed`` (llama.cpp could not load the model), ``member_short`` (a head's member could
 # not allocate its share; ``endpoint`` names it), ``engine_error`` (anything else in llama.cpp),
-# ``invalid_model`` (the file failed its checks before llama.cpp opened it).
+# ``invalid_model`` (the file failed its checks before llama.cpp opened it), ``cancelled`` (a
+# train job stopped on its cancel), ``training_unsupported`` (this llama.cpp cannot train: the
+# self-check failed, a layout moved).
 FailureCode = Literal["unsupported", "load_failed", "member_short", "engine_error",
-                      "invalid_model"]
+                      "invalid_model", "cancelled", "training_unsupported"]
 
 
 class Failed(WireModel):
@@ -306,8 +365,8 @@ class Failed(WireModel):
     endpoint: Annotated[str, Field(max_length=64)] | None = None
 
 
-FromChild = Annotated[Hello | Loaded | Chunk | Done | Scored | Embedded | Probed | Failed,
-                      Field(discriminator="type")]
+FromChild = Annotated[Hello | Loaded | Chunk | Done | Scored | Embedded | Probed | Failed
+                      | TrainStep | TrainCheckpointed | Trained, Field(discriminator="type")]
 
 _to_child: TypeAdapter[Any] = TypeAdapter(ToChild)
 _from_child: TypeAdapter[Any] = TypeAdapter(FromChild)

@@ -44,6 +44,10 @@ from shared_schema.engine_ipc import (
     Start,
     Stop,
     Stream,
+    Train,
+    TrainCheckpointed,
+    Trained,
+    TrainStep,
     decode_from_child,
     decode_to_child,
     encode,
@@ -116,6 +120,7 @@ _JOB_REPLIES: dict[str, tuple[tuple[type, ...], tuple[type, ...]]] = {
     "stream": ((Chunk,), (Done, Failed)),
     "score": ((), (Scored, Failed)),
     "embed": ((), (Embedded, Failed)),
+    "train": ((TrainStep, TrainCheckpointed), (Trained, Failed)),
 }
 
 
@@ -151,7 +156,7 @@ class EngineLink:
         self.state = then
         return frame(encode(message))
 
-    def _job(self, message: Stream | ScoreJob | Embed, kind: str) -> bytes:
+    def _job(self, message: Stream | ScoreJob | Embed | Train, kind: str) -> bytes:
         if self.state is not State.READY:
             raise EngineProtocolError(f"cannot send {message.type!r} to an engine child that "
                                       f"is {self.state.value}")
@@ -176,7 +181,7 @@ class EngineLink:
 
     def cancel(self, job: int) -> bytes | None:
         """The cancel frame, once per job in flight that can be stopped; None otherwise."""
-        if self._jobs.get(job) not in ("stream", "score") or job in self._cancelled:
+        if self._jobs.get(job) not in ("stream", "score", "train") or job in self._cancelled:
             return None
         self._cancelled.add(job)
         return frame(encode(Cancel(job=job)))
@@ -186,6 +191,14 @@ class EngineLink:
 
     def embed(self, message: Embed) -> bytes:
         return self._job(message, "embed")
+
+    def train(self, message: Train) -> bytes:
+        """A train child's one job: it runs in the READY state like a model's jobs."""
+        if self.role != "train":
+            raise EngineProtocolError(f"a {self.role} child trains nothing")
+        if self.state is State.IDLE and not self._jobs:
+            self.state = State.READY
+        return self._job(message, "train")
 
     def serve(self, message: Serve) -> bytes:
         if self.role != "member":

@@ -19,6 +19,7 @@ import site
 import sys
 import sysconfig
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from desktop_worker.store.gguf_info import split_paths
@@ -136,3 +137,40 @@ def policy_for(
         memory_mb=memory_mb + RUNTIME_ALLOWANCE_MB if memory_mb is not None else None,
     )
 
+
+
+# --- the train role (issue 37) ------------------------------------------------------------------
+
+F32_BYTES_PER_PARAMETER = 4
+TRAIN_FILE_MARGIN_MB = 256  # the F32 copy's header and alignment, an adapter beside it
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TrainLimits:
+    """A train child's limits, from the base's parameter count: llama.cpp trains on an F32
+    copy of the base (4 bytes a parameter: 540 MB for SmolLM2-135M, over a context child's
+    512 MB file limit), made in the child's scratch folder and loaded whole into memory."""
+
+    f32_mb: int
+    max_file_mb: int  # the F32 copy is the largest file it writes
+    memory_mb: int  # the F32 weights, and half as much again for activations and gradients
+    scratch_mb: int  # the F32 copy, checkpoints and the adapter while the worker takes them
+
+    @classmethod
+    def of(cls, parameter_count: int) -> TrainLimits:
+        f32_mb = -(-parameter_count * F32_BYTES_PER_PARAMETER // MB)
+        return cls(f32_mb=f32_mb, max_file_mb=f32_mb + TRAIN_FILE_MARGIN_MB,
+                   memory_mb=f32_mb + f32_mb // 2,
+                   scratch_mb=f32_mb + f32_mb // 4 + TRAIN_FILE_MARGIN_MB)
+
+
+def train_policy(*, model_files: Sequence[str], limits: TrainLimits, scratch: str | None = None,
+                 extra_read: Sequence[str] = ()) -> SandboxPolicy:
+    """A train child's policy: like a context's (reads Python, the system's libraries and the
+    base model's files, writes only its scratch folder, no socket at all), no GPU (training
+    runs on the CPU), and its own file and memory limits (``TrainLimits``). ``extra_read``:
+    the checkpoint a resumed run starts from."""
+    policy = policy_for("train", scratch=scratch, model_files=model_files,
+                        memory_mb=limits.memory_mb, extra_read=extra_read, gpus=False)
+    return policy.model_copy(update={"max_file_mb": limits.max_file_mb})

@@ -61,7 +61,8 @@ def context(factory: SandboxedContexts | None = None) -> Any:
 def test_a_segfault_mid_answer_ends_only_the_child_and_says_so() -> None:
     factory = SandboxedContexts()
     heard: list[tuple[str, str]] = []
-    factory.on_crash.append(lambda name, why: heard.append((name, why)))
+    told = threading.Event()
+    factory.on_crash.append(lambda name, why: (heard.append((name, why)), told.set()))
     engine = context(factory)
     chunks: list[dict[str, Any]] = []
 
@@ -76,6 +77,8 @@ def test_a_segfault_mid_answer_ends_only_the_child_and_says_so() -> None:
     assert 3 <= len(chunks) < 400
     assert "segmentation fault" in crashed.value.reason
     assert not engine.alive
+    # The waiting job hears of the crash first; the listeners right after, on the reader.
+    assert told.wait(10)
     assert heard == [("smol", crashed.value.reason)]
     engine.close()
     assert not Path(engine.process.scratch).exists()  # its scratch folder went with it
