@@ -47,6 +47,7 @@ from shared_schema.hardware import (
 )
 from shared_schema.openai_types import Usage
 from shared_schema.placement import Demand, Fetch, FetchFailed
+from shared_schema.training import Uploaded
 
 # 2: the hello and earnings signatures name the queen's origin (``queen_origin``), so neither
 # can be relayed to another queen. A queen refuses a hello of any other version.
@@ -255,6 +256,24 @@ class JobError(WireModel):
     retryable: bool = False
 
 
+class TrainReport(WireModel):
+    """A training job's progress (issue 37, ``shared_schema.training``): after ``step`` of
+    ``total_steps`` optimizer steps, in epoch ``epoch`` (from 1), the mean ``loss`` of the steps
+    since the last report and the tokens trained so far; ``checkpoint``: the checkpoint taken
+    after this step, already uploaded. Claims, like every count a worker sends: the queen keeps
+    only what it can check (steps and tokens never going back, tokens within its bound,
+    checkpoints it received whole)."""
+
+    type: Literal["train_report"] = "train_report"
+    id: str
+    step: int = Field(ge=0, le=100_000_000, strict=True)
+    total_steps: int = Field(ge=1, le=100_000_000, strict=True)
+    epoch: int = Field(ge=1, le=50, strict=True)
+    loss: float = Field(ge=0, le=1e6, allow_inf_nan=False)
+    trained_tokens: int = Field(ge=0, le=10**12, strict=True)
+    checkpoint: Uploaded | None = None
+
+
 class Cancel(WireModel):
     type: Literal["cancel"] = "cancel"
     id: str
@@ -292,8 +311,8 @@ class Pong(WireModel):
 
 Message = Annotated[
     Challenge | Hello | Welcome | Refused | Job | Chunk | Result | JobError | Cancel | Status
-    | Ping | Pong | Demand | Fetch | FetchFailed | GroupServe | GroupMemberReady | GroupLead
-    | GroupReady | GroupEnd | GroupFailed | GroupOpen | GroupClose,
+    | TrainReport | Ping | Pong | Demand | Fetch | FetchFailed | GroupServe | GroupMemberReady
+    | GroupLead | GroupReady | GroupEnd | GroupFailed | GroupOpen | GroupClose,
     Field(discriminator="type"),
 ]
 MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
