@@ -18,6 +18,13 @@ import contextlib
 
 import openai
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+)
 
 from desktop_worker.earnings import fetch_earnings
 from desktop_worker.service import WorkerService
@@ -200,3 +207,53 @@ async def test_a_model_no_worker_holds_is_fetched_onto_its_head_and_served_by_a_
                 answer = await client.chat.completions.create(
                     model=MODEL, messages=MESSAGES, temperature=0, max_tokens=40)
                 assert answer.choices[0].message.content == expected
+
+
+async def test_a_groups_answers_are_audited_by_a_trusted_auditor_that_holds_the_model(tmp_path):
+    """Issue 39: a group's answer is re-scored by an auditor outside the group that can hold the
+    whole model, here the operator's trusted auditor (an audit-only worker with the memory): the
+    verdict counts for the head, and passes for honest work. Relayed (the default route)."""
+    auditor_key = tmp_path / "auditor" / "key.pem"
+    auditor_key.parent.mkdir(parents=True)
+    private = Ed25519PrivateKey.generate()
+    auditor_key.write_bytes(private.private_bytes(Encoding.PEM, PrivateFormat.PKCS8,
+                                                  NoEncryption()))
+    auditor_key.chmod(0o600)
+    auditor_pubkey = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+    with FakeHub(repos()) as hub:
+        store = ModelStore(tmp_path / "head" / "models", endpoint=hub.url)
+        await asyncio.to_thread(store.pull, MODEL)
+        audit_store = ModelStore(tmp_path / "auditor" / "models", endpoint=hub.url)
+        await asyncio.to_thread(audit_store.pull, MODEL)
+        async with running_queen(tmp_path, hub_endpoint=hub.url, auth="keys", escrow_jobs=0,
+                                 total_timeout_s=90, audit_new_rate=1.0,
+                                 audit_max_wait_s=120, trusted_auditors=[auditor_pubkey],
+                                 **GROUPS) as queen, \
+                contextlib.AsyncExitStack() as stack:
+            services: dict[str, WorkerService] = {}
+            services["head"] = await stack.enter_async_context(
+                worker(tmp_path, queen, hub, "head", store=store, **MEMBER))
+            for name in ("w1", "w2"):
+                services[name] = await stack.enter_async_context(
+                    worker(tmp_path, queen, hub, name, **MEMBER))
+            auditor = await stack.enter_async_context(worker(
+                tmp_path, queen, hub, "auditor", store=audit_store, auditor=True, threads=1,
+                max_jobs=1, memory_budget_mb=2048))
+            group = await ready_group(queen)
+            assert auditor.identity.pubkey not in {part.key for part in group.parts}
+            secret, _ = await funded_key(queen, 50)
+            client = queen.client(api_key=secret)
+            for _ in range(2):
+                await client.chat.completions.create(
+                    model=MODEL, messages=MESSAGES, temperature=0, max_tokens=40)
+            audits = queen.state.audits
+            await queen.wait_until(lambda: audits.idle, 120, "the group's answers audited")
+            rows = await audits.store.recent(10, worker_key=group.head.key)
+            assert len(rows) == 2  # both answers, each re-scored whole by the auditor
+            assert all(row.auditor_key == auditor_pubkey and row.auditor_trusted
+                       and not row.failed for row in rows)
+            standing = audits.standing(group.head.key)
+            assert (standing.audited, standing.failed) == (2, 0)
+            for name in ("w1", "w2"):  # members are blamed only on failing verdicts
+                assert await audits.store.recent(10, worker_key=services[name].identity.pubkey) \
+                    == []
