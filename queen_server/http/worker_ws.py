@@ -43,16 +43,33 @@ class Disconnected(Exception):
 
 
 class WorkerSocket:
-    """One worker's websocket as the swarm's ``Connection``: the link encodes, this sends."""
+    """One worker's websocket as the swarm's ``Connection``: the link encodes, this sends.
 
-    __slots__ = ("link", "websocket")
+    A worker is registered (routable) before its welcome is sent, so a request that arrives
+    while the welcome is on its way finds it instead of a 404; every frame for it but the
+    welcome waits for ``welcomed`` (set once the welcome is sent; an awaited set event does not
+    suspend), so none reaches the worker before its welcome."""
+
+    __slots__ = ("link", "websocket", "welcomed")
 
     def __init__(self, websocket: WebSocket, link: QueenLink) -> None:
         self.websocket = websocket
         self.link = link
+        self.welcomed = asyncio.Event()
 
     async def send_text(self, frame: str) -> None:
+        await self.welcomed.wait()
+        await self.send_now(frame)
+
+    async def send_now(self, frame: str) -> None:
+        """Send at once: the handshake's frames (challenge, refusal) and the welcome."""
         await self.websocket.send({"type": "websocket.send", "text": frame})
+
+    async def send_welcome(self, frame: str | None) -> None:
+        """The welcome (None: a legacy worker gets none), then every frame waiting for it."""
+        if frame is not None:
+            await self.send_now(frame)
+        self.welcomed.set()
 
     async def send_job(
         self,
@@ -74,6 +91,7 @@ class WorkerSocket:
         await self.send_text(frame)
 
     async def send_bytes(self, frame: bytes) -> None:
+        await self.welcomed.wait()
         await self.websocket.send({"type": "websocket.send", "bytes": frame})
 
     async def close(self, code: int, reason: str) -> None:
@@ -114,10 +132,9 @@ async def worker_endpoint(websocket: WebSocket) -> None:
     heartbeat = None
     reason, close_code = "disconnected", 1000
     try:
-        if admit.welcome is not None:
-            # Welcome first, then register: a job must never reach a worker before its welcome.
-            await socket.send_text(admit.welcome)
+        # Registered first, so a request arriving now finds it; its frames wait for the welcome.
         older = state.registry.add(worker, socket)
+        await socket.send_welcome(admit.welcome)
         state.catalog.prefetch(sorted(worker.cached))  # price its models by the queen's reading
         link.registered(state.registry.leases_of(worker.key))
         state.stats.connected(worker.key, worker.public_id, worker.worker_version)
@@ -137,6 +154,7 @@ async def worker_endpoint(websocket: WebSocket) -> None:
     except (Disconnected, WebSocketDisconnect, OSError) as exc:
         reason = f"connection lost ({type(exc).__name__})"
     finally:
+        socket.welcomed.set()  # a frame still waiting for a welcome that never went: it fails
         if heartbeat is not None:
             heartbeat.cancel()
         state.placement.left(worker)
@@ -155,7 +173,7 @@ async def _handshake(
     link = socket.link
     for action in link.opened():
         if isinstance(action, Send):
-            await socket.send_text(action.frame)
+            await socket.send_now(action.frame)
     try:
         async with asyncio.timeout(timeout_s):
             message = await websocket.receive()
@@ -171,7 +189,7 @@ async def _handshake(
         if isinstance(action, Refuse):
             log.warning("refused a worker from %s: %s", _peer(websocket), action.reason)
             with contextlib.suppress(Exception):
-                await socket.send_text(action.frame)
+                await socket.send_now(action.frame)
                 await socket.close(action.close_code, action.reason)
     return None
 

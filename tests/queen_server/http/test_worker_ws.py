@@ -254,3 +254,41 @@ async def test_hot_routes_report_errors_like_the_others(queen):
         response = await http.post("/v1/embeddings", content=b"{")
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_json"
+
+
+async def test_a_request_made_while_a_worker_is_welcomed_is_served_by_it_after_its_welcome(
+        tmp_path, monkeypatch):
+    """A worker is routable as soon as it is admitted: a request that arrives while its welcome
+    is on the way is leased to it (not a 404 for a model nobody serves), and its job frame
+    waits for the welcome, which the worker reads first (``ScriptedWorker.start`` asserts it)."""
+    from queen_server.http.worker_ws import WorkerSocket
+
+    sending, release = asyncio.Event(), asyncio.Event()
+    welcome = WorkerSocket.send_welcome
+
+    async def held_welcome(self, frame):
+        sending.set()
+        await release.wait()
+        await welcome(self, frame)
+
+    monkeypatch.setattr(WorkerSocket, "send_welcome", held_welcome)
+    async with running_queen(tmp_path) as queen:
+        worker = ScriptedWorker(queen.ws_url)
+        joining = asyncio.create_task(worker.start())
+        await asyncio.wait_for(sending.wait(), 10)
+        client = queen.client()
+        asking = asyncio.create_task(client.chat.completions.create(
+            model=ECHO_MODEL, messages=USER, max_tokens=8))
+
+        def leased() -> bool:
+            entry = queen.state.registry.get(worker.pubkey)
+            return entry is not None and len(entry.jobs) == 1
+
+        await queen.wait_until(leased, 10, "the request leased to the joining worker")
+        assert not worker.jobs  # nothing reached it before its welcome
+        release.set()
+        await asyncio.wait_for(joining, 10)
+        answer = await asyncio.wait_for(asking, 10)
+        assert answer.choices[0].message.content
+        assert len(worker.jobs) == 1
+        await worker.stop()
