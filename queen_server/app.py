@@ -24,9 +24,10 @@ from queen_server.cluster.bus import RedisBus
 from queen_server.cluster.directory import RedisDirectory
 from queen_server.errors import ApiError
 from queen_server.files.service import make_files
+from queen_server.finetune.orders import TRANSFER_SECRET
 from queen_server.finetune.service import FineTuning
 from queen_server.finetune.store import JobStore
-from queen_server.http import admin, earnings, files, fine_tuning, openai, worker_ws
+from queen_server.http import admin, earnings, files, fine_tuning, openai, training, worker_ws
 from queen_server.http import stats as stats_routes
 from queen_server.http.error_handlers import error_response, install_error_handlers
 from queen_server.http.fastpath import FastPath
@@ -141,7 +142,8 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
         state.files = make_files(settings, db.engine)
         log.info("files: kept in %s", state.files.blobs.describe())
         state.fine_tuning = FineTuning(settings, JobStore(db.engine), state.files, billing,
-                                       registry.holders, state.price_of)
+                                       registry.holders, state.price_of, registry=registry,
+                                       dispatcher=dispatcher)
     # With replicas, each reads back what the others wrote of their workers.
     stats_store = (StatsStore(db.engine, stats, reload=replicas is not None)
                    if db is not None else None)
@@ -165,7 +167,9 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
         if state.fine_tuning is not None:
             # alone, a queen fails the jobs it left unfinished (their holds are gone); beside
             # replicas it cannot tell its own from theirs, and leaves them
-            await state.fine_tuning.start(recover=replicas is None)
+            await state.fine_tuning.start(
+                recover=replicas is None,
+                secret=await state.db.shared_secret(TRANSFER_SECRET) if state.db else None)
         placement.start()
         groups.start()
         http = httpx.AsyncClient(timeout=20, trust_env=False)
@@ -222,6 +226,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     app.include_router(openai.router)
     app.include_router(files.router)
     app.include_router(fine_tuning.router)
+    app.include_router(training.router)
     app.include_router(earnings.router)
     app.include_router(admin.router)
     app.include_router(stats_routes.router)

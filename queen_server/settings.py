@@ -317,6 +317,22 @@ class QueenSettings(BaseSettings):
     # its hold goes back.
     finetune_price_factor: float = Field(default=4.0, gt=0, le=1000)
     finetune_queue_timeout_s: float = Field(default=3600.0, gt=0)
+    # Training on workers: a queued job is offered to a free trainer every
+    # finetune_dispatch_interval_s; an attempt with no report for finetune_progress_timeout_s is
+    # given up, and a job resumes from its last checkpoint at most finetune_max_attempts times
+    # in all. Workers report every finetune_progress_every_steps steps and checkpoint every
+    # finetune_checkpoint_every_steps. One upload (a checkpoint, the adapter) may be at most
+    # finetune_upload_factor times the base model's size, and never less than
+    # finetune_upload_min_bytes. The learning rate is finetune_base_learning_rate times the
+    # job's multiplier.
+    finetune_dispatch_interval_s: float = Field(default=1.0, gt=0, le=60)
+    finetune_progress_timeout_s: float = Field(default=600.0, gt=0)
+    finetune_max_attempts: int = Field(default=3, ge=1, le=100)
+    finetune_progress_every_steps: int = Field(default=25, ge=1, le=1000)
+    finetune_checkpoint_every_steps: int = Field(default=100, ge=1, le=1_000_000)
+    finetune_upload_factor: float = Field(default=2.0, gt=0, le=100)
+    finetune_upload_min_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    finetune_base_learning_rate: float = Field(default=2e-4, gt=0, le=0.1)
 
     @field_validator("api_keys", "lnurl_insecure_hosts", "trusted_auditors", "group_heads",
                      mode="before")

@@ -14,8 +14,11 @@ restarts alone fails the jobs it left unfinished (its restart released every res
 an event saying why. A job's hold outlives any request's, so the sweep of a dead replica's
 stale reservations leaves it (``Billing.own_reservations``); beside replicas, a job ended on a
 replica that does not hold its ``Hold`` (another's, or one that is gone) is released from the
-ledger by its id (``Billing.release_job``). Training on workers comes next (issue 37): until
-then no job leaves ``queued``.
+ledger by its id (``Billing.release_job``).
+
+A queued job goes to a worker through the ``TrainingRunner`` of the replica that took it (which
+holds its ``Hold``); it ends through ``succeed`` (the hold settled at the trained tokens, the
+worker credited its share through ``Billing.finish``, as any job) or ``fail`` (nothing charged).
 """
 
 from __future__ import annotations
@@ -35,15 +38,20 @@ from queen_server.files.errors import FileNotFound
 from queen_server.finetune.plan import (
     TrainingData,
     bound_trained_tokens,
+    fine_tuned_name,
     resolve,
 )
-from queen_server.finetune.store import JobStore, as_utc, event_of, job_of
+from queen_server.finetune.runner import Run, Succeeded, TrainingRunner
+from queen_server.finetune.store import JobStore, as_utc, checkpoint_of, event_of, job_of
+from queen_server.finetune.transfers import Transfers
+from queen_server.swarm.jobs import Part
 from shared_schema.capabilities import TRAIN
 from shared_schema.files import FINE_TUNE
 from shared_schema.finetune import (
     FINISHED,
     FineTuningJob,
     FineTuningJobCreate,
+    JobCheckpoint,
     JobEvent,
 )
 
@@ -52,6 +60,8 @@ if TYPE_CHECKING:
     from queen_server.billing.service import Billing, Hold, Principal
     from queen_server.files.service import Files
     from queen_server.settings import QueenSettings
+    from queen_server.swarm.dispatch import Dispatcher
+    from queen_server.swarm.registry import Registry
     from queen_server.swarm.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -80,10 +90,15 @@ def new_job_id() -> str:
     return JOB_PREFIX + secrets.token_hex(12)
 
 
+def job_bound(run: Run) -> int:
+    return run.progress.bound_tokens
+
+
 class FineTuning:
     def __init__(self, settings: QueenSettings, store: JobStore, files: Files,
                  billing: Billing, holders: Callable[[str], Iterable[Worker]],
-                 price_of: Callable[[str], Price]) -> None:
+                 price_of: Callable[[str], Price], *, registry: Registry | None = None,
+                 dispatcher: Dispatcher | None = None) -> None:
         self.settings = settings
         self.store = store
         self.files = files
@@ -92,23 +107,36 @@ class FineTuning:
         self.price_of = price_of
         self._holds: dict[str, Hold] = {}  # this replica's jobs' holds, until they finish
         self._sweeper: asyncio.Task[None] | None = None
+        # The workers' transfers and the runner (with a registry: not in tests of the API
+        # alone); both use the secret the database shares between replicas, read at start.
+        self.secret: bytes | None = None
+        self.transfers = Transfers(store, files)
+        self.runner = (TrainingRunner(settings, store, files, registry, dispatcher, self,
+                                      lambda: self.secret)
+                       if registry is not None and dispatcher is not None else None)
         # A job's hold lasts as long as the job, hours past any request's: the ledger's sweep
         # of stale reservations leaves it to this service.
         billing.own_reservations(JOB_PREFIX)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
-    async def start(self, *, recover: bool = True) -> None:
+    async def start(self, *, recover: bool = True, secret: bytes | None = None) -> None:
         """Fail the jobs a previous run left unfinished (their holds are gone; not beside
-        replicas, whose jobs these may be), then watch the queue's deadline."""
+        replicas, whose jobs these may be), then watch the queue's deadline and run the
+        queue. ``secret``: the transfers' shared secret (none: no job is dispatched)."""
+        self.secret = self.transfers.secret = secret
         for row in await self.store.unfinished() if recover else []:
             await self._end(row.id, "failed", ("error", "The queen restarted before this job "
                                                "finished; nothing was charged."),
                             error=("queen_restarted", "The queen restarted before this job "
                                    "finished.", None), only_from=(row.status,))
         self._sweeper = asyncio.create_task(self._sweep(), name="fine-tuning deadlines")
+        if self.runner is not None and secret is not None:
+            self.runner.start()
 
     async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -183,6 +211,8 @@ class FineTuning:
             raise
         if hold is not None:
             self._holds[job_id] = hold
+        if self.runner is not None:
+            self.runner.queued(job_id)
         log.info("fine-tuning job %s for %s queued: %s, %d examples, %d epochs, at most %d "
                  "tokens", job_id, owner, request.model, training.examples, hyper.n_epochs,
                  bound)
@@ -209,17 +239,68 @@ class FineTuning:
         return [event_of(row) for row in found.rows], found.has_more
 
     async def cancel(self, owner: str, job_id: str) -> FineTuningJob:
-        """Cancel a job that has not finished: charged what was trained (nothing before it
-        ran); a finished one answers 400, as at OpenAI."""
+        """Cancel a job that has not finished: a running attempt here is stopped (its worker
+        sent a ``Cancel``) and charged what it reported trained until then (capped by the
+        queen's bound); nothing before it ran. A finished one answers 400, as at OpenAI."""
         job = await self.get(owner, job_id)
         if job.status in FINISHED:
             raise JobNotCancellable(f"Job {job_id} has already {job.status} and cannot be "
                                     "cancelled.", param="fine_tuning_job_id")
-        if not await self._end(job_id, "cancelled", ("info", "Job was cancelled; nothing was "
-                                                     "charged."),
-                               only_from=("validating_files", "queued")):
+        run = await self.runner.halt(job_id) if self.runner is not None else None
+        tokens = min(run.progress.trained_tokens, job_bound(run)) if run is not None else 0
+        message = (f"Job was cancelled; {tokens} trained tokens were charged." if tokens
+                   else "Job was cancelled; nothing was charged.")
+        parts = ([Part(run.worker.earnings_key, 0, tokens, completed=False)]
+                 if run is not None and tokens else None)
+        if not await self._end(job_id, "cancelled", ("info", message),
+                               only_from=("validating_files", "queued", "running"),
+                               parts=parts, values={"trained_tokens": tokens} if run else None):
             return await self.cancel(owner, job_id)  # it changed meanwhile: read it again
         return await self.get(owner, job_id)
+
+    async def checkpoints(self, owner: str, job_id: str, *, after: str | None,
+                          limit: int) -> tuple[list[JobCheckpoint], bool]:
+        job = await self.get(owner, job_id)  # another's job reads as none
+        name = job.fine_tuned_model or self.model_name(job.model, job.user_provided_suffix,
+                                                       job.id)
+        found = await self.store.checkpoints(job_id, after=after, limit=limit)
+        return [checkpoint_of(row, name) for row in found.rows], found.has_more
+
+    @staticmethod
+    def model_name(base: str, suffix: str | None, job_id: str) -> str:
+        return fine_tuned_name(base, suffix, job_id)
+
+    # --- the runner's ends (``runner.Ender``) ---------------------------------------------------
+
+    async def succeed(self, job_id: str, attempt: int, outcome: Succeeded,
+                      credit_key: str | None) -> bool:
+        """The attempt delivered its adapter: the job succeeds with its model named, the
+        adapter's place kept, and the hold settled at the trained tokens (the worker credited
+        its share)."""
+        row = await self.store.attempt_row(job_id)
+        if row is None:
+            return False
+        name = fine_tuned_name(row.model, row.suffix, job_id)
+        values = {"fine_tuned_model": name, "trained_tokens": outcome.trained_tokens,
+                  "adapter_location": outcome.adapter_location,
+                  "adapter_sha256": outcome.adapter_sha256,
+                  "adapter_size_bytes": outcome.adapter_size_bytes, "estimated_finish": None}
+        done = await self._end(job_id, "succeeded",
+                               ("info", f"The job has successfully completed: new fine-tuned "
+                                        f"model {name}, {outcome.trained_tokens} trained tokens"),
+                               only_from=("running",), attempt=attempt, values=values,
+                               parts=[Part(credit_key, 0, outcome.trained_tokens)])
+        if done:
+            log.info("fine-tuning job %s succeeded: %s, %d tokens", job_id, name,
+                     outcome.trained_tokens)
+        return done
+
+    async def fail(self, job_id: str, attempt: int, code: str, message: str) -> bool:
+        """The job failed on its worker(s): nothing is charged."""
+        return await self._end(job_id, "failed", ("error", f"{message} Nothing was charged."),
+                               error=(code, message, None), only_from=("running",),
+                               attempt=attempt)
+
 
     async def check_deletable(self, owner: str, file_id: str) -> None:
         """A file an unfinished job of its owner needs cannot be deleted (400 naming the job):
@@ -263,17 +344,27 @@ class FineTuning:
 
     async def _end(self, job_id: str, status: str, event: tuple[str, str], *,
                    error: tuple[str, str, str | None] | None = None,
-                   only_from: tuple[str, ...]) -> bool:
-        """Finish a job: its status, error and event in one step (only from ``only_from``),
-        then its hold settled (nothing trained: nothing charged)."""
-        values: dict[str, Any] = {"status": status, "finished_at": datetime.now(UTC)}
+                   only_from: tuple[str, ...], attempt: int | None = None,
+                   values: dict[str, Any] | None = None,
+                   parts: list[Part] | None = None) -> bool:
+        """Finish a job: its status, error, event and ``values`` in one step (only from
+        ``only_from``, and only while ``attempt`` is its current one when given), then its
+        hold settled: at ``parts``' trained tokens, each worker credited its share through
+        billing; nothing trained, nothing charged."""
+        changes: dict[str, Any] = {**(values or {}), "status": status,
+                                   "finished_at": datetime.now(UTC)}
         if error is not None:
-            values.update(error_code=error[0], error_message=error[1], error_param=error[2])
-        changed = await self.store.change(job_id, values, event, only_from=only_from)
+            changes.update(error_code=error[0], error_message=error[1], error_param=error[2])
+        changed = await self.store.change(job_id, changes, event, only_from=only_from,
+                                          attempt=attempt)
         if changed:
+            if self.runner is not None:
+                self.runner.forget(job_id)
             hold = self._holds.pop(job_id, None)
             if hold is not None:
-                await self.billing.finish(hold)
+                await self.billing.finish(hold, parts=parts)
+                if hold.charged_msat:
+                    await self.store.change(job_id, {"charged_msat": hold.charged_msat})
             else:  # another replica's job, or one whose replica is gone: from the ledger
                 await self.billing.release_job(job_id)
         return changed

@@ -1,6 +1,8 @@
-"""Fine-tuning jobs in the queen's database (tables ``fine_tuning_jobs``, ``_events`` and
-``_checkpoints``): every read names the job's owner, so no query can hand one caller another's
-job (another's id reads as no job at all)."""
+"""Fine-tuning jobs in the queen's database (tables ``fine_tuning_jobs``, ``_events``,
+``_checkpoints`` and ``_uploads``): every read for a caller names the job's owner, so no query can
+hand one caller another's job (another's id reads as no job at all). The runner's and the
+transfers' reads (``attempt_row``, ``upload``, ``last_checkpoint``) name the job by its id alone:
+they serve a worker, which proves its attempt with a token, never a caller."""
 
 from __future__ import annotations
 
@@ -9,12 +11,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from queen_server.storage.tables import FineTuningEventRow, FineTuningJobRow
+from queen_server.storage.tables import (
+    FineTuningCheckpointRow,
+    FineTuningEventRow,
+    FineTuningJobRow,
+    FineTuningUploadRow,
+)
 from shared_schema.finetune import (
+    CheckpointMetrics,
     FineTuningJob,
+    JobCheckpoint,
     JobError,
     JobEvent,
     ResolvedHyperparameters,
@@ -22,6 +31,16 @@ from shared_schema.finetune import (
 )
 
 EVENT_PREFIX = "ftevent-"
+CHECKPOINT_PREFIX = "ftckpt-"
+# An event: (level, message), or (level, message, metrics data) for a step's "metrics" event.
+Event = tuple[str, str] | tuple[str, str, dict[str, Any]]
+
+
+def _event_values(job_id: str, event: Event) -> dict[str, Any]:
+    data = event[2] if len(event) > 2 else None  # type: ignore[misc]
+    return {"job_id": job_id, "created_at": datetime.now(UTC), "level": event[0],
+            "type": "metrics" if data is not None else "message", "message": event[1],
+            "data_json": json.dumps(data) if data is not None else None}
 
 
 def as_utc(value: datetime | None) -> datetime | None:
@@ -46,14 +65,13 @@ class JobStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
 
-    async def add(self, values: dict[str, Any], events: list[tuple[str, str]]) -> None:
+    async def add(self, values: dict[str, Any], events: list[Event]) -> None:
         """A new job and its first events (level, message), in one transaction."""
         async with self.engine.begin() as conn:
             await conn.execute(insert(FineTuningJobRow).values(values))
-            for level, message in events:
+            for event in events:
                 await conn.execute(insert(FineTuningEventRow).values(
-                    job_id=values["id"], created_at=datetime.now(UTC), level=level,
-                    type="message", message=message, data_json=None))
+                    _event_values(values["id"], event)))
 
     async def get(self, owner: str, job_id: str) -> Any | None:
         async with self.engine.connect() as conn:
@@ -97,22 +115,81 @@ class JobStore:
         return JobPage(rows[:limit], len(rows) > limit)
 
     async def change(self, job_id: str, values: dict[str, Any],
-                     event: tuple[str, str] | None = None, *,
-                     only_from: tuple[str, ...] = ()) -> bool:
-        """Update a job (only while its status is one of ``only_from``, when given) and add an
-        event, in one transaction; False if the job was not in such a status."""
+                     event: Event | None = None, *,
+                     only_from: tuple[str, ...] = (), attempt: int | None = None) -> bool:
+        """Update a job (only while its status is one of ``only_from``, when given, and its
+        current attempt is ``attempt``, when given) and add an event, in one transaction; False
+        if the job was not so."""
         async with self.engine.begin() as conn:
             query = update(FineTuningJobRow).where(FineTuningJobRow.id == job_id)
             if only_from:
                 query = query.where(FineTuningJobRow.status.in_(only_from))
+            if attempt is not None:
+                query = query.where(FineTuningJobRow.attempt == attempt)
             changed = (await conn.execute(query.values(values))).rowcount
             if not changed:
                 return False
             if event is not None:
-                await conn.execute(insert(FineTuningEventRow).values(
-                    job_id=job_id, created_at=datetime.now(UTC), level=event[0],
-                    type="message", message=event[1], data_json=None))
+                await conn.execute(insert(FineTuningEventRow).values(_event_values(job_id,
+                                                                                   event)))
         return True
+
+    # --- training on workers ------------------------------------------------------------------
+
+    async def attempt_row(self, job_id: str) -> Any | None:
+        """A job by its id alone (for the runner and a worker's transfers)."""
+        async with self.engine.connect() as conn:
+            return (await conn.execute(select(FineTuningJobRow).where(
+                FineTuningJobRow.id == job_id))).first()
+
+    async def add_upload(self, job_id: str, attempt: int, name: str, sha256: str,
+                         size_bytes: int, location: str) -> None:
+        """Record an upload, in place of the attempt's earlier one of that name (whose bytes
+        stay: a checkpoint kept from them may point there)."""
+        async with self.engine.begin() as conn:
+            await conn.execute(delete(FineTuningUploadRow).where(
+                FineTuningUploadRow.job_id == job_id,
+                FineTuningUploadRow.attempt == attempt, FineTuningUploadRow.name == name))
+            await conn.execute(insert(FineTuningUploadRow).values(
+                job_id=job_id, attempt=attempt, name=name, sha256=sha256, size_bytes=size_bytes,
+                location=location, created_at=datetime.now(UTC)))
+
+    async def upload(self, job_id: str, attempt: int, name: str) -> Any | None:
+        async with self.engine.connect() as conn:
+            return (await conn.execute(select(FineTuningUploadRow).where(
+                FineTuningUploadRow.job_id == job_id, FineTuningUploadRow.attempt == attempt,
+                FineTuningUploadRow.name == name))).first()
+
+    async def add_checkpoint(self, job_id: str, *, step: int, train_loss: float,
+                             trained_tokens: int, sha256: str, size_bytes: int,
+                             location: str) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(insert(FineTuningCheckpointRow).values(
+                id=f"{CHECKPOINT_PREFIX}{job_id.removeprefix('ftjob-')}-{step}",
+                job_id=job_id, created_at=datetime.now(UTC), step=step, train_loss=train_loss,
+                valid_loss=None, location=location, sha256=sha256, size_bytes=size_bytes,
+                trained_tokens=trained_tokens))
+
+    async def last_checkpoint(self, job_id: str) -> Any | None:
+        async with self.engine.connect() as conn:
+            return (await conn.execute(select(FineTuningCheckpointRow).where(
+                FineTuningCheckpointRow.job_id == job_id).order_by(
+                FineTuningCheckpointRow.step.desc()).limit(1))).first()
+
+    async def checkpoints(self, job_id: str, *, after: str | None, limit: int) -> JobPage:
+        """A job's checkpoints, newest (latest step) first, after the checkpoint ``after``."""
+        query = select(FineTuningCheckpointRow).where(FineTuningCheckpointRow.job_id == job_id)
+        async with self.engine.connect() as conn:
+            if after is not None:
+                step = (await conn.execute(select(FineTuningCheckpointRow.step).where(
+                    FineTuningCheckpointRow.id == after,
+                    FineTuningCheckpointRow.job_id == job_id))).scalar()
+                if step is None:
+                    return JobPage([], False)
+                query = query.where(FineTuningCheckpointRow.step < step)
+            rows = list((await conn.execute(query.order_by(
+                FineTuningCheckpointRow.step.desc()).limit(limit + 1))).all())
+        return JobPage(rows[:limit], len(rows) > limit)
 
     async def events(self, job_id: str, *, after: str | None, limit: int) -> JobPage:
         """A job's events, newest first (``after``: an event id, ``ftevent-<n>``)."""
@@ -151,3 +228,15 @@ def event_of(row: Any) -> JobEvent:
     return JobEvent(id=f"{EVENT_PREFIX}{row.id}", created_at=_seconds(row.created_at) or 0,
                     level=row.level, message=row.message, type=row.type,
                     data=json.loads(row.data_json) if row.data_json else None)
+
+
+def checkpoint_of(row: Any, fine_tuned_model: str) -> JobCheckpoint:
+    """The ``fine_tuning.job.checkpoint`` object of a row; ``fine_tuned_model``: the name the
+    job's model has (or will have), of which the checkpoint is ``...:ckpt-step-N``."""
+    return JobCheckpoint(
+        id=row.id, created_at=_seconds(row.created_at) or 0,
+        fine_tuned_model_checkpoint=f"{fine_tuned_model}:ckpt-step-{row.step}",
+        fine_tuning_job_id=row.job_id,
+        metrics=CheckpointMetrics(step=row.step, train_loss=row.train_loss,
+                                  valid_loss=row.valid_loss),
+        step_number=row.step)

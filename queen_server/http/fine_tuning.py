@@ -109,5 +109,5 @@ async def job_events(request: Request, job_id: str, after: str | None = None,
 async def job_checkpoints(request: Request, job_id: str, after: str | None = None,
                           limit: int = Query(10, ge=1, le=MAX_PAGE)) -> Response:
     service, _, owner = await caller(request)
-    await service.get(owner, job_id)  # another's job reads as none
-    return _page([], False)  # no worker trains yet, so no job has a checkpoint
+    checkpoints, has_more = await service.checkpoints(owner, job_id, after=after, limit=limit)
+    return _page(checkpoints, has_more)

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -246,6 +247,13 @@ class FineTuningJobRow(Base):
     estimated_finish: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     metadata_json: Mapped[str | None] = mapped_column(String(20_000))
     worker_key: Mapped[str | None] = mapped_column(String(64))
+    # Training on workers (0012): the current attempt (its transfers' token is valid only
+    # while it runs), the most bytes one of its uploads may be, and the adapter it delivered.
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    upload_limit_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    adapter_location: Mapped[str | None] = mapped_column(String(1024))
+    adapter_sha256: Mapped[str | None] = mapped_column(String(64))
+    adapter_size_bytes: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class FineTuningEventRow(Base):
@@ -274,3 +282,23 @@ class FineTuningCheckpointRow(Base):
     train_loss: Mapped[float | None] = mapped_column(Float)
     valid_loss: Mapped[float | None] = mapped_column(Float)
     location: Mapped[str] = mapped_column(String(1000))  # in the queen's file storage
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    trained_tokens: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class FineTuningUploadRow(Base):
+    """A file a training attempt's worker PUT, as the queen received and hashed it."""
+
+    __tablename__ = "fine_tuning_uploads"
+    __table_args__ = (UniqueConstraint("job_id", "attempt", "name",
+                                       name="uq_fine_tuning_uploads_name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(40), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(80))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    location: Mapped[str] = mapped_column(String(1024))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

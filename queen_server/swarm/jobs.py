@@ -17,6 +17,7 @@ from typing import Any
 
 from shared_schema import Chunk, JobError, Result
 from shared_schema.answers import LOGPROB_BYTE_WEIGHT, LOGPROB_ENTRY_WEIGHT, LogprobLimits
+from shared_schema.protocol import TrainReport
 
 # The id prefix of embeddings jobs (``http.openai``); every other job is a chat completion. The
 # link checks an answer's shape by it.
@@ -153,7 +154,8 @@ class WorkerLost:
     reason: str
 
 
-JobEvent = Chunk | Result | JobError | WorkerLost
+# A training job's progress (``TrainReport``, issue 37) comes between its start and its end.
+JobEvent = Chunk | Result | JobError | WorkerLost | TrainReport
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
@@ -282,7 +284,7 @@ class JobHandle(Mailbox):
         return f"<JobHandle {self.id} on {self.worker_id}{' finished' if self.finished else ''}>"
 
     def feed(self, event: JobEvent) -> None:
-        if not isinstance(event, Chunk):
+        if not isinstance(event, Chunk | TrainReport):
             self.finished = True
             if self.on_end is not None:
                 self.on_end(self)

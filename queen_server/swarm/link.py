@@ -82,7 +82,9 @@ from shared_schema.protocol import (
     CLOSE_POLICY,
     CLOSE_TOO_BIG,
     MAX_CHUNK_TOKENS,
+    TrainReport,
 )
+from shared_schema.training import parse_train_job_id
 
 log = logging.getLogger(__name__)
 
@@ -335,9 +337,29 @@ class QueenLink:
                     _charge_kept(handle, message, size, weight)
                 handle.feed(message)
                 return NOTHING
+            if type(message) is TrainReport:
+                self._train_report(message, len(frame))
+                return NOTHING
             return self._control(message)
         except ProtocolError as exc:
             return self._bad_frame(exc, frame)
+
+    def _train_report(self, message: TrainReport, size: int) -> None:
+        """A training job's progress (issue 37), fed to its handle for the queen's runner,
+        charged against the job's budget as a chunk is. Raises ``ProtocolError`` for a report
+        of a job not in flight here, or of a job that is no training job."""
+        handle = self._jobs.get(message.id)
+        if handle is None or handle.finished:
+            raise ProtocolError(UNKNOWN_JOB, f"job {message.id[:64]!r} is not in flight on this "
+                                             "worker; its train_report was dropped")
+        if parse_train_job_id(message.id) is None:
+            raise ProtocolError("unexpected_message",
+                                f"job {message.id[:64]!r} is no training job: a train_report "
+                                "is not expected for it")
+        if size > handle.room or size > handle.chunk_cap:
+            _too_large(handle, message.type, size)
+        handle.room -= size
+        handle.feed(message)
 
     def receive_bytes(self, frame: bytes, now: float) -> Sequence[Action]:
         """One binary frame: after the welcome, a model group's relayed data frame (its header

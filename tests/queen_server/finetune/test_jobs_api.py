@@ -2,7 +2,8 @@
 job is made whole or not at all, its bound held up front and given back when it ends without
 training; a second key neither sees nor cancels it; bad input is a 400 naming its field, an
 unpaid job a 402, and nothing is held for either. A scripted worker offering ``train`` holds
-the base model (no worker trains yet, so jobs stay queued)."""
+the base model; these tests are of the API alone, so the queen's runner is stopped and jobs
+stay queued (training on workers: ``test_training.py``)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ async def available_msat(queen: QueenHarness, secret: str) -> int:
 async def queen(tmp_path, db_url):
     async with running_queen(tmp_path, auth="keys", db=db_url, files_dir=tmp_path / "files",
                              finetune_queue_timeout_s=60) as queen:
+        service = queen.state.fine_tuning
+        await service.runner.stop()
+        service.runner = None
         trainer = await ScriptedWorker(queen.ws_url, capabilities=[TRAIN]).start()
         yield queen
         await trainer.stop()

@@ -1,0 +1,117 @@
+"""A scripted worker that trains (issue 37): given a training job, it reads its data (and the
+checkpoint it resumes from) over HTTP with the order's token, sends ``TrainReport`` frames,
+uploads a checkpoint and an adapter (bytes that look like a GGUF: the queen does not parse
+adapters yet) and ends with a ``Result``, as the contract in ``shared_schema.training`` says.
+
+Behaviours: ``honest``; ``gated`` (waits for ``release`` after its checkpoint, then goes on);
+``die_mid`` (drops its connection after its checkpoint); ``lie_backwards`` (its tokens go back
+after the checkpoint); ``lie_over_bound`` (claims more tokens than the order's bound);
+``phantom_checkpoint`` (reports a checkpoint it never uploaded); ``silent`` (reads its data,
+then says nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Any
+
+import httpx
+
+from shared_schema import Job, Result, Usage
+from shared_schema.capabilities import TRAIN
+from shared_schema.protocol import TrainReport
+from shared_schema.training import (
+    ADAPTER_NAME,
+    TRAIN_URL,
+    TrainOrder,
+    TrainResultData,
+    Uploaded,
+    checkpoint_name,
+)
+from tests.support.workers import ScriptedWorker
+
+TOTAL_STEPS = 4
+TOKENS_PER_STEP = 100
+CHECKPOINT_STEP = 2
+
+
+def gguf_bytes(tag: str, size: int = 4096) -> bytes:
+    """Bytes that start like a GGUF file (magic, version 3), distinct per ``tag``."""
+    body = hashlib.sha256(tag.encode()).digest() * (size // 32 + 1)
+    return b"GGUF\x03\x00\x00\x00" + body[: size - 8]
+
+
+class ScriptedTrainer(ScriptedWorker):
+    def __init__(self, ws_url: str, *, behaviour: str = "honest", **kwargs: Any) -> None:
+        kwargs.setdefault("capabilities", [TRAIN])
+        super().__init__(ws_url, behaviour=behaviour, **kwargs)
+        self.http_url = ws_url.replace("ws://", "http://", 1).rsplit("/worker", 1)[0]
+        self.orders: list[TrainOrder] = []
+        self.data: list[bytes] = []  # the training data each order's GET answered
+        self.resumed: list[bytes] = []  # the checkpoints it resumed from
+        self.uploads: dict[str, bytes] = {}
+        self.reported = asyncio.Event()  # its checkpoint's report was sent
+
+    async def _run(self, job: Job) -> None:
+        if job.openai_url != TRAIN_URL:
+            await super()._run(job)
+            return
+        order = TrainOrder.model_validate(job.openai_req)
+        self.orders.append(order)
+        auth = {"Authorization": f"Bearer {order.token}"}
+        async with httpx.AsyncClient(base_url=self.http_url, headers=auth, timeout=10,
+                                     trust_env=False) as http:
+            self.data.append(await self._get(http, order.data.url, order.data.sha256))
+            step, tokens = 0, 0
+            if order.resume is not None:
+                self.resumed.append(await self._get(http, order.resume.url,
+                                                    order.resume.sha256))
+                step, tokens = order.resume.step, order.resume.trained_tokens
+            if self.behaviour == "silent":
+                return
+            while step < TOTAL_STEPS:
+                step += 1
+                tokens += TOKENS_PER_STEP
+                checkpoint = None
+                if step == CHECKPOINT_STEP:
+                    checkpoint = await self._put(http, order, checkpoint_name(step),
+                                                 gguf_bytes(f"{order.job}-{step}"))
+                    if self.behaviour == "phantom_checkpoint":
+                        checkpoint = Uploaded(name=checkpoint_name(step), sha256="0" * 64,
+                                              size_bytes=123)
+                claimed = tokens
+                if self.behaviour == "lie_backwards" and step > CHECKPOINT_STEP:
+                    claimed = 1
+                if self.behaviour == "lie_over_bound":
+                    claimed = order.max_trained_tokens + 1
+                await self._send(TrainReport(id=job.id, step=step, total_steps=TOTAL_STEPS,
+                                             epoch=1, loss=2.0 / step, trained_tokens=claimed,
+                                             checkpoint=checkpoint))
+                if step == CHECKPOINT_STEP:
+                    self.reported.set()
+                    if self.behaviour == "die_mid":
+                        assert self._ws is not None
+                        await self._ws.close()
+                        return
+                    if self.behaviour == "gated":
+                        await self.release.wait()
+            adapter = await self._put(http, order, ADAPTER_NAME, gguf_bytes(f"{order.job}-a"))
+        result = TrainResultData(adapter=adapter, steps=TOTAL_STEPS, loss=0.5)
+        await self._send(Result(id=job.id, data=result.model_dump(mode="json"),
+                                usage=Usage(prompt_tokens=tokens, completion_tokens=0,
+                                            total_tokens=tokens)))
+
+    async def _get(self, http: httpx.AsyncClient, url: str, sha256: str) -> bytes:
+        answer = await http.get(url)
+        answer.raise_for_status()
+        assert hashlib.sha256(answer.content).hexdigest() == sha256
+        return answer.content
+
+    async def _put(self, http: httpx.AsyncClient, order: TrainOrder, name: str,
+                   data: bytes) -> Uploaded:
+        answer = await http.put(f"{order.upload}/{name}", content=data)
+        answer.raise_for_status()
+        self.uploads[name] = data
+        return Uploaded(name=name, sha256=hashlib.sha256(data).hexdigest(),
+                        size_bytes=len(data))
