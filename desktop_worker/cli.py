@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="serve the model through a group of N RPC servers on this machine "
                         "(a demonstration of model groups; chat and completions only)")
 
+    parser.add_argument("--train", action="store_true", default=None,
+                        help="take fine-tuning jobs: train LoRA adapters of the models served "
+                        "(APIARY_TRAIN; off by default)")
+
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("detect", parents=[common], help="print the detected hardware as JSON")
     models = commands.add_parser("models", parents=[common], help="manage the model store")
@@ -87,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def settings_from(args: argparse.Namespace) -> WorkerSettings:
     names = ("queen_url", "ln_url", "models", "models_dir", "max_jobs", "gpu_layers", "n_ctx",
-             "threads", "local_group")
+             "threads", "local_group", "train")
     overrides = {name: getattr(args, name, None) for name in names}
     if overrides["queen_url"] is not None:  # --queen, repeatable: one comma-separated list
         overrides["queen_url"] = ",".join(overrides["queen_url"])

@@ -250,3 +250,15 @@ class TrainingUnsupported(TrainingError):
 
 class TrainingCancelled(TrainingError):
     """The run was cancelled; it stopped between two steps."""
+
+
+class TrainJobFailed(WorkerError):
+    """A training job (issue 37) cannot go on: its order, a transfer, the disk, its data or
+    its run. ``code`` and ``retryable`` are the ``JobError``'s the queen is sent: retryable
+    when another attempt (on this worker or another) may succeed, not when the order or its
+    data are at fault."""
+
+    def __init__(self, code: str, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retryable = retryable

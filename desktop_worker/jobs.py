@@ -1,5 +1,7 @@
 """Running the queen's jobs on the engine: chat and text completions (streamed or whole),
-embeddings, and re-scoring audits (``score`` jobs, see ``engine.scoring``).
+embeddings, re-scoring audits (``score`` jobs, see ``engine.scoring``) and, when the owner
+opted in, training jobs (``TRAIN_URL``, see ``training_jobs``; refused as ``unsupported``
+otherwise).
 
 ``JobRunner`` is widget-free and socket-free: it reports through a ``JobSink`` (the link) and
 through ``on_started`` / ``on_finished`` callbacks (the CLI's log line, the app's jobs table).
@@ -19,16 +21,32 @@ from typing import Any, Protocol
 
 from desktop_worker.engine.pool import ModelPool
 from desktop_worker.engine.scores import read_score_request
-from desktop_worker.errors import EngineError, ModelStoreError, UnsupportedRequest, WorkerError
-from shared_schema import Job, Usage
+from desktop_worker.errors import (
+    EngineError,
+    ModelStoreError,
+    TrainingCancelled,
+    TrainJobFailed,
+    UnsupportedRequest,
+    WorkerError,
+)
+from desktop_worker.training_jobs import TrainingJobs, read_order
+from shared_schema import Job, TrainReport, Usage
 from shared_schema.answers import answer_from_chunks, checkpoint_chunk, embedding_list
 from shared_schema.audits import SCORE_URL
+from shared_schema.training import TRAIN_URL
 
 log = logging.getLogger(__name__)
 
 
 class JobSink(Protocol):
+    """Where a job's frames go: the connection it came on. ``origin``: that connection's queen
+    origin (a training job's files are there); ``train_report``: a training job's progress."""
+
+    @property
+    def origin(self) -> str: ...
+
     async def chunk(self, job_id: str, data: dict[str, Any]) -> None: ...
+    async def train_report(self, job_id: str, report: TrainReport) -> None: ...
     async def result(self, job_id: str, data: dict[str, Any], usage: Usage) -> None: ...
     async def error(self, job_id: str, code: str, message: str, retryable: bool) -> None: ...
 
@@ -53,14 +71,18 @@ class JobRecord:
 class JobRunner:
     """Runs jobs on the engine. A plain (non-streamed) answer is sent whole at its end, with a
     checkpoint of its text every ``checkpoint_s`` while it is generated, so that a lost worker's
-    answer can be continued elsewhere without one frame per token."""
+    answer can be continued elsewhere without one frame per token. ``training``: how training
+    jobs run (None: the owner did not opt in, and they are refused as ``unsupported``)."""
 
     def __init__(
-        self, pool: ModelPool, has_model: Callable[[str], bool], *, checkpoint_s: float = 1.0
+        self, pool: ModelPool, has_model: Callable[[str], bool], *, checkpoint_s: float = 1.0,
+        training: TrainingJobs | None = None,
     ) -> None:
         self.pool = pool
         self.has_model = has_model
         self.checkpoint_s = checkpoint_s
+        self.training = training
+        self._trains: set[str] = set()  # the training jobs among those running
         self.on_started: list[Callable[[Job], None]] = []
         self.on_finished: list[Callable[[JobRecord], None]] = []
         self._running: dict[str, tuple[asyncio.Task[None], threading.Event]] = {}
@@ -74,9 +96,15 @@ class JobRunner:
         cancel = threading.Event()
         task = asyncio.create_task(self._run(job, sink, cancel), name=f"job {job.id}")
         self._running[job.id] = (task, cancel)
-        task.add_done_callback(lambda _t: self._running.pop(job.id, None))
+        if job.openai_url == TRAIN_URL:
+            self._trains.add(job.id)
+        task.add_done_callback(lambda _t: self._forget(job.id))
         for callback in self.on_started:
             callback(job)
+
+    def _forget(self, job_id: str) -> None:
+        self._running.pop(job_id, None)
+        self._trains.discard(job_id)
 
     def cancel(self, job_id: str) -> None:
         entry = self._running.get(job_id)
@@ -86,10 +114,14 @@ class JobRunner:
     async def hand_back(self, timeout_s: float, reason: str) -> None:
         """Let the jobs in flight finish for up to ``timeout_s``; stop the rest with a
         retryable ``paused`` error, so that the queen continues each answer on another worker
-        (its failover path) rather than failing it."""
+        (its failover path) rather than failing it. A training job is handed back at once:
+        it would not end within a grace, and the queen resumes it from its last checkpoint."""
         tasks = [task for task, _ in self._running.values()]
         if not tasks:
             return
+        for job_id in list(self._trains):
+            self._handed_back[job_id] = reason
+            self.cancel(job_id)
         _, pending = await asyncio.wait(tasks, timeout=timeout_s)
         for job_id in list(self._running):
             self._handed_back[job_id] = reason
@@ -116,10 +148,15 @@ class JobRunner:
         usage = Usage(prompt_tokens=0, total_tokens=0)
         outcome = "ok"
         try:
-            if not self.has_model(model):
+            if kind == "train" and self.training is None:
+                raise _JobFailure("unsupported", "this worker does not take training jobs "
+                                  "(its owner has not opted in)", retryable=False)
+            if kind != "train" and not self.has_model(model):
                 raise _JobFailure("model_not_available", f"this worker does not hold {model}",
                                   retryable=True)
-            if kind == "embeddings":
+            if kind == "train":
+                usage = await self._train(job, sink, cancel)
+            elif kind == "embeddings":
                 usage = await self._embeddings(job, model, sink)
             elif kind == "score":
                 usage = await self._score(job, model, sink, cancel)
@@ -127,7 +164,7 @@ class JobRunner:
                 usage = await self._generate(job, kind, model, sink, cancel)
                 if cancel.is_set():
                     raise self._stopped(job.id)
-        except _JobFailure as failure:
+        except (_JobFailure, TrainJobFailed) as failure:
             outcome = failure.code
             await sink.error(job.id, failure.code, str(failure), failure.retryable)
         except UnsupportedRequest as exc:
@@ -150,7 +187,7 @@ class JobRunner:
         log.info("job %s %s %s: %d prompt + %d completion tokens, %.1f tokens/s, %.2f s, %s",
                  job.id, kind, model, record.prompt_tokens, record.completion_tokens,
                  record.tokens_per_s, record.seconds, outcome)
-        self._running.pop(job.id, None)  # ``active`` already counts it out for the callbacks
+        self._forget(job.id)  # ``active`` already counts it out for the callbacks
         self._handed_back.pop(job.id, None)
         for callback in self.on_finished:
             callback(record)
@@ -216,6 +253,23 @@ class JobRunner:
         await sink.result(job.id, score.data(), usage)
         return usage
 
+    async def _train(self, job: Job, sink: JobSink, cancel: threading.Event) -> Usage:
+        """A training job (issue 37): its reports go out as it trains, its ``Result`` at the
+        end; a cancel (or a pause) ends it as any job's."""
+        assert self.training is not None
+        order = read_order(job.openai_req)  # a bad order names its field, before all else
+        if not self.has_model(order.model):
+            raise _JobFailure("model_not_available", f"this worker does not hold {order.model}",
+                              retryable=True)
+        try:
+            data, usage = await self.training.run(job.id, order, sink, cancel)
+        except TrainingCancelled:
+            raise self._stopped(job.id) from None
+        if cancel.is_set():  # cancelled after its last step: nothing was delivered
+            raise self._stopped(job.id)
+        await sink.result(job.id, data.model_dump(mode="json"), usage)
+        return usage
+
     async def _embeddings(self, job: Job, model: str, sink: JobSink) -> Usage:
         inputs = embedding_inputs(job.openai_req.get("input"))
         vectors, tokens = await self.pool.embed(model, inputs)
@@ -225,8 +279,10 @@ class JobRunner:
 
 
 def job_kind(openai_url: str) -> str:
-    """"score" (a re-scoring audit), "embeddings", "completions" (raw prompts) or "chat", from
-    a job's path."""
+    """"score" (a re-scoring audit), "train" (a training job), "embeddings", "completions" (raw
+    prompts) or "chat", from a job's path."""
+    if openai_url == TRAIN_URL:
+        return "train"
     if openai_url == SCORE_URL:
         return "score"
     if openai_url.endswith("/embeddings"):

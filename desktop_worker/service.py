@@ -40,10 +40,12 @@ from desktop_worker.jobs import JobRunner
 from desktop_worker.link.client import LinkClient
 from desktop_worker.owner import OwnerProbe, PauseWatcher, controls_on, default_probe
 from desktop_worker.sandbox.context import SandboxedContexts
+from desktop_worker.sandbox.training import SandboxedTrainer
 from desktop_worker.settings import WorkerSettings
 from desktop_worker.store import LocalModel, ModelStore, store_for
 from desktop_worker.store.names import validate_local_name
 from desktop_worker.swarm_choice import SwarmChooser
+from desktop_worker.training_jobs import TrainingJobs, store_room
 from shared_schema import (
     CAPABILITY_CONTINUE,
     PROTOCOL_VERSION,
@@ -68,7 +70,8 @@ def worker_capabilities(settings: WorkerSettings, rpc: RpcProbe | None = None) -
     """What the hello says this worker can do: ``CAPABILITIES``, plus ``auditor`` when its
     operator offers it as an audit-only re-scorer (``WorkerSettings.auditor``), ``fetch``
     when its owner lets the queen place models on it (``accept_fetch``, issue 17), and ``rpc``
-    when its llama.cpp has the RPC backend and its owner lets it join groups (issue 19)."""
+    when its llama.cpp has the RPC backend and its owner lets it join groups (issue 19), and
+    ``train`` when its owner lets it take fine-tuning jobs (``train``, issue 37)."""
     out = list(CAPABILITIES)
     if settings.auditor:
         out.append(capabilities.CAPABILITY_AUDITOR)
@@ -76,6 +79,8 @@ def worker_capabilities(settings: WorkerSettings, rpc: RpcProbe | None = None) -
         out.append(capabilities.FETCH)
     if settings.join_groups and rpc is not None and rpc.available:
         out.append(capabilities.RPC)
+    if settings.train:
+        out.append(capabilities.TRAIN)
     return out
 
 
@@ -85,6 +90,7 @@ def default_budget_mb() -> int:
 
 
 Detector = Callable[[Path], HardwareReport]
+TRAINING_DIR = "training"  # training jobs' folders, under the model store
 
 
 class WorkerService:
@@ -144,7 +150,13 @@ class WorkerService:
             gpus=self._group_gpus,
             memory_mb=self.group_memory_mb,  # a member's share when the queen sends none
         )
-        self.runner = JobRunner(self.pool, has_model=self.has_model)
+        # Fine-tuning jobs (issue 37), when the owner opted in: a folder each under the model
+        # store (its disk), counted against the store's quota.
+        training = (TrainingJobs(SandboxedTrainer(n_threads=settings.threads),
+                                 settings.models_dir / TRAINING_DIR, self._model_path,
+                                 room_bytes=store_room(self.store))
+                    if settings.train else None)
+        self.runner = JobRunner(self.pool, has_model=self.has_model, training=training)
         self.fetcher = Fetcher(self.store, self.pool, evict=lambda: self.settings.swarm_models,
                                changed=self._status_changed)
         # What the queen says developers ask for (issue 17), and who wants to hear of it.
@@ -267,6 +279,9 @@ class WorkerService:
 
     def has_model(self, name: str) -> bool:
         return name in self.store
+
+    def _model_path(self, name: str) -> Path:
+        return self.store.get(name).path
 
     async def prepare(
         self, names_or_paths: list[str], progress: Callable[..., None] | None = None

@@ -173,6 +173,11 @@ class WorkerSettings(BaseSettings):
     auditor: bool = Field(default=False, description=(
         "offer this worker as an audit-only re-scorer for the queen's operator (issue 16: the "
         "hello's capabilities then include 'auditor'; the queen decides whether it trusts it)"))
+    train: bool = Field(default=False, description=(
+        "take fine-tuning jobs (issue 37): the hello's capabilities then include 'train', and "
+        "the queen may have this worker train a LoRA adapter of a model it holds, in a "
+        "sandboxed child on the CPU, its files in a folder under models_dir counted against "
+        "the disk quota; off: training jobs are refused"))
     # Models on demand (issue 17).
     accept_fetch: bool = Field(default=True, description=(
         "let the queen place models on this machine (a 'fetch' command), within the disk quota "

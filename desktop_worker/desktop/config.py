@@ -35,6 +35,7 @@ APP_EDITABLE_FIELDS: tuple[str, ...] = (
     "start_earning_at_launch",
     "accept_fetch",
     "swarm_models",
+    "train",
     "pause_on_battery",
     "pause_gpu_busy_pct",
     "pause_fullscreen",

@@ -23,10 +23,10 @@ from desktop_worker.engine.training import (
     TrainSpec,
     Window,
     check_spec,
-    checkpoint_name,
     plan_windows,
 )
 from desktop_worker.errors import TrainingCancelled, TrainingError, TrainingUnsupported
+from shared_schema.training import checkpoint_name
 
 log = logging.getLogger(__name__)
 

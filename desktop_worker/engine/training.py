@@ -158,10 +158,6 @@ class Schedule:
         return step % self.checkpoint_every == 0 or step in self.epoch_ends
 
 
-def checkpoint_name(step: int) -> str:
-    return f"checkpoint-step{step:07d}.gguf"
-
-
 def check_spec(spec: TrainSpec) -> None:
     """A spec's numbers, before anything is loaded: ``TrainingError`` naming the bad one."""
     checks = {"n_epochs": spec.n_epochs >= 1, "batch_size": spec.batch_size >= 1,

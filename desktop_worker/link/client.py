@@ -59,6 +59,7 @@ from shared_schema import (
     GroupServe,
     InvalidQueenUrl,
     Status,
+    TrainReport,
     Usage,
     Welcome,
     queen_origin,
@@ -100,6 +101,15 @@ class _Sink:
             await asyncio.wait([pump])
             if not pump.cancelled() and pump.exception() is not None:
                 log.warning("sending a chunk failed: %s", pump.exception())
+
+    @property
+    def origin(self) -> str:
+        """The queen's origin this connection reached (a training job's files are there)."""
+        return self.link.origin
+
+    async def train_report(self, job_id: str, report: TrainReport) -> None:
+        await self._sent()
+        await self.client._act(self.link, self.link.train_report(report))
 
     async def result(self, job_id: str, data: dict[str, Any], usage: Usage) -> None:
         await self._sent()

@@ -54,6 +54,7 @@ from shared_schema import (
     Refused,
     Result,
     Status,
+    TrainReport,
     Usage,
     Welcome,
     decode,
@@ -334,6 +335,12 @@ class Link:
             return []
         actions.append(Send(encode(message)))
         return actions
+
+    def train_report(self, report: TrainReport) -> list[Action]:
+        """A training job's progress (issue 37): sent while the job is this connection's."""
+        if report.id not in self.active or self.state is not State.READY:
+            return []
+        return [Send(encode(report))]
 
     def fetch_failed(self, failure: FetchFailed) -> list[Action]:
         if self.state is not State.READY:

@@ -35,7 +35,6 @@ from desktop_worker.engine.training import (
     TrainResult,
     TrainSpec,
     check_spec,
-    checkpoint_name,
     write_examples,
 )
 from desktop_worker.errors import (
@@ -48,6 +47,7 @@ from desktop_worker.sandbox.policy import TrainLimits, split_parts, train_policy
 from desktop_worker.sandbox.process import EngineProcess
 from desktop_worker.store.gguf_info import read_gguf_info
 from shared_schema.engine_ipc import Failed, Train, TrainCheckpointed, Trained, TrainStep
+from shared_schema.training import checkpoint_name
 
 log = logging.getLogger(__name__)
 

@@ -76,6 +76,8 @@ PENDING = "color: #92400e;"
 UNSAVED = "Unsaved changes"
 RESTART_NOTE = "applies when you restart earning"
 NOTE = "QLabel { color: #4b5563; } QLabel:disabled { color: #9ca3af; }"
+TRAIN_LABEL = ("Take fine-tuning jobs (trains adapters of my models on the CPU, its files "
+               "within the disk quota)")
 JOIN_LABEL = "Help run big models with other workers"
 JOIN_NOTE = ("Your computer may hold part of a large model for another worker. While it does, "
              "it takes no requests of its own. You are paid for the share of the model you "
@@ -262,6 +264,8 @@ class SettingsView(QWidget):
             "Let the queen place models on this machine (within the disk quota)")
         self.swarm_models = QCheckBox("Let the swarm choose my models (downloads what is in "
                                       "demand, removes the least recently used)")
+        # Fine-tuning (issue 37): the owner opts in.
+        self.train = QCheckBox(TRAIN_LABEL)
         # Big models: model groups (issue 19).
         self.join_groups = QCheckBox(JOIN_LABEL)
         self.join_note = note_label(JOIN_NOTE)
@@ -310,6 +314,7 @@ class SettingsView(QWidget):
         models_box = QVBoxLayout(self.models_group)
         models_box.addWidget(self.accept_fetch)
         models_box.addWidget(self.swarm_models)
+        models_box.addWidget(self.train)
         self.groups_group = QGroupBox("Big models")
         groups_box = QVBoxLayout(self.groups_group)
         groups_box.addWidget(self.join_groups)
@@ -351,8 +356,8 @@ class SettingsView(QWidget):
             box.valueChanged.connect(self._edited)
         self.jobs.currentIndexChanged.connect(self._edited)
         for check in (self.at_launch, self.at_login, self.on_battery, self.fullscreen,
-                      self.accept_fetch, self.swarm_models, self.join_groups, self.lan_groups,
-                      self.family_only):
+                      self.accept_fetch, self.swarm_models, self.train, self.join_groups,
+                      self.lan_groups, self.family_only):
             check.toggled.connect(self._edited)
         self._loading = False
         self._saved_form: dict[str, object] = {}
@@ -422,6 +427,7 @@ class SettingsView(QWidget):
                 "fullscreen": self.fullscreen.isChecked(), "hours": self.hours.edit.text().strip(),
                 "accept_fetch": self.accept_fetch.isChecked(),
                 "swarm_models": self.swarm_models.isChecked(),
+                "train": self.train.isChecked(),
                 "join_groups": self.join_groups.isChecked(),
                 "lan_groups": self.lan_groups.isChecked(),
                 "family": self.family_code.text().strip() if self.family_only.isChecked()
@@ -485,6 +491,7 @@ class SettingsView(QWidget):
         self.hours.edit.setText(settings.active_hours or "")
         self.accept_fetch.setChecked(settings.accept_fetch)
         self.swarm_models.setChecked(settings.swarm_models)
+        self.train.setChecked(settings.train)
         self.join_groups.setChecked(settings.join_groups)
         self.lan_groups.setChecked(settings.lan_groups)
         self.family_only.setChecked(settings.group_family is not None)
@@ -541,6 +548,7 @@ class SettingsView(QWidget):
             "active_hours": self.hours.value(),
             "accept_fetch": self.accept_fetch.isChecked(),
             "swarm_models": self.swarm_models.isChecked(),
+            "train": self.train.isChecked(),
             "join_groups": self.join_groups.isChecked(),
             "lan_groups": self.lan_groups.isChecked(),
             "group_family": family,
