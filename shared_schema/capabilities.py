@@ -32,6 +32,9 @@ SCORE = "score"
 # Trains LoRA adapters for fine-tuning jobs (issue 37): its owner opted in. The queen takes a
 # fine-tuning job only for a base model such a worker holds.
 TRAIN = "train"
+# Serves fine-tuned models (issue 37): a job whose ``Job.adapter`` names a base model it holds
+# and a LoRA adapter, fetched from the queen (``shared_schema.training.AdapterRef``).
+LORA = "lora"
 # A worker its operator offers as an audit-only re-scorer for the queen's operator (issue 16:
 # trusted auditors, which the queen prefers). It says who runs the worker; ``needs`` never asks it.
 AUDITOR = "auditor"

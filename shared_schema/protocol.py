@@ -47,7 +47,7 @@ from shared_schema.hardware import (
 )
 from shared_schema.openai_types import Usage
 from shared_schema.placement import Demand, Fetch, FetchFailed
-from shared_schema.training import Uploaded
+from shared_schema.training import AdapterRef, Uploaded
 
 # 2: the hello and earnings signatures name the queen's origin (``queen_origin``), so neither
 # can be relayed to another queen. A queen refuses a hello of any other version.
@@ -213,6 +213,13 @@ class Job(WireModel):
         "the caller (an HMAC under a secret of its own, so a worker can neither tell who the "
         "caller is nor link scopes across queens). A worker reuses a cached prefix only between "
         "jobs of the same scope; None (audits' score jobs, embeddings): no reuse across jobs.",
+    )
+    adapter: AdapterRef | None = Field(
+        default=None,
+        description="A fine-tuned model (issue 37): the request's model is this adapter's "
+        "'ft:' name, served as its base plus the LoRA adapter the worker fetches from the queen "
+        "(by path and token, checked by sha256). Sent only to workers with the 'lora' "
+        "capability that hold the base.",
     )
 
 

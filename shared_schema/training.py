@@ -138,3 +138,18 @@ class TrainResultData(WireModel):
     adapter: Uploaded
     steps: Steps
     loss: float = Field(ge=0, allow_inf_nan=False)
+
+
+class AdapterRef(WireModel):
+    """A fine-tuned model a job names (issue 37): serve ``name`` (the ``ft:`` name the job's
+    request uses) as the base model ``base`` (as workers hold it) plus this LoRA adapter, read
+    from the queen's origin at ``file.url`` with ``Authorization: Bearer token`` (its sha256
+    and size checked; a worker keeps it by sha256 and fetches it once). Sent in ``Job.adapter``
+    only to workers with the ``lora`` capability that hold the base; a score job of an audited
+    fine-tuned answer carries the same reference, so the auditor scores the same model."""
+
+    name: str = Field(min_length=4, max_length=512, pattern=r"^ft:")
+    base: str = Field(min_length=1, max_length=512)
+    file: Transfer
+    token: str = Field(min_length=16, max_length=256)
+    scale: float = Field(default=1.0, ge=0.0, le=16.0, allow_inf_nan=False)
