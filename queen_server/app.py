@@ -82,6 +82,8 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     catalog = ModelCatalog(hub, ttl_s=settings.catalog_ttl_s, retry_s=settings.catalog_retry_s,
                            wait_s=settings.price_wait_s, max_header_bytes=settings.max_header_bytes,
                            local_pins=settings.local_model_pins)
+    if settings.audits:  # answers of a model the queen cannot pin go first to proven workers
+        registry.free.unaudited = lambda name: not catalog.verified(name)
 
     def size_class_of(model: str) -> str:
         return state.price_of(model).size_class

@@ -13,7 +13,9 @@ one by two random choices compared on it. So a decision costs O(1) in the number
 (plus a scan of one bucket only when a filter refuses most of it), and for small swarms it is
 rank's own first choice (the tests check the two agree).
 
-A worker's place is recomputed whenever its free slots or standing change (``refresh``, called
+A worker not proven by the audits sits in the uncovered group of a model no audit can check
+(``unaudited``, ``routing.unproven_for``). A worker's place is recomputed whenever its free
+slots or standing change (``refresh``, called
 by the registry on every lease, release and status): that is when its score can have changed,
 since its speed record moves when its jobs end. Legacy workers that fetch any model sit in one
 group of their own, after every model's holders, as rank's lowest tier.
@@ -28,6 +30,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from queen_server.swarm.routing import unproven_for
 from queen_server.swarm.worker import Worker
 
 T = TypeVar("T")
@@ -140,6 +143,9 @@ class FreeIndex:
         self.score: Score = score or (lambda worker, _model: worker.trust)
         self.rng = rng or random.Random()
         self.jitter = jitter
+        # Whether no audit can check a model's answers (the catalog could not pin it): a worker
+        # the audits have not proven counts as uncovered for it (``routing.unproven_for``).
+        self.unaudited: Callable[[str], bool] | None = None
         self._models: dict[str, list[_Group]] = {}
         # Where each indexed worker is: (model, group number, speed class) per model it holds.
         self._places: dict[Worker, list[tuple[str, int, int]]] = {}
@@ -160,7 +166,8 @@ class FreeIndex:
         covered = 0 if not worker.uncovered else 1
         places: list[tuple[str, int, int]] = []
         for name in worker.cached:
-            group = (0 if name in worker.loaded else 2) + covered
+            uncovered = 1 if unproven_for(worker, name, self.unaudited) else 0
+            group = (0 if name in worker.loaded else 2) + uncovered
             bucket = speed_class(self.score(worker, name))
             self._group(name, group).add(worker, bucket)
             places.append((name, group, bucket))

@@ -9,7 +9,8 @@ worker's seconds per completion token at the load it would run with the new job
 (``speed_at(key, jobs)``: the queen's own measurements per load bucket, ``stats/load.py``; a
 batched worker running k streams gives each less than one alone), weighed by its audit standing
 (``trust``). A new worker whose answers wait for audits beyond what audits can cover ranks as
-busy (``uncovered``). A small random factor on the speed spreads load between equals. No I/O
+busy (``uncovered``), and so does a worker not proven by the audits for a model no audit can
+check (``unproven_for``). A small random factor on the speed spreads load between equals. No I/O
 happens here; the registry hands in its workers' directory entries (``swarm.worker.Worker``,
 whose free slots read the registry's leases), which satisfy ``WorkerView``, and the swarm stats
 hand in the speeds (``stats/ema.py``, ``stats/load.py``).
@@ -71,6 +72,19 @@ def tier(worker: WorkerView, model: str) -> int | None:
     return None
 
 
+def unproven_for(worker: WorkerView, model: str,
+                 unaudited: Callable[[str], bool] | None = None) -> bool:
+    """Whether ``worker`` ranks with the busy ones for ``model``: more of its answers wait for
+    audits than audits can cover (``uncovered``), or no audit can check answers of ``model`` at
+    all (``unaudited(model)``: the queen could not pin its file, issue 39) and the worker is not
+    proven by the audits (``trust`` 1: not in good standing, not a trusted auditor). So
+    answers nobody can check go first to workers the audits have proven, and to a newcomer
+    only when none of those is free: the lower tier of an unverifiable model."""
+    if worker.uncovered:
+        return True
+    return unaudited is not None and worker.trust >= 1.0 and unaudited(model)
+
+
 def rank(
     model: str,
     workers: Iterable[W],
@@ -81,6 +95,7 @@ def rank(
     jitter: float = 0.1,
     prefer: str | None = None,
     speed_at: Callable[[str, int], float | None] | None = None,
+    unaudited: Callable[[str], bool] | None = None,
 ) -> list[W]:
     """Workers able to serve ``model``, best first.
 
@@ -89,7 +104,8 @@ def rank(
     its ``jobs``-th job at once (None: no record); without it, ``speeds`` as they are. A worker
     with no record yet is scored at the median of the known ones, shared among its streams, so
     newcomers get their share of work. ``prefer``: the key of the worker that holds the
-    conversation's prefix, first within its tier when it has a free slot.
+    conversation's prefix, first within its tier when it has a free slot. ``unaudited(model)``:
+    whether no audit can check the model's answers (``unproven_for``).
     """
     capable: list[tuple[int, int, int, float, W]] = []
     unknown: float | None = None
@@ -101,7 +117,7 @@ def rank(
         if worker_tier is None:
             continue
         free = worker.free_slots > 0
-        busy = 0 if free and not worker.uncovered else 1
+        busy = 0 if free and not unproven_for(worker, model, unaudited) else 1
         jobs = worker.active_jobs + 1
         speed = speed_at(key, jobs) if speed_at is not None else speeds.get(key)
         if speed is None:

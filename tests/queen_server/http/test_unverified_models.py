@@ -1,12 +1,14 @@
 """Unverifiable models (issue 39): a model the queen cannot pin to a file it read itself is
 served, priced as unverified and never audited (no case is made, rather than one that waits
-for an auditor holding a made-up file and expires), and ``/v1/models`` says so in a shape the
-openai SDK reads. An operator pins a local name to sha256s: a holder of such a file serves it
-and is audited; a worker claiming the pinned name with another file serves nothing. A real
-queen, scripted workers over real websockets, the openai SDK."""
+for an auditor holding a made-up file and expires), routed in a lower tier (a worker the audits
+have not proven gets its answers only when no proven one is free), and ``/v1/models`` says so
+in a shape the openai SDK reads. An operator pins a local name to sha256s: a holder of such a
+file serves it and is audited; a worker claiming the pinned name with another file serves
+nothing. A real queen, scripted workers over real websockets, the openai SDK."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import openai
@@ -107,3 +109,44 @@ def test_local_pins_are_checked_when_the_queen_starts() -> None:
 
 async def _admin_models(queen: QueenHarness) -> list[dict[str, Any]]:
     return await reports.models(queen.state)
+
+
+async def test_an_unverifiable_model_goes_to_a_proven_worker_before_a_newcomer(tmp_path) -> None:
+    """Nobody can audit its answers, so a newcomer (no standing yet) gets them only while the
+    worker in good standing is busy, though its speed record is a hundred times better; for a
+    model the audits check, that speed wins."""
+    from queen_server.audits.decision import SprtParams, Standing
+    from queen_server.audits.store import Record
+    from queen_server.stats.ema import Speed
+
+    async with running_queen(tmp_path, **AUDIT_ALL) as queen:
+        store = queen.state.audits.store
+        assert store is not None
+        proven = ScriptedWorker(queen.ws_url, models=[LOCAL], sha256=OTHER_SHA, max_jobs=1,
+                                behaviour="gated")
+        newcomer = ScriptedWorker(queen.ws_url, models=[LOCAL], sha256=OTHER_SHA, max_jobs=1)
+        await store.save(proven.pubkey, Record(Standing(SprtParams().lower, 30, 0, "good")))
+        size_class = queen.state.price_of(LOCAL).size_class
+        for worker, s_per_token in ((proven, 1.0), (newcomer, 0.01)):
+            queen.state.stats.index_speed(worker.pubkey, size_class,
+                                          Speed(completion_s_per_token=s_per_token))
+        await proven.start()
+        await newcomer.start()
+        try:
+            await queen.wait_until(lambda: len(queen.state.registry.holders(LOCAL)) == 2)
+            assert queen.state.registry.get(proven.pubkey).trust < 1.0
+            unaudited = queen.state.registry.free.unaudited
+            assert unaudited is not None
+            assert unaudited(LOCAL)
+            first = asyncio.create_task(ask(queen, LOCAL))  # the proven worker takes it
+            await queen.wait_until(lambda: len(proven.jobs) == 1, 5, "the proven worker's job")
+            assert await ask(queen, LOCAL)  # it is busy: the newcomer serves this one
+            assert (len(proven.jobs), len(newcomer.jobs)) == (1, 1)
+            proven.release.set()
+            assert await first
+            for _ in range(3):  # both free again: the proven worker first, every time
+                assert await ask(queen, LOCAL)
+            assert (len(proven.jobs), len(newcomer.jobs)) == (4, 1)
+        finally:
+            await proven.stop()
+            await newcomer.stop()

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from queen_server.swarm.capacity import FULL_LOOK, FreeIndex, RandomSet, speed_class
 from queen_server.swarm.eligibility import Scores
 from queen_server.swarm.registry import Registry
-from queen_server.swarm.routing import rank, tier
+from queen_server.swarm.routing import rank, tier, unproven_for
 from queen_server.swarm.worker import Worker
 from shared_schema import ModelDescriptor
 from tests.queen_server.swarm.test_jobs_registry import (
@@ -62,10 +62,13 @@ SWARMS = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(SWARMS, st.one_of(st.none(), st.integers(0, 11)))
-def test_on_small_swarms_the_index_chooses_what_rank_puts_first(swarm, prefer_number):
+@given(SWARMS, st.one_of(st.none(), st.integers(0, 11)), st.booleans())
+def test_on_small_swarms_the_index_chooses_what_rank_puts_first(swarm, prefer_number,
+                                                                 unaudited):
     """With routing's real score (``Scores``: the speed a new job gets at the load it joins,
-    here twice the unloaded one for a second job), and a preferred worker or none."""
+    here twice the unloaded one for a second job), a preferred worker or none, and a model
+    the audits check or one they cannot (issue 39: unproven workers rank as uncovered)."""
+    check = (lambda _model: True) if unaudited else None
     speeds = {f"w{number}": entry[3] for number, entry in enumerate(swarm)
               if entry[3] is not None}
 
@@ -76,6 +79,7 @@ def test_on_small_swarms_the_index_chooses_what_rank_puts_first(swarm, prefer_nu
     scores = Scores(lambda _class: speeds, lambda _model: "tiny",
                     lambda _class, key, jobs: speed_at(key, jobs))
     registry = Registry(FreeIndex(scores.score, jitter=0.0))
+    registry.free.unaudited = check
     workers = []
     for number, (holding, busy, uncovered, _speed, trust) in enumerate(swarm):
         made = worker(f"w{number}", holding, max_jobs=2, uncovered=uncovered, trust=trust)
@@ -85,7 +89,7 @@ def test_on_small_swarms_the_index_chooses_what_rank_puts_first(swarm, prefer_nu
         workers.append(made)
     prefer = f"w{prefer_number}" if prefer_number is not None else None
     ranked = [w for w in rank(MODEL, workers, speeds, random.Random(0), jitter=0.0,
-                              prefer=prefer, speed_at=speed_at)
+                              prefer=prefer, speed_at=speed_at, unaudited=check)
               if w.free_slots > 0]
     chosen = registry.choose(MODEL, prefer=prefer)
     if not ranked:
@@ -98,7 +102,7 @@ def test_on_small_swarms_the_index_chooses_what_rank_puts_first(swarm, prefer_nu
     assert chosen.key != prefer
 
     def order(w: Worker) -> tuple:
-        return (tier(w, MODEL), w.uncovered, registry.free.score(w, MODEL))
+        return (tier(w, MODEL), unproven_for(w, MODEL, check), registry.free.score(w, MODEL))
 
     assert order(chosen) == order(ranked[0])
 

@@ -247,3 +247,21 @@ def test_a_newcomer_running_jobs_shares_the_median_among_them():
     workers = [busy_with("new", 0), busy_with("known", 0)]
     assert keys(rank(MODEL, workers, speeds, random.Random(1), jitter=0.0,
                      speed_at=lambda key, jobs: speeds.get(key))) == ["new", "known"]
+
+
+def test_a_model_no_audit_can_check_goes_first_to_workers_the_audits_proved():
+    """Issue 39: an unverifiable model's answers cannot be audited, so a newcomer (trust 1)
+    ranks with the busy ones for it, behind a proven worker (good standing: trust below 1)
+    even when slower; for a model the audits check, speed decides as before."""
+    workers = [loaded("new"), View("proven", frozenset({MODEL}), frozenset({MODEL}), trust=0.8)]
+    speeds = {"new": 0.01, "proven": 0.5}
+
+    def order(unaudited: bool) -> list[str]:
+        return keys(rank(MODEL, workers, speeds, random.Random(1), jitter=0.0,
+                         unaudited=lambda _model: unaudited))
+
+    assert order(unaudited=True) == ["proven", "new"]
+    assert order(unaudited=False) == ["new", "proven"]
+    only_new = [loaded("new")]  # alone, a newcomer still serves it
+    assert keys(rank(MODEL, only_new, speeds, random.Random(1),
+                     unaudited=lambda _model: True)) == ["new"]
