@@ -262,3 +262,14 @@ class TrainJobFailed(WorkerError):
         super().__init__(message)
         self.code = code
         self.retryable = retryable
+
+
+class AdapterFailed(WorkerError):
+    """A job for a fine-tuned model (issue 37) cannot get its LoRA adapter: the transfer, the
+    disk, or an adapter the engine's check refuses. ``code`` and ``retryable`` are the
+    ``JobError``'s: retryable for a transfer or the disk, not for an adapter refused."""
+
+    def __init__(self, code: str, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retryable = retryable

@@ -3,6 +3,12 @@ embeddings, re-scoring audits (``score`` jobs, see ``engine.scoring``) and, when
 opted in, training jobs (``TRAIN_URL``, see ``training_jobs``; refused as ``unsupported``
 otherwise).
 
+A chat, completions or score job with ``Job.adapter`` runs on a fine-tuned model (issue 37):
+``adapter_problem`` (pure) refuses what does not add up (its request's model is not the
+adapter's ``ft:`` name, a kind that takes no adapter, a base not held, a base served through
+a model group's head), then ``FineTunedModels.serve`` makes the adapter local and registers
+the name with the pool for the job's length, and the job runs under its ``ft:`` name.
+
 ``JobRunner`` is widget-free and socket-free: it reports through a ``JobSink`` (the link) and
 through ``on_started`` / ``on_finished`` callbacks (the CLI's log line, the app's jobs table).
 The answers it sends are shaped by ``shared_schema.answers``, as the queen reads them.
@@ -19,10 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from desktop_worker.adapter_cache import FineTunedModels
 from desktop_worker.engine.pool import ModelPool
 from desktop_worker.engine.scores import read_score_request
 from desktop_worker.errors import (
+    AdapterFailed,
     EngineError,
+    InvalidAdapter,
     ModelStoreError,
     TrainingCancelled,
     TrainJobFailed,
@@ -72,16 +81,22 @@ class JobRunner:
     """Runs jobs on the engine. A plain (non-streamed) answer is sent whole at its end, with a
     checkpoint of its text every ``checkpoint_s`` while it is generated, so that a lost worker's
     answer can be continued elsewhere without one frame per token. ``training``: how training
-    jobs run (None: the owner did not opt in, and they are refused as ``unsupported``)."""
+    jobs run (None: the owner did not opt in, and they are refused as ``unsupported``);
+    ``fine_tuned``: how jobs with an adapter get it (None: refused as ``unsupported``);
+    ``grouped(name)``: whether ``name`` is served through a model group's head (which loads
+    no adapter)."""
 
     def __init__(
         self, pool: ModelPool, has_model: Callable[[str], bool], *, checkpoint_s: float = 1.0,
-        training: TrainingJobs | None = None,
+        training: TrainingJobs | None = None, fine_tuned: FineTunedModels | None = None,
+        grouped: Callable[[str], bool] = lambda _name: False,
     ) -> None:
         self.pool = pool
         self.has_model = has_model
         self.checkpoint_s = checkpoint_s
         self.training = training
+        self.fine_tuned = fine_tuned
+        self.grouped = grouped
         self._trains: set[str] = set()  # the training jobs among those running
         self.on_started: list[Callable[[Job], None]] = []
         self.on_finished: list[Callable[[JobRecord], None]] = []
@@ -151,25 +166,29 @@ class JobRunner:
             if kind == "train" and self.training is None:
                 raise _JobFailure("unsupported", "this worker does not take training jobs "
                                   "(its owner has not opted in)", retryable=False)
-            if kind != "train" and not self.has_model(model):
-                raise _JobFailure("model_not_available", f"this worker does not hold {model}",
-                                  retryable=True)
-            if kind == "train":
-                usage = await self._train(job, sink, cancel)
-            elif kind == "embeddings":
-                usage = await self._embeddings(job, model, sink)
-            elif kind == "score":
-                usage = await self._score(job, model, sink, cancel)
+            if job.adapter is not None:
+                problem = adapter_problem(job, kind, self.has_model, self.grouped,
+                                          serves=self.fine_tuned is not None)
+                if problem is not None:
+                    code, message, retryable = problem
+                    raise _JobFailure(code, message, retryable=retryable)
+                assert self.fine_tuned is not None
+                async with self.fine_tuned.serve(job.adapter, sink.origin):
+                    usage = await self._serve(job, kind, model, sink, cancel)
             else:
-                usage = await self._generate(job, kind, model, sink, cancel)
-                if cancel.is_set():
-                    raise self._stopped(job.id)
-        except (_JobFailure, TrainJobFailed) as failure:
+                if kind != "train" and not self.has_model(model):
+                    raise _JobFailure("model_not_available",
+                                      f"this worker does not hold {model}", retryable=True)
+                usage = await self._serve(job, kind, model, sink, cancel)
+        except (_JobFailure, TrainJobFailed, AdapterFailed) as failure:
             outcome = failure.code
             await sink.error(job.id, failure.code, str(failure), failure.retryable)
         except UnsupportedRequest as exc:
             outcome = "invalid_request"
             await sink.error(job.id, "invalid_request", str(exc), False)
+        except InvalidAdapter as exc:  # the engine child's own check, right before its load
+            outcome = "invalid_adapter"
+            await sink.error(job.id, "invalid_adapter", str(exc), False)
         except (EngineError, ModelStoreError) as exc:
             outcome = "engine_error"
             log.error("job %s failed: %s", job.id, exc)
@@ -191,6 +210,19 @@ class JobRunner:
         self._handed_back.pop(job.id, None)
         for callback in self.on_finished:
             callback(record)
+
+    async def _serve(self, job: Job, kind: str, model: str, sink: JobSink,
+                     cancel: threading.Event) -> Usage:
+        if kind == "train":
+            return await self._train(job, sink, cancel)
+        if kind == "embeddings":
+            return await self._embeddings(job, model, sink)
+        if kind == "score":
+            return await self._score(job, model, sink, cancel)
+        usage = await self._generate(job, kind, model, sink, cancel)
+        if cancel.is_set():
+            raise self._stopped(job.id)
+        return usage
 
     async def _generate(
         self, job: Job, kind: str, model: str, sink: JobSink, cancel: threading.Event
@@ -290,6 +322,33 @@ def job_kind(openai_url: str) -> str:
     if openai_url.endswith("/completions") and not openai_url.endswith("/chat/completions"):
         return "completions"
     return "chat"
+
+
+ADAPTED_KINDS = frozenset({"chat", "completions", "score"})
+
+
+def adapter_problem(job: Job, kind: str, has_model: Callable[[str], bool],
+                    grouped: Callable[[str], bool], *, serves: bool
+                    ) -> tuple[str, str, bool] | None:
+    """Why a job with ``Job.adapter`` cannot run here, as ``(code, message, retryable)``;
+    None when it can. ``serves``: whether this worker serves fine-tuned models at all."""
+    adapter = job.adapter
+    assert adapter is not None
+    model = str(job.openai_req.get("model", ""))
+    if model != adapter.name:
+        return ("invalid_request", f"the job's model {model[:200]!r} is not its adapter's "
+                f"{adapter.name!r}: the queen and the job disagree", False)
+    if kind not in ADAPTED_KINDS:
+        return ("invalid_request", f"a {kind} job takes no fine-tuned model ({adapter.name})",
+                False)
+    if not serves:
+        return ("unsupported", "this worker does not serve fine-tuned models", True)
+    if not has_model(adapter.base):
+        return ("model_not_available", f"this worker does not hold {adapter.base}", True)
+    if grouped(adapter.base):
+        return ("unsupported", f"this worker serves {adapter.base} through a model group's "
+                f"head, which loads no LoRA adapter, so it cannot serve {adapter.name}", True)
+    return None
 
 
 def embedding_inputs(raw: Any) -> list[str] | list[list[int]]:

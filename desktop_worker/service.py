@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import psutil
 
 from desktop_worker import __version__
+from desktop_worker.adapter_cache import ADAPTERS_DIR, AdapterCache, FineTunedModels
 from desktop_worker.engine.pool import ModelPool, ServableModel
 from desktop_worker.errors import GroupError, WorkerError
 from desktop_worker.fetching import Fetcher
@@ -70,9 +71,13 @@ def worker_capabilities(settings: WorkerSettings, rpc: RpcProbe | None = None) -
     """What the hello says this worker can do: ``CAPABILITIES``, plus ``auditor`` when its
     operator offers it as an audit-only re-scorer (``WorkerSettings.auditor``), ``fetch``
     when its owner lets the queen place models on it (``accept_fetch``, issue 17), and ``rpc``
-    when its llama.cpp has the RPC backend and its owner lets it join groups (issue 19), and
-    ``train`` when its owner lets it take fine-tuning jobs (``train``, issue 37)."""
+    when its llama.cpp has the RPC backend and its owner lets it join groups (issue 19),
+    ``train`` when its owner lets it take fine-tuning jobs (``train``, issue 37), and ``lora``
+    (it serves fine-tuned models, issue 37) unless every model it serves goes through a local
+    group's head (``local_group``), which loads no adapter."""
     out = list(CAPABILITIES)
+    if not settings.local_group:
+        out.append(capabilities.LORA)
     if settings.auditor:
         out.append(capabilities.CAPABILITY_AUDITOR)
     if settings.accept_fetch:
@@ -156,7 +161,16 @@ class WorkerService:
                                  settings.models_dir / TRAINING_DIR, self._model_path,
                                  room_bytes=store_room(self.store))
                     if settings.train else None)
-        self.runner = JobRunner(self.pool, has_model=self.has_model, training=training)
+        # Fine-tuned models (issue 37): their adapters under the model store, counted against
+        # its quota; a model a queen-formed group serves (its head) takes none.
+        self.fine_tuned = FineTunedModels(AdapterCache(
+            settings.models_dir / ADAPTERS_DIR, max_bytes=settings.adapter_cache_mb * 2**20,
+            max_count=settings.adapter_cache_count, room_bytes=store_room(self.store)),
+            self.pool)
+        self.runner = JobRunner(
+            self.pool, has_model=self.has_model, training=training,
+            fine_tuned=None if settings.local_group else self.fine_tuned,
+            grouped=lambda name: self.group_contexts.binding(name) is not None)
         self.fetcher = Fetcher(self.store, self.pool, evict=lambda: self.settings.swarm_models,
                                changed=self._status_changed)
         # What the queen says developers ask for (issue 17), and who wants to hear of it.

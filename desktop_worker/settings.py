@@ -178,6 +178,12 @@ class WorkerSettings(BaseSettings):
         "the queen may have this worker train a LoRA adapter of a model it holds, in a "
         "sandboxed child on the CPU, its files in a folder under models_dir counted against "
         "the disk quota; off: training jobs are refused"))
+    # Fine-tuned models (issue 37): their LoRA adapters, kept under models_dir/adapters.
+    adapter_cache_mb: int = Field(default=2048, ge=16, description=(
+        "the most disk the LoRA adapters of fine-tuned ('ft:') models may take (MB); past it, "
+        "or past the disk quota, the least recently used go"))
+    adapter_cache_count: int = Field(default=32, ge=1, le=4096, description=(
+        "the most LoRA adapters of fine-tuned models kept at once"))
     # Models on demand (issue 17).
     accept_fetch: bool = Field(default=True, description=(
         "let the queen place models on this machine (a 'fetch' command), within the disk quota "

@@ -205,6 +205,12 @@ def _transfer_failed(what: str, problem: object) -> TrainJobFailed:
     return TrainJobFailed("transfer_failed", f"{what}: {problem}", retryable=True)
 
 
+def transfer_client() -> httpx.AsyncClient:
+    """A client for a job's files on the queen's origin: no redirects followed (the bearer
+    token goes to the queen and nowhere else)."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=15.0), follow_redirects=False)
+
+
 class Transfers:
     """A job's files on the queen's origin, with its bearer token (no redirects followed)."""
 
@@ -316,8 +322,7 @@ class TrainingJobs:
         self.work_dir = work_dir
         self.base_path = base_path
         self.room_bytes = room_bytes
-        self.client = client or (lambda: httpx.AsyncClient(
-            timeout=httpx.Timeout(60.0, connect=15.0), follow_redirects=False))
+        self.client = client or transfer_client
 
     async def run(self, job_id: str, order: TrainOrder, sink: TrainSink,
                   cancel: threading.Event) -> tuple[TrainResultData, Usage]:
