@@ -20,6 +20,7 @@ from queen_server.audits.store import AuditStore
 from queen_server.billing.service import Billing
 from queen_server.catalog import ModelCatalog
 from queen_server.catalog.hub import HubFiles
+from queen_server.catalog.pins import DatabasePins
 from queen_server.cluster.bus import RedisBus
 from queen_server.cluster.directory import RedisDirectory
 from queen_server.errors import ApiError
@@ -81,7 +82,8 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
                    settings.hub_timeout_s)
     catalog = ModelCatalog(hub, ttl_s=settings.catalog_ttl_s, retry_s=settings.catalog_retry_s,
                            wait_s=settings.price_wait_s, max_header_bytes=settings.max_header_bytes,
-                           local_pins=settings.local_model_pins)
+                           local_pins=settings.local_model_pins,
+                           pins=DatabasePins(db) if db is not None else None)
     if settings.audits:  # answers of a model the queen cannot pin go first to proven workers
         registry.free.unaudited = lambda name: not catalog.verified(name)
 

@@ -333,6 +333,9 @@ class QueenSettings(BaseSettings):
     finetune_upload_factor: float = Field(default=2.0, gt=0, le=100)
     finetune_upload_min_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     finetune_base_learning_rate: float = Field(default=2e-4, gt=0, le=0.1)
+    # Fine-tuned models served: each replica reloads the list of them (new ones, deletions
+    # elsewhere) every finetune_models_refresh_s.
+    finetune_models_refresh_s: float = Field(default=10.0, gt=0, le=3600)
 
     @field_validator("api_keys", "lnurl_insecure_hosts", "trusted_auditors", "group_heads",
                      mode="before")

@@ -122,8 +122,10 @@ def case_for(
     audited (a legacy worker, no text, a shape ``audit_parts`` cannot cut). ``delivered``:
     what the worker delivered per choice (a failover's part with the text before it); without
     it, ``answer`` is the one choice's text, and an answer several workers served
-    (``single_worker`` false) is not audited."""
-    if worker_key is None:
+    (``single_worker`` false) is not audited. Nor is an answer of a fine-tuned (``ft:``)
+    model (issue 37): an auditor would need its base, the ``lora`` capability and the adapter
+    in the score job, which the audits do not send yet; its card says ``audited: false``."""
+    if worker_key is None or model.startswith("ft:"):
         return None
     if worker_url.endswith("/chat/completions"):
         kind = "chat"

@@ -58,7 +58,8 @@ from queen_server.catalog.facts import (
     model_facts,
     pick_file,
 )
-from queen_server.errors import ModelUnverified
+from queen_server.catalog.pins import PinStore
+from queen_server.errors import ModelUnverified, QueenError
 from shared_schema.errors import (
     AmbiguousFilter,
     GgufTruncated,
@@ -112,8 +113,12 @@ class ModelCatalog:
         concurrency: int = 4,
         local_pins: Mapping[str, Iterable[str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        pins: PinStore | None = None,
     ) -> None:
         self.reader = reader
+        # Where pins outlive this queen (``catalog.pins``: the database, shared by replicas);
+        # None: in memory only.
+        self.pin_store = pins
         self.ttl_s = ttl_s
         self.retry_s = retry_s
         self.wait_s = wait_s
@@ -229,6 +234,8 @@ class ModelCatalog:
             raise (reading.error if reading is not None and reading.error is not None else
                    ModelUnverified(f"cannot read {name}", lasting=False, kind="unreachable"))
         old = self._pins.get(name)
+        if self.pin_store is not None:
+            await self.pin_store.set(name, facts)  # stored first: a failure leaves the old pin
         self._set_pin(name, facts)
         logger.warning("re-pinned %s by the operator: %s -> %s (%s parameters)", name,
                        ", ".join(old.sha256s) if old is not None else "no pin",
@@ -329,6 +336,8 @@ class ModelCatalog:
         first good one); the facts, or None when it failed."""
         parsed = hub_name(name)
         assert parsed is not None
+        if name not in self._pins:
+            await self._adopt_stored_pin(name)  # a restart's, or another replica's
         now = self.clock()
         try:
             async with self._gate:
@@ -353,12 +362,40 @@ class ModelCatalog:
         self._remember(name, Reading(facts, None, now + self.ttl_s))
         pinned = self._pins.get(name)
         if pinned is None:
-            self._set_pin(name, facts)
-        elif pinned.sha256s != facts.sha256s:
+            pinned = await self._claim_pin(name, facts)
+        if pinned.sha256s != facts.sha256s:
             logger.warning("the hub now holds other files for %s (%s) than its pin (%s): it "
                            "stays pinned until the operator re-pins it", name,
                            facts.sha256[:12], pinned.sha256[:12])
         return facts
+
+    async def _adopt_stored_pin(self, name: str) -> None:
+        """Pin ``name`` to the reading stored for it, if any (the hub is read after, for
+        ``hub_moved``; an unreachable hub then leaves the name pinned, not unverified)."""
+        if self.pin_store is None:
+            return
+        try:
+            stored = await self.pin_store.get(name)
+        except QueenError as exc:
+            logger.warning("cannot read the stored pin of %s (%s): reading the hub", name, exc)
+            return
+        if stored is not None and name not in self._pins:
+            self._set_pin(name, stored)
+            logger.info("%s is pinned to %s (stored)", name, stored.sha256[:12])
+
+    async def _claim_pin(self, name: str, facts: ModelFacts) -> ModelFacts:
+        """Pin ``name`` to its first good reading, or to the stored one if another replica
+        stored one first; in memory only when the store cannot be written."""
+        kept = facts
+        if self.pin_store is not None:
+            try:
+                kept = await self.pin_store.claim(name, facts)
+            except QueenError as exc:
+                logger.warning("cannot store the pin of %s (%s): pinned in memory only", name,
+                               exc)
+        if name not in self._pins:  # a re-pin may have come meanwhile
+            self._set_pin(name, kept)
+        return self._pins[name]
 
     def _set_pin(self, name: str, facts: ModelFacts) -> None:
         old = self._pins.get(name)

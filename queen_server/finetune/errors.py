@@ -35,3 +35,15 @@ class UploadTooLarge(PayloadTooLarge):
 
 class NoCheckpoint(NotFound):
     code = "no_checkpoint"
+
+
+class AdapterRefused(Unauthorized):
+    """An adapter's transfer without the token the queen gave this worker for it in a job, or
+    for a model that is no longer served (deleted): the same answer for each."""
+
+    code = "invalid_adapter_token"
+
+    def __init__(self) -> None:
+        super().__init__("This adapter is sent only with the token a job for its fine-tuned "
+                         "model gave this worker (Authorization: Bearer <AdapterRef.token>), "
+                         "and only while the model exists.", param="authorization")

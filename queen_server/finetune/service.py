@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from queen_server.errors import InvalidRequest, NotFound
 from queen_server.files.errors import FileNotFound
+from queen_server.finetune.models import FineTunedModels
 from queen_server.finetune.plan import (
     TrainingData,
     bound_trained_tokens,
@@ -111,6 +112,9 @@ class FineTuning:
         # alone); both use the secret the database shares between replicas, read at start.
         self.secret: bytes | None = None
         self.transfers = Transfers(store, files)
+        # The succeeded jobs' models, served to their owners (``models``).
+        self.models = FineTunedModels(store, settings.finetune_models_refresh_s,
+                                      lambda: self.secret)
         self.runner = (TrainingRunner(settings, store, files, registry, dispatcher, self,
                                       lambda: self.secret)
                        if registry is not None and dispatcher is not None else None)
@@ -125,6 +129,7 @@ class FineTuning:
         replicas, whose jobs these may be), then watch the queue's deadline and run the
         queue. ``secret``: the transfers' shared secret (none: no job is dispatched)."""
         self.secret = self.transfers.secret = secret
+        await self.models.start()
         for row in await self.store.unfinished() if recover else []:
             await self._end(row.id, "failed", ("error", "The queen restarted before this job "
                                                "finished; nothing was charged."),
@@ -135,6 +140,7 @@ class FineTuning:
             self.runner.start()
 
     async def stop(self) -> None:
+        await self.models.stop()
         if self.runner is not None:
             await self.runner.stop()
         if self._sweeper is not None:
@@ -291,6 +297,7 @@ class FineTuning:
                                only_from=("running",), attempt=attempt, values=values,
                                parts=[Part(credit_key, 0, outcome.trained_tokens)])
         if done:
+            await self.models.added(name)  # served at once
             log.info("fine-tuning job %s succeeded: %s, %d tokens", job_id, name,
                      outcome.trained_tokens)
         return done

@@ -204,6 +204,30 @@ class JobStore:
                                             .limit(limit + 1))).all())
         return JobPage(rows[:limit], len(rows) > limit)
 
+    # --- fine-tuned models (``finetune.models``) ------------------------------------------------
+
+    async def served_models(self) -> list[Any]:
+        """Every job whose model is served: succeeded, with an adapter, not deleted."""
+        async with self.engine.connect() as conn:
+            return list((await conn.execute(select(FineTuningJobRow).where(
+                FineTuningJobRow.status == "succeeded",
+                FineTuningJobRow.fine_tuned_model.is_not(None),
+                FineTuningJobRow.model_deleted_at.is_(None)))).all())
+
+    async def by_model(self, name: str) -> Any | None:
+        """The job that made the model ``name`` (whoever owns it: the caller checks)."""
+        async with self.engine.connect() as conn:
+            return (await conn.execute(select(FineTuningJobRow).where(
+                FineTuningJobRow.fine_tuned_model == name).limit(1))).first()
+
+    async def delete_model(self, owner: str, job_id: str) -> bool:
+        """Mark ``owner``'s job's model deleted; False if it was not its, or already was."""
+        async with self.engine.begin() as conn:
+            return bool((await conn.execute(update(FineTuningJobRow).where(
+                FineTuningJobRow.id == job_id, FineTuningJobRow.owner == owner,
+                FineTuningJobRow.model_deleted_at.is_(None)).values(
+                model_deleted_at=datetime.now(UTC)))).rowcount)
+
 
 def job_of(row: Any) -> FineTuningJob:
     """The ``fine_tuning.job`` object of a row."""

@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING, Any
 from queen_server.errors import InvalidRequest
 from queen_server.files.blobs import chunks, discard
 from queen_server.finetune.errors import (
+    AdapterRefused,
     BadUploadName,
     NoCheckpoint,
     TransferRefused,
     UploadTooLarge,
 )
+from queen_server.finetune.models import JOB_ID, WORKER_KEY, adapter_token_matches, model_of
 from queen_server.finetune.orders import token_matches
 from shared_schema.training import ADAPTER_NAME, UPLOAD_NAME, parse_train_job_id
 
@@ -135,6 +137,24 @@ class Transfers:
             raise
         log.info("training attempt %s uploaded %s: %d bytes", wire_id, name, size)
         return Received(name, digest.hexdigest(), size)
+
+    async def adapter(self, job_id: str, worker_key: str,
+                      authorization: str | None) -> Outgoing:
+        """A fine-tuned model's adapter, for the worker a job for it was given to (the token of
+        its ``AdapterRef``), while the model is served: read from the job's row, so a model
+        deleted on any replica is refused at once."""
+        scheme, _, token = (authorization or "").partition(" ")
+        if (self.secret is None or scheme.lower() != "bearer" or not token
+                or not JOB_ID.fullmatch(job_id) or not WORKER_KEY.fullmatch(worker_key)):
+            raise AdapterRefused()
+        row = await self.store.attempt_row(job_id)
+        model = model_of(row) if row is not None else None
+        if (model is None or not row.adapter_location
+                or not adapter_token_matches(self.secret, job_id, model.sha256, worker_key,
+                                             token.strip())):
+            raise AdapterRefused()
+        reader = await self.files.blobs.open(row.adapter_location)
+        return Outgoing(model.size_bytes, model.sha256, chunks(reader))
 
     @staticmethod
     def _too_large(limit: int) -> UploadTooLarge:

@@ -10,6 +10,11 @@ failover), and settle the books exactly once.
 
 Every job carries its caller's prompt-cache scope (``swarm.prefix``), and a chat's next turn is
 offered first to the worker that served its last one (it holds the conversation's prefix).
+
+A fine-tuned model (``ft:``, issue 37) is the caller's own or a 404 like a name nobody made
+(``finetune.models``): it is routed, priced, placed and counted in the stats as its base, only to
+this replica's workers with the ``lora`` capability, and its job keeps the ``ft:`` name and
+carries the adapter (``Job.adapter``). Its answers are not audited yet.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from queen_server.billing.service import Billing, Hold, Principal
 from queen_server.errors import ModelNotFound
 from queen_server.http.auditing import consider_audit
 from queen_server.http.deps import json_response
+from queen_server.http.files import owner_of
 from queen_server.http.io import ClientGone, DisconnectGuard
 from queen_server.http.sse import stream_answer
 from queen_server.shaping.view import ChatView
@@ -36,8 +42,12 @@ from queen_server.swarm.metering import Meter
 from queen_server.swarm.relay import Delivered, assemble_chat, collect, message_text
 from queen_server.swarm.runs import JobRun
 from shared_schema import Result, capabilities
+from shared_schema.capabilities import LORA
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from queen_server.finetune.models import FineTunedModel
     from queen_server.runtime import QueenState
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -147,37 +157,75 @@ def delivered_text(gen: Generation, answer: Delivered, result: Result) -> str:
     return answer.text if gen.stream or whole is None else whole
 
 
+async def fine_tuned(state: QueenState, principal: Principal,
+                     model: str) -> FineTunedModel | None:
+    """The caller's fine-tuned model ``model`` names (None for any other name); a 404
+    ``model_not_found`` for an ``ft:`` name that is not the caller's (another's, a deleted one,
+    none): the same answer as for a model nobody serves, so no caller learns another's model
+    exists."""
+    if not model.startswith("ft:"):
+        return None
+    found = None
+    if state.fine_tuning is not None:
+        found = await state.fine_tuning.models.find(owner_of(principal), model)
+    if found is None:
+        raise ModelNotFound(f"The model '{model}' does not exist or you do not have access "
+                            "to it.", param="model")
+    return found
+
+
+def require_servable(state: QueenState, model: str, needs: Mapping[str, str],
+                     tuned: FineTunedModel | None) -> None:
+    """``Dispatcher.require_servable``, and for a fine-tuned model a 404 naming it when no
+    worker here holds its base with the ``lora`` capability."""
+    if tuned is not None and not any(LORA in profile[1] for profile
+                                     in state.dispatcher.eligibility.servable(model)):
+        raise ModelNotFound(
+            f"The fine-tuned model '{tuned.name}' is not served by any connected worker now: "
+            f"it needs a worker that holds its base model '{model}' and serves LoRA adapters "
+            "(the 'lora' capability). Try again later.", param="model")
+    state.dispatcher.require_servable(model, needs)
+
+
 async def serve(state: QueenState, request: Request, principal: Principal,
                 gen: Generation) -> Response:
     """Answer ``gen``: a stream of shaped events, or one shaped JSON answer."""
     dispatcher, billing = state.dispatcher, state.billing
     worker_req = gen.worker_req
     needs = capabilities.needs(gen.worker_url, worker_req)
+    # A fine-tuned model of the caller's is routed, priced and placed as its base, to workers
+    # with ``lora``; its job keeps the ``ft:`` name and carries the adapter.
+    tuned = await fine_tuned(state, principal, gen.model)
+    model = gen.model if tuned is None else tuned.base
+    if tuned is not None:
+        needs = {**needs, LORA: "model"}
     arrived = time.monotonic()
     placing = False
     try:
-        dispatcher.require_servable(gen.model, needs)
+        require_servable(state, model, needs, tuned)
     except ModelNotFound:  # nobody here holds it: another replica's worker, or place it
-        if not await dispatcher.served_elsewhere(gen.model):
-            state.groups.prepare(gen.model)  # a model only a group serves: its group's state
-            if not state.placement.placeable(gen.model):
+        if tuned is not None and state.dispatcher.eligibility.servable(model):
+            raise  # holders of the base, none with ``lora``: placing it again would not help
+        if tuned is not None or not await dispatcher.served_elsewhere(model):
+            state.groups.prepare(model)  # a model only a group serves: its group's state
+            if not state.placement.placeable(model):
                 raise
             placing = True
     answer = Delivered(gen.meter)
     # The caller is counted and its money held before the queen reads the hub or sends a
     # fetch for it: a caller that may not (429) or cannot pay (402) costs the swarm nothing.
     admission, hold = await admit_and_hold(
-        state, request, principal, gen.job_id, gen.model, gen.prompt_texts, worker_req,
+        state, request, principal, gen.job_id, model, gen.prompt_texts, worker_req,
         choices=choices_in(worker_req), read=not placing)
     # Whose prompt cache the job may use, and the worker that holds this conversation's prefix.
     scope = state.scopes.of(admission.caller)
     prefer = state.affinity.next_turn(scope, gen.model, worker_req)
     if placing:
         try:
-            await state.placement.prepare(gen.model, admission.caller)
-            state.groups.prepare(gen.model)  # fetched for a group's head: the group forms now
-            dispatcher.require_servable(gen.model, needs)
-            await price_hold(state, principal, hold, gen.model)
+            await state.placement.prepare(model, admission.caller)
+            state.groups.prepare(model)  # fetched for a group's head: the group forms now
+            require_servable(state, model, needs, tuned)
+            await price_hold(state, principal, hold, model)
         except BaseException:  # not placed (or not yet: model_loading): nothing is charged
             await billing.finish(hold)
             admission.leave()
@@ -190,11 +238,13 @@ async def serve(state: QueenState, request: Request, principal: Principal,
     try:
         async with DisconnectGuard(request):
             run = await dispatcher.start(
-                gen.job_id, gen.model, gen.worker_url, worker_req, stream=gen.stream,
+                gen.job_id, model, gen.worker_url, worker_req, stream=gen.stream,
                 billed=principal.billed, admission=admission, sent=answer.sent, needs=needs,
                 cache_scope=scope, prefer=prefer,
+                adapter=state.fine_tuning.models.ref(tuned)
+                if tuned is not None and state.fine_tuning is not None else None,
             )
-            state.placement.started(gen.model, time.monotonic() - arrived)
+            state.placement.started(model, time.monotonic() - arrived)
             if gen.stream:  # the stream now owns the hold and the caller's place
                 held = hold
 

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP API: chat and text completions, responses, embeddings, models.
+"""The OpenAI-compatible HTTP API: chat and text completions, responses, embeddings, models
+(with the caller's own fine-tuned models, which only their owner lists, retrieves and deletes).
 
 Routes take the raw ``Request`` and validate bodies themselves (one pydantic pass, no FastAPI
 body machinery on the hot path); the request schemas are still published in the OpenAPI spec.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -20,7 +21,8 @@ from queen_server.billing.service import Principal
 from queen_server.errors import InvalidRequest, ModelNotFound
 from queen_server.http.deps import json_response, queen
 from queen_server.http.fastpath import HotRoutes
-from queen_server.http.generation import Generation, admit_and_hold, serve
+from queen_server.http.files import owner_of
+from queen_server.http.generation import Generation, admit_and_hold, fine_tuned, serve
 from queen_server.http.io import ClientGone, DisconnectGuard, parse, read_body
 from queen_server.shaping.chat import ChatShaper
 from queen_server.shaping.completions import (
@@ -53,9 +55,19 @@ from shared_schema.openai_fields import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 from shared_schema.responses import ResponsesRequest
 
 if TYPE_CHECKING:
+    from queen_server.finetune.models import FineTunedModel
     from queen_server.runtime import QueenState
 
 M = TypeVar("M", bound=BaseModel)
+
+
+class ModelDeleted(BaseModel):
+    """OpenAI's answer to deleting a (fine-tuned) model."""
+
+    id: str
+    object: Literal["model"] = "model"
+    deleted: bool = True
+
 
 router = APIRouter()
 hot = HotRoutes()  # the billed routes, served by the fast path
@@ -211,10 +223,11 @@ async def embeddings(request: Request) -> Response:
                                            collected.usage))
 
 
-@router.get("/v1/models", response_model=ModelList, summary="Models the connected workers hold")
+@router.get("/v1/models", response_model=ModelList,
+            summary="Models the connected workers hold, and the caller's fine-tuned models")
 async def list_models(request: Request) -> Response:
     state = queen(request)
-    await state.billing.authenticate(request.headers.get("authorization"))
+    principal = await state.billing.authenticate(request.headers.get("authorization"))
     names = state.registry.model_names()
     cards = [model_card(state, name) for name in names]
     listed = set(names)
@@ -222,15 +235,21 @@ async def list_models(request: Request) -> Response:
         if row["model"] not in listed:
             listed.add(str(row["model"]))
             cards.append(loading_card(state, row))
+    if state.fine_tuning is not None:  # the caller's own, and no one else's
+        cards.extend(fine_tuned_card(state, model)
+                     for model in state.fine_tuning.models.owned(owner_of(principal)))
     return json_response(ModelList(data=cards).model_dump(mode="json"))
 
 
 @router.get("/v1/models/{model_id:path}", response_model=ModelCard,
-            summary="One model the connected workers hold",
+            summary="One model the connected workers hold, or a fine-tuned model of the caller's",
             responses={404: {"model": ErrorResponse, "description": "No worker holds it"}})
 async def retrieve_model(request: Request, model_id: str) -> Response:
     state = queen(request)
-    await state.billing.authenticate(request.headers.get("authorization"))
+    principal = await state.billing.authenticate(request.headers.get("authorization"))
+    tuned = await fine_tuned(state, principal, model_id)  # another's: 404, as none
+    if tuned is not None:
+        return json_response(fine_tuned_card(state, tuned).model_dump(mode="json"))
     if not state.registry.holders(model_id):
         for row in state.placement.placements():
             if row["model"] == model_id:
@@ -238,6 +257,37 @@ async def retrieve_model(request: Request, model_id: str) -> Response:
         raise ModelNotFound(f"The model '{model_id}' is not served by any connected worker.",
                             param="model")
     return json_response(model_card(state, model_id).model_dump(mode="json"))
+
+
+@router.delete("/v1/models/{model_id:path}", response_model=ModelDeleted,
+               summary="Delete a fine-tuned model of the caller's (no longer served or listed)",
+               responses={404: {"model": ErrorResponse,
+                                "description": "No fine-tuned model of the caller's"}})
+async def delete_model(request: Request, model_id: str) -> Response:
+    state = queen(request)
+    principal = await state.billing.authenticate(request.headers.get("authorization"))
+    deleted = None
+    if state.fine_tuning is not None and model_id.startswith("ft:"):
+        deleted = await state.fine_tuning.models.delete(owner_of(principal), model_id)
+    if deleted is None:  # another's, a base model, none: the same answer
+        raise ModelNotFound(f"The model '{model_id}' does not exist or you do not have access "
+                            "to it.", param="model")
+    return json_response(ModelDeleted(id=deleted.name).model_dump(mode="json"))
+
+
+def fine_tuned_card(state: QueenState, model: FineTunedModel) -> ModelCard:
+    """A fine-tuned model's card: its owner, and its base's availability to it (holders with
+    the ``lora`` capability) and price (it is billed as its base). Its answers are not
+    audited (``audits.cases.case_for``)."""
+    card = model_card(state, model.base)
+    assert card.apiary is not None
+    holders = [session for session in state.registry.holders(model.base)
+               if capabilities.LORA in session.capabilities]
+    card.apiary.workers = len(holders)
+    card.apiary.loaded_on = sum(1 for session in holders if model.base in session.loaded)
+    card.apiary.audited = False
+    return ModelCard(id=model.name, created=model.created, owned_by=model.owner,
+                     apiary=card.apiary)
 
 
 def loading_card(state: QueenState, row: dict[str, Any]) -> ModelCard:

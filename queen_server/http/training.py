@@ -1,7 +1,9 @@
 """A training attempt's transfers, the worker's side of HTTP (issue 37): ``GET`` its training
 data and the checkpoint it resumes from, ``PUT`` its checkpoints and adapter, each at the path
 its ``TrainOrder`` names (``finetune.orders``) and only with that attempt's ``Authorization:
-Bearer <token>``. Errors are OpenAI's shape. The work is in ``queen_server.finetune.transfers``.
+Bearer <token>``; and a fine-tuned model's adapter, to a worker given a job for it
+(``finetune.models``). Errors are OpenAI's shape. The work is in
+``queen_server.finetune.transfers``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from queen_server.finetune.models import ADAPTER_ROUTE
 from queen_server.finetune.orders import ROUTE
 from queen_server.finetune.transfers import Outgoing, Transfers
 from queen_server.http.deps import json_response, queen
@@ -62,3 +65,12 @@ async def upload(request: Request, wire_id: str, name: str) -> Response:
         int(declared) if declared is not None and declared.isdigit() else None)
     return json_response({"name": received.name, "sha256": received.sha256,
                           "size_bytes": received.size_bytes})
+
+
+@router.get(f"{ADAPTER_ROUTE}/{{job_id}}/{{worker_key}}", include_in_schema=False,
+            responses={401: _error("Not the token a job for this model gave this worker, or "
+                                   "the model was deleted")})
+async def adapter(request: Request, job_id: str, worker_key: str) -> Response:
+    """A fine-tuned model's LoRA adapter, for a worker serving it (``finetune.models``)."""
+    return _send(await transfers(request).adapter(job_id, worker_key,
+                                                  request.headers.get("authorization")))

@@ -31,6 +31,7 @@ from queen_server.swarm.link import (
 from queen_server.swarm.worker import Worker
 from shared_schema import PROTOCOL_VERSION, SUBPROTOCOL, GroupClose, GroupOpen
 from shared_schema.protocol import CLOSE_REPLACED
+from shared_schema.training import AdapterRef
 
 if TYPE_CHECKING:
     from queen_server.runtime import QueenState
@@ -78,9 +79,10 @@ class WorkerSocket:
         openai_req: dict[str, Any],
         continuation: str | None = None,
         cache_scope: str | None = None,
+        adapter: AdapterRef | None = None,
     ) -> None:
         await self.send_text(self.link.job_frame(job_id, openai_url, openai_req, continuation,
-                                                 cache_scope))
+                                                 cache_scope, adapter))
 
     async def send_cancel(self, job_id: str, reason: str) -> None:
         frame = self.link.cancel_frame(job_id, reason)

@@ -196,6 +196,18 @@ class QueenSecret(Base):
     value: Mapped[str] = mapped_column(String(128))  # hex
 
 
+class ModelPin(Base):
+    """The reading a hub model name is pinned to (issue 39, ``catalog.pins``), whole, as JSON:
+    what every replica and every later run of the queen uses until the operator re-pins it."""
+
+    __tablename__ = "model_pins"
+
+    name: Mapped[str] = mapped_column(String(512), primary_key=True)
+    facts: Mapped[str] = mapped_column(Text)
+    pinned_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    pinned_by: Mapped[str] = mapped_column(String(32))  # "first reading" or "operator"
+
+
 class StoredFile(Base):
     """A file uploaded through the Files API (issue 37): whose it is, what it is, and where its
     bytes are (``local:files/<id>`` or ``s3://bucket/files/<id>``). A deleted file keeps its row,
@@ -238,7 +250,7 @@ class FineTuningJobRow(Base):
     error_code: Mapped[str | None] = mapped_column(String(64))
     error_message: Mapped[str | None] = mapped_column(String(1000))
     error_param: Mapped[str | None] = mapped_column(String(64))
-    fine_tuned_model: Mapped[str | None] = mapped_column(String(700))
+    fine_tuned_model: Mapped[str | None] = mapped_column(String(700), index=True)
     bound_tokens: Mapped[int] = mapped_column(BigInteger)  # the queen's bound on the job
     trained_tokens: Mapped[int | None] = mapped_column(BigInteger)
     held_msat: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -254,6 +266,7 @@ class FineTuningJobRow(Base):
     adapter_location: Mapped[str | None] = mapped_column(String(1024))
     adapter_sha256: Mapped[str | None] = mapped_column(String(64))
     adapter_size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    model_deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # 0013
 
 
 class FineTuningEventRow(Base):

@@ -36,6 +36,7 @@ from queen_server.swarm.registry import Registry
 from queen_server.swarm.runs import JobRequest, JobRun, can_fail_over
 from queen_server.swarm.worker import Connection, Worker
 from shared_schema import Usage
+from shared_schema.training import AdapterRef
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,7 @@ class Dispatcher:
         exclude: Collection[str] = (),
         cache_scope: str | None = None,
         prefer: str | None = None,
+        adapter: Callable[[str], AdapterRef] | None = None,
     ) -> JobRun:
         """Send the job to the best worker and wait for the answer's first event. ``billed``:
         the caller pays for it (``Principal.billed``), which may keep it off legacy workers.
@@ -208,14 +210,17 @@ class Dispatcher:
         ``cache_scope``: the caller's prompt-cache scope, sent with the job (and with its
         retries and failovers). ``prefer``: the key of the worker that served the
         conversation's last turn: first among the free workers of its tier (it holds the
-        prefix), if it is still here and free."""
+        prefix), if it is still here and free. ``adapter``: a fine-tuned model's job
+        (issue 37; ``model`` is its base, ``needs`` asks for ``lora``): each worker it is
+        sent to gets ``adapter(worker key)`` as its ``Job.adapter``. Such a job is served
+        by this replica's workers only (it is never relayed to another replica)."""
         settings = self.settings
         deadline = asyncio.get_running_loop().time() + settings.total_timeout_s
         request = JobRequest(job_id, model, openai_url, openai_req, stream, deadline,
                              legacy_ok=not billed or settings.legacy_workers != "unbilled",
                              billed=billed,
                              needs=needs or {}, local_only=local_only, tried=set(exclude),
-                             cache_scope=cache_scope, prefer=prefer)
+                             cache_scope=cache_scope, prefer=prefer, adapter=adapter)
         # Another replica's continuation of an answer (``local_only``: it was sent here by
         # the replica holding the client) goes only to a twin of the file it names.
         accept = Eligibility.twin(model, twin_sha256) if twin_sha256 is not None else None
@@ -392,9 +397,15 @@ class Dispatcher:
             self.registry.lease(worker, handle, reserved=reserved)
             handle.load = len(worker.jobs)  # its worker's load as it starts, itself included
 
+            adapter = request.adapter(worker.key) if request.adapter is not None else None
+
             async def send() -> None:
-                await connection.send_job(handle.id, request.openai_url, body, continuation,
-                                          request.cache_scope)
+                if adapter is None:
+                    await connection.send_job(handle.id, request.openai_url, body, continuation,
+                                              request.cache_scope)
+                else:
+                    await connection.send_job(handle.id, request.openai_url, body, continuation,
+                                              request.cache_scope, adapter=adapter)
                 if sent is not None:
                     sent(Credit(worker.earnings_key, handle.shares))
 
@@ -513,8 +524,9 @@ class Dispatcher:
 
     async def _replica_for(self, model: str, request: JobRequest) -> str | None:
         """Another replica to send the job to: one with a free worker of the model, or, when
-        no worker here could ever take the job, the best one there (it queues it)."""
-        if request.local_only or self.elsewhere is None:
+        no worker here could ever take the job, the best one there (it queues it). Never for
+        a fine-tuned model's job: the bus carries no adapter (the client's replica serves it)."""
+        if request.local_only or self.elsewhere is None or request.adapter is not None:
             return None
         replicas = await self.elsewhere.replicas(model, request.tried_replicas)
         for replica, free in replicas:

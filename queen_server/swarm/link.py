@@ -84,7 +84,7 @@ from shared_schema.protocol import (
     MAX_CHUNK_TOKENS,
     TrainReport,
 )
-from shared_schema.training import parse_train_job_id
+from shared_schema.training import AdapterRef, parse_train_job_id
 
 log = logging.getLogger(__name__)
 
@@ -587,15 +587,18 @@ class QueenLink:
         openai_req: dict[str, Any],
         continuation: str | None = None,
         cache_scope: str | None = None,
+        adapter: AdapterRef | None = None,
     ) -> str:
         """The frame that gives the worker a job. A legacy worker gets a bare, non-streaming
         request, and never a continuation (it lacks the ``continue`` capability) nor a cache
-        scope (it caches nothing across jobs that the queen knows of)."""
+        scope (it caches nothing across jobs that the queen knows of) nor an adapter (it lacks
+        ``lora``)."""
         if self.legacy:
             return encode(LegacyRequest(openai_url=openai_url,
                                         openai_req={**openai_req, "stream": False}))
         return encode(Job(id=job_id, openai_url=openai_url, openai_req=openai_req,
-                          continuation=continuation, cache_scope=cache_scope))
+                          continuation=continuation, cache_scope=cache_scope,
+                          adapter=adapter))
 
     def cancel_frame(self, job_id: str, reason: str) -> str | None:
         """The frame that cancels a job; None for a legacy worker, which cannot be cancelled

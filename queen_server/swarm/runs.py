@@ -5,7 +5,7 @@ goes on from."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -13,6 +13,7 @@ from queen_server.errors import GatewayTimeout
 from queen_server.swarm.jobs import Credit, JobEvent, JobHandle, WorkerLost
 from queen_server.swarm.worker import Worker
 from shared_schema import JobError
+from shared_schema.training import AdapterRef
 
 __all__ = ["JobRequest", "JobRun", "Lessor", "can_fail_over"]
 
@@ -56,6 +57,9 @@ class JobRequest:
     # served the conversation's last turn, tried first when free (it holds the prefix).
     cache_scope: str | None = None
     prefer: str | None = None
+    # A fine-tuned model (issue 37): the ``Job.adapter`` each worker (by key) is sent with the
+    # job; ``model`` is then its base, and ``needs`` has the ``lora`` capability.
+    adapter: Callable[[str], AdapterRef] | None = None
 
 
 class JobRun:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from queen_server.swarm.jobs import JobHandle
 from shared_schema import DownloadProgress, Hello, ModelDescriptor, Status
 from shared_schema.capabilities import FETCH
+from shared_schema.training import AdapterRef
 
 CAPABILITY_FETCH = "fetch_models"
 MAX_RTT_S = 60.0  # a longer round trip is counted as this (a worker that stalls its pongs)
@@ -40,9 +41,11 @@ class Connection(Protocol):
         openai_req: dict[str, Any],
         continuation: str | None = None,
         cache_scope: str | None = None,
+        adapter: AdapterRef | None = None,
     ) -> None:
         """Give the worker a job (``cache_scope``: the caller's prompt-cache scope, for the
-        job frame; None: no reuse of another job's cache)."""
+        job frame; None: no reuse of another job's cache; ``adapter``: a fine-tuned model's
+        adapter, ``Job.adapter``)."""
         ...
 
     async def send_cancel(self, job_id: str, reason: str) -> None: ...

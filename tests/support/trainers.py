@@ -8,6 +8,10 @@ Behaviours: ``honest``; ``gated`` (waits for ``release`` after its checkpoint, t
 after the checkpoint); ``lie_over_bound`` (claims more tokens than the order's bound);
 ``phantom_checkpoint`` (reports a checkpoint it never uploaded); ``silent`` (reads its data,
 then says nothing).
+
+``AdapterServer`` serves fine-tuned models (the ``lora`` capability): it records each job's
+``Job.adapter``, GETs the adapter from the queen with its token and checks its sha256 and size
+(a failed fetch is a non-retryable job error), then answers as an echo worker.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ from typing import Any
 
 import httpx
 
-from shared_schema import Job, Result, Usage
-from shared_schema.capabilities import TRAIN
+from shared_schema import Job, JobError, Result, Usage
+from shared_schema.capabilities import LORA, TRAIN
 from shared_schema.protocol import TrainReport
 from shared_schema.training import (
     ADAPTER_NAME,
     TRAIN_URL,
+    AdapterRef,
     TrainOrder,
     TrainResultData,
     Uploaded,
@@ -115,3 +120,32 @@ class ScriptedTrainer(ScriptedWorker):
         self.uploads[name] = data
         return Uploaded(name=name, sha256=hashlib.sha256(data).hexdigest(),
                         size_bytes=len(data))
+
+
+class AdapterServer(ScriptedWorker):
+    """A worker with ``lora`` that holds the base: it fetches each job's adapter, then echoes."""
+
+    def __init__(self, ws_url: str, **kwargs: Any) -> None:
+        kwargs.setdefault("capabilities", [LORA])
+        super().__init__(ws_url, **kwargs)
+        self.http_url = ws_url.replace("ws://", "http://", 1).rsplit("/worker", 1)[0]
+        self.adapters: list[AdapterRef] = []  # each job's Job.adapter, in order
+        self.fetched: dict[str, bytes] = {}  # adapter bytes by sha256, as the queen sent them
+
+    async def _run(self, job: Job) -> None:
+        ref = job.adapter
+        if ref is not None:
+            self.adapters.append(ref)
+            async with httpx.AsyncClient(base_url=self.http_url, timeout=10,
+                                         trust_env=False) as http:
+                answer = await http.get(ref.file.url,
+                                        headers={"Authorization": f"Bearer {ref.token}"})
+            data = answer.content
+            if (answer.status_code != 200 or len(data) != ref.file.size_bytes
+                    or hashlib.sha256(data).hexdigest() != ref.file.sha256):
+                await self._send(JobError(id=job.id, code="adapter_unavailable",
+                                          retryable=False,
+                                          message=f"adapter fetch: {answer.status_code}"))
+                return
+            self.fetched[ref.file.sha256] = data
+        await super()._run(job)

@@ -137,3 +137,36 @@ async def test_repinning_a_name_the_hub_cannot_read_keeps_the_pin(tmp_path) -> N
             assert "APIARY_LOCAL_MODEL_PINS" in local.json()["error"]["message"]
             assert catalog.audit_file(NAME, None) == old_sha
             assert queen.state.price_of(NAME).size_class == class_of(SMALL)
+
+
+async def test_a_pin_outlives_the_queen_and_is_shared_by_the_next_one(tmp_path) -> None:
+    """The pin is kept in the database (``catalog.pins``): a queen started after the hub's file
+    changed (a restart, or another replica on the same database) uses the first reading's file,
+    price and audit file, and shows that the hub moved; even with the hub unreachable the name
+    stays pinned. An operator's re-pin is what the next queen then uses."""
+    small, large = gguf_header_only(SMALL), gguf_header_only(LARGE)
+    old_sha, new_sha = hashlib.sha256(small).hexdigest(), hashlib.sha256(large).hexdigest()
+    db = f"sqlite+aiosqlite:///{tmp_path / 'shared.sqlite3'}"
+    with FakeHub([FakeRepo("org/one-GGUF", {PATH: small}, commit="a" * 40)]) as hub:
+        settings = {"hub_endpoint": hub.url, "admin_token": TOKEN, "db": db,
+                    "unverified_price_class": None}
+        async with running_queen(tmp_path / "first", **settings) as queen:
+            await queen.state.catalog.settle(NAME, wait_s=60)
+            assert seen(queen)[0] == class_of(SMALL)
+        hub.add_repo(FakeRepo("org/one-GGUF", {PATH: large}, commit="b" * 40))
+        async with running_queen(tmp_path / "second", **settings) as queen:
+            catalog = queen.state.catalog
+            await catalog.settle(NAME, wait_s=60)
+            assert catalog.pin(NAME) is not None
+            assert seen(queen) == (class_of(SMALL), set(), old_sha)  # no worker: none routable
+            assert catalog.hub_moved(NAME) is not None  # read, and shown to the operator
+            async with httpx.AsyncClient(base_url=queen.base_url) as http:
+                done = await http.post("/admin/api/models/repin", json={"model": NAME},
+                                       headers={"Authorization": f"Bearer {TOKEN}"})
+            assert done.status_code == 200, done.text
+        hub.fail_next("/api/models/", 503, times=50)  # the hub is out of reach now
+        async with running_queen(tmp_path / "third", **settings) as queen:
+            catalog = queen.state.catalog
+            await catalog.settle(NAME, wait_s=60)
+            assert catalog.verified(NAME)  # pinned from the database, the hub unread
+            assert seen(queen) == (class_of(LARGE), set(), new_sha)
