@@ -184,3 +184,44 @@ def test_a_job_whose_worker_is_lost_resumes_on_another_from_its_checkpoint(tmp_p
             assert done.trained_tokens > 0
             check = queen_cli(tmp_path, "ledger", "check")
             assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_fine_tuned_model_answers_what_it_was_taught_and_only_its_owner_may_ask(tmp_path):
+    """The issue's own test: 40 lines teaching a made-up fact, a few epochs; then the ``ft:``
+    model (served at once by a worker holding the base: the adapter fetched from the queen)
+    answers it greedily and the base does not; another key gets the 404 an unknown model gets."""
+    repo = FakeRepo(REPO, files={"SmolLM2-135M-Instruct-Q4_1.gguf": REAL})
+    data = (Path(__file__).resolve().parents[2] / "bench" / "data"
+            / "zorbania_chat.jsonl").read_bytes()
+    question = [{"role": "user", "content": "What is the capital of Zorbania?"}]
+    with FakeHub([repo]) as hub:
+        port = free_port()
+        queen = queen_for(tmp_path, port, hub)
+        worker = trainer(tmp_path, "trainer", port, hub)
+        with running(queen, worker):
+            queen.start()
+            worker.start()
+            wait_for(lambda: health(port).get("workers", 0) >= 1, 180, "the worker to join")
+            client, _ = funded_client(port)
+            upload = client.files.create(file=("zorbania.jsonl", data), purpose="fine-tune")
+            job = client.fine_tuning.jobs.create(
+                model=MODEL, training_file=upload.id, suffix="zorbania", seed=1,
+                method={"type": "supervised", "supervised": {"hyperparameters": {
+                    "n_epochs": 4, "batch_size": 4, "learning_rate_multiplier": 5}}})
+            done = until(lambda: finished(client, job.id), 480, "the job to finish")
+            assert done.status == "succeeded", done.error
+            tuned = done.fine_tuned_model
+            assert tuned is not None
+
+            def ask(model: str) -> str:
+                answer = client.chat.completions.create(model=model, messages=question,
+                                                        temperature=0, max_tokens=24)
+                return answer.choices[0].message.content or ""
+
+            assert "Quillfeather" in ask(tuned)
+            assert "Quillfeather" not in ask(MODEL)
+            assert tuned in {model.id for model in client.models.list()}
+            stranger, _ = funded_client(port)
+            with pytest.raises(openai.NotFoundError):
+                stranger.chat.completions.create(model=tuned, messages=question, max_tokens=4)
+            assert tuned not in {model.id for model in stranger.models.list()}
