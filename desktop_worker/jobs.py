@@ -77,6 +77,39 @@ class JobRecord:
         return self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class JobProgress:
+    """A training job's progress as its report went to the queen, for the owner's Jobs tab."""
+
+    job_id: str
+    model: str
+    step: int
+    total_steps: int
+    epoch: int
+    loss: float
+    trained_tokens: int
+
+
+class _ReportingSink:
+    """A job's sink that also tells ``listeners`` of each training report it sends."""
+
+    def __init__(self, sink: JobSink, model: str,
+                 listeners: list[Callable[[JobProgress], None]]) -> None:
+        self._sink = sink
+        self._model = model
+        self._listeners = listeners
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sink, name)
+
+    async def train_report(self, job_id: str, report: TrainReport) -> None:
+        await self._sink.train_report(job_id, report)
+        progress = JobProgress(job_id, self._model, report.step, report.total_steps,
+                               report.epoch, report.loss, report.trained_tokens)
+        for listener in list(self._listeners):
+            listener(progress)
+
+
 class JobRunner:
     """Runs jobs on the engine. A plain (non-streamed) answer is sent whole at its end, with a
     checkpoint of its text every ``checkpoint_s`` while it is generated, so that a lost worker's
@@ -100,6 +133,7 @@ class JobRunner:
         self._trains: set[str] = set()  # the training jobs among those running
         self.on_started: list[Callable[[Job], None]] = []
         self.on_finished: list[Callable[[JobRecord], None]] = []
+        self.on_progress: list[Callable[[JobProgress], None]] = []  # training jobs' reports
         self._running: dict[str, tuple[asyncio.Task[None], threading.Event]] = {}
         self._handed_back: dict[str, str] = {}  # job id -> why (a pause)
 
@@ -294,7 +328,8 @@ class JobRunner:
             raise _JobFailure("model_not_available", f"this worker does not hold {order.model}",
                               retryable=True)
         try:
-            data, usage = await self.training.run(job.id, order, sink, cancel)
+            reporting = _ReportingSink(sink, order.model, self.on_progress)
+            data, usage = await self.training.run(job.id, order, reporting, cancel)
         except TrainingCancelled:
             raise self._stopped(job.id) from None
         if cancel.is_set():  # cancelled after its last step: nothing was delivered

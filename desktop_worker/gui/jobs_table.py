@@ -7,6 +7,9 @@ The line above the table (``jobs_summary``) says what is true (issue 35): this s
 or none since the app opened while the queen has settled earlier ones (the header's sats), and
 it points at Start Earning only while the worker is not earning.
 
+A training job (issue 37) shows its progress while it runs: its outcome cell the step, share,
+epoch and loss of its latest report, its prompt-tokens cell the tokens trained so far.
+
 Sats come from the queen (``recent_jobs`` in the earnings answer), joined on the job's request
 id once it is settled. Jobs settle in order, so a finished job older than a settled one that the
 queen lists no earnings for earned nothing (a new worker's first job is its proof of work).
@@ -24,7 +27,7 @@ from PySide6.QtGui import QColor
 
 from desktop_worker.gui.services.worker import JobStart
 from desktop_worker.gui.units import sats_number
-from desktop_worker.jobs import JobRecord
+from desktop_worker.jobs import JobProgress, JobRecord
 
 COLUMNS = ("Started", "Model", "Prompt tokens", "Completion tokens", "Tokens/s", "Duration",
            "Sats", "Outcome")
@@ -58,6 +61,17 @@ def jobs_summary(*, served: int, tokens: int, earning: bool, settled_before: boo
     if earning:
         return f"{head} Jobs appear here as the queen sends them."
     return f"{head} Click Start Earning and jobs appear here as the queen sends them."
+
+
+TRAINING = "training"
+
+
+def training_text(progress: JobProgress) -> str:
+    """A running training job's outcome cell: "training: step 12/40 (30 %), epoch 1, loss
+    0.83"."""
+    share = round(100 * progress.step / progress.total_steps) if progress.total_steps else 0
+    return (f"{TRAINING}: step {progress.step:,}/{progress.total_steps:,} ({share} %), "
+            f"epoch {progress.epoch}, loss {progress.loss:.2f}")
 
 
 @dataclass
@@ -131,7 +145,8 @@ class JobsTableModel(QAbstractTableModel):
         if role == Qt.ItemDataRole.TextAlignmentRole and column in NUMBERS:
             return Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
         if role == Qt.ItemDataRole.ForegroundRole and column == OUTCOME:
-            return QColor(OUTCOME_COLOURS.get(row.outcome, FAILED_COLOUR))
+            outcome = RUNNING if row.outcome.startswith(TRAINING) else row.outcome
+            return QColor(OUTCOME_COLOURS.get(outcome, FAILED_COLOUR))
         if role == Qt.ItemDataRole.ToolTipRole:
             if column == 0:
                 return row.job_id
@@ -150,6 +165,20 @@ class JobsTableModel(QAbstractTableModel):
             self.beginRemoveRows(QModelIndex(), MAX_ROWS, len(self._rows) - 1)
             del self._rows[MAX_ROWS:]
             self.endRemoveRows()
+
+    def job_progress(self, progress: JobProgress) -> None:
+        """A training job's latest report (issue 37): its outcome cell says how far it is
+        (step, share, epoch, loss) and its prompt-tokens cell the tokens trained so far. A
+        report for a row the table no longer has (or never had) is dropped."""
+        number = self.row_of(progress.job_id)
+        if number is None:
+            return
+        row = self._rows[number]
+        if row.outcome != RUNNING and not row.outcome.startswith(TRAINING):
+            return  # it finished meanwhile: its final numbers stay
+        row.outcome = training_text(progress)
+        row.finished = (f"{progress.trained_tokens:,}", "", "", "")
+        self._changed(number)
 
     def job_finished(self, record: JobRecord) -> None:
         """The job's numbers and outcome, its sats awaiting the queen. A job never seen start

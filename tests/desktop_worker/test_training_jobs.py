@@ -28,7 +28,7 @@ from starlette.routing import Route
 from desktop_worker.cli import build_parser, settings_from
 from desktop_worker.engine.training import TrainProgress
 from desktop_worker.errors import TrainJobFailed
-from desktop_worker.jobs import JobRunner
+from desktop_worker.jobs import JobProgress, JobRunner
 from desktop_worker.sandbox.training import SandboxedTrainer
 from desktop_worker.service import worker_capabilities
 from desktop_worker.settings import WorkerSettings
@@ -301,8 +301,13 @@ async def test_a_training_file_past_the_disk_quota_is_refused_up_front(tmp_path,
 async def test_a_job_trains_reports_uploads_and_resumes_from_its_checkpoint(tmp_path, queen):
     queen.files["train.jsonl"] = jsonl(rows(4))
     runner, work = runner_for(tmp_path)
+    progress: list[JobProgress] = []  # what the owner's Jobs tab hears
+    runner.on_progress.append(progress.append)
     sink = await run_job(runner, queen, order(queen))
     assert sink.errors == []
+    assert [(p.step, p.total_steps, p.trained_tokens) for p in progress] == [
+        (r.step, r.total_steps, r.trained_tokens) for r in sink.reports]
+    assert {p.model for p in progress} == {MODEL}
     [(data, usage)] = sink.results
     result = TrainResultData.model_validate(data)
     # 4 rows, batch 4: one step an epoch; a checkpoint at the end of epoch 1

@@ -38,7 +38,7 @@ from desktop_worker.errors import HandshakeRefusedError, LinkError, ModelStoreEr
 from desktop_worker.groups.rpc import RpcSupport
 from desktop_worker.gui.services.groups import GroupStatus, GroupWatch, group_status, group_text
 from desktop_worker.hardware import HardwareReport
-from desktop_worker.jobs import JobRecord
+from desktop_worker.jobs import JobRecord, job_kind
 from desktop_worker.link.backoff import Backoff
 from desktop_worker.link_probe import explain_connect_error
 from desktop_worker.service import Detector, WorkerService
@@ -225,6 +225,7 @@ class WorkerController(QObject):
     link_changed = Signal(str, str)  # the link's own state and detail (for notifications)
     job_started = Signal(object)  # JobStart
     job_finished = Signal(object)  # JobRecord
+    job_progress = Signal(object)  # jobs.JobProgress: a training job's latest report
     failed = Signal(str)  # something the owner must fix
     hardware_detected = Signal(object)  # HardwareReport
     running_changed = Signal(bool)
@@ -385,6 +386,7 @@ class WorkerController(QObject):
             service.link.on_welcome = self.welcomed.emit
             service.runner.on_started.append(self._on_started)
             service.runner.on_finished.append(self._on_finished)
+            service.runner.on_progress.append(self.job_progress.emit)
             service.demand_listeners.append(self.demand_changed.emit)
             service.pause_listeners.append(self._on_paused)
             service.engines.on_crash.append(self.engine_crashed.emit)
@@ -476,9 +478,11 @@ class WorkerController(QObject):
         self._publish()
 
     def _on_started(self, job: Job) -> None:
-        kind = "embeddings" if job.openai_url.endswith("/embeddings") else "chat"
-        self.job_started.emit(JobStart(job.id, str(job.openai_req.get("model", "")), kind,
-                                       time.time()))
+        kind = job_kind(job.openai_url)
+        model = str(job.openai_req.get("model", ""))
+        if kind == "train":  # the base it fine-tunes, said so
+            model = f"fine-tuning {model}"
+        self.job_started.emit(JobStart(job.id, model, kind, time.time()))
         self._publish()
 
     def _on_finished(self, record: JobRecord) -> None:

@@ -1,4 +1,5 @@
-"""The Jobs tab: running and recent jobs, newest on top, with tokens, speed, sats and outcome.
+"""The Jobs tab: running and recent jobs, newest on top, with tokens, speed, sats and outcome
+(a training job's progress while it runs).
 
 The rows, what each cell shows and when a job's sats are known live in the widget-free
 ``JobsTableModel`` (``gui/jobs_table.py``); this view lays out a table over it, keeps this
@@ -67,6 +68,7 @@ class JobsView(QWidget):
         self.tokens = 0
         controller.job_started.connect(self.on_started)
         controller.job_finished.connect(self.on_finished)
+        controller.job_progress.connect(self.model.job_progress)
         controller.running_changed.connect(lambda _running: self.show_summary())
         earnings.updated.connect(lambda _e: self.fill_sats())
         earnings.updated.connect(lambda _e: self.show_summary())

@@ -148,3 +148,27 @@ def test_an_invalid_index_shows_nothing(model) -> None:
     model.job_started(start("a"))
     assert model.data(QModelIndex()) is None
     assert model.data(model.index(5, 0)) is None
+
+
+def test_a_training_job_shows_its_progress_then_its_end(qtmodeltester) -> None:
+    """Issue 37: while it trains, the row says how far it is and the tokens trained so far;
+    once finished, its final numbers stay, whatever report comes late."""
+    from desktop_worker.jobs import JobProgress
+
+    model = JobsTableModel()
+    qtmodeltester.check(model)
+    job = "train-ftjob-abc-1"
+    model.job_started(JobStart(job, "fine-tuning smollm2", "train", STARTED))
+    model.job_progress(JobProgress(job, "smollm2", 12, 40, 1, 0.834, 1234))
+    assert model.cell(job, "Outcome") == "training: step 12/40 (30 %), epoch 1, loss 0.83"
+    assert model.cell(job, "Prompt tokens") == "1,234"
+    assert shown(model, 0, OUTCOME, Qt.ItemDataRole.ForegroundRole) == QColor("#1d4ed8")
+    model.job_progress(JobProgress(job, "smollm2", 40, 40, 4, 0.12, 4000))
+    assert model.cell(job, "Outcome") == "training: step 40/40 (100 %), epoch 4, loss 0.12"
+    model.job_finished(JobRecord(job, "fine-tuning smollm2", "train", prompt_tokens=4000,
+                                 completion_tokens=0, seconds=90.0, outcome="ok"))
+    model.job_progress(JobProgress(job, "smollm2", 39, 40, 4, 0.2, 3900))  # late: dropped
+    assert model.cell(job, "Outcome") == "ok"
+    assert model.cell(job, "Prompt tokens") == "4000"
+    model.job_progress(JobProgress("train-unknown-1", "smollm2", 1, 2, 1, 1.0, 5))
+    assert model.job_ids == [job]
