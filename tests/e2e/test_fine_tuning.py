@@ -64,17 +64,17 @@ def trainer(tmp: Path, name: str, port: int, hub: FakeHub):
     return proc
 
 
-def queen_for(tmp: Path, port: int, hub: FakeHub):
+def queen_for(tmp: Path, port: int, hub: FakeHub, **extra: str):
     return queen_process(tmp, port, auth="keys", admin_token=ADMIN, hub_endpoint=hub.url,
                          files_dir=str(tmp / "files"), heartbeat_interval_s="2",
                          finetune_progress_timeout_s="240", finetune_dispatch_interval_s="1",
-                         audits="false")
+                         audits="false", **extra)
 
 
-def funded_client(port: int) -> tuple[openai.OpenAI, int]:
+def funded_client(port: int, sats: int = 5000) -> tuple[openai.OpenAI, int]:
     admin = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10,
                          headers={"Authorization": f"Bearer {ADMIN}"})
-    made = admin.post("/admin/keys", json={"name": "tuner", "credit_sats": 5000})
+    made = admin.post("/admin/keys", json={"name": "tuner", "credit_sats": sats})
     assert made.status_code == 201, made.text
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=made.json()["key"],
                            max_retries=0, timeout=60)
@@ -225,3 +225,99 @@ def test_the_fine_tuned_model_answers_what_it_was_taught_and_only_its_owner_may_
             with pytest.raises(openai.NotFoundError):
                 stranger.chat.completions.create(model=tuned, messages=question, max_tokens=4)
             assert tuned not in {model.id for model in stranger.models.list()}
+
+
+def test_cancel_mid_run_bad_input_and_an_empty_balance(tmp_path):
+    """A cancelled job stops its worker between two steps, makes no model and is charged what
+    was trained until then; a bad line is refused at upload naming it; a key that cannot pay
+    gets a 402 before anything runs. Nothing is left on the volunteer's disk."""
+    repo = FakeRepo(REPO, files={"SmolLM2-135M-Instruct-Q4_1.gguf": REAL})
+    with FakeHub([repo]) as hub:
+        port = free_port()
+        queen = queen_for(tmp_path, port, hub)
+        worker = trainer(tmp_path, "trainer", port, hub)
+        with running(queen, worker):
+            queen.start()
+            worker.start()
+            wait_for(lambda: health(port).get("workers", 0) >= 1, 180, "the worker to join")
+            client, key_id = funded_client(port)
+            broken = DATA.replace(b'"assistant"', b'"robot"', 1)
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.files.create(file=("broken.jsonl", broken), purpose="fine-tune")
+            assert "line 1" in refused.value.message
+            poor, _ = funded_client(port, sats=0)
+            poor_upload = poor.files.create(file=("z.jsonl", DATA), purpose="fine-tune")
+            with pytest.raises(openai.APIStatusError) as unpaid:
+                poor.fine_tuning.jobs.create(model=MODEL, training_file=poor_upload.id)
+            assert unpaid.value.status_code == 402
+            assert list(poor.fine_tuning.jobs.list()) == []
+
+            before = key_available_msat(port, key_id)
+            upload = client.files.create(file=("zorbania.jsonl", DATA), purpose="fine-tune")
+            job = client.fine_tuning.jobs.create(
+                model=MODEL, training_file=upload.id, suffix="cancelled",
+                method={"type": "supervised", "supervised": {"hyperparameters": {
+                    "n_epochs": 10, "batch_size": 4}}})
+            held = before - key_available_msat(port, key_id)
+
+            def first_step():
+                events = client.fine_tuning.jobs.list_events(job.id, limit=50)
+                return next((e for e in events if e.message.startswith("Step ")), None)
+
+            until(first_step, 300, "a first reported step")
+            cancelled = client.fine_tuning.jobs.cancel(job.id)
+            assert cancelled.status == "cancelled"
+            assert cancelled.fine_tuned_model is None
+            charged = before - key_available_msat(port, key_id)
+            assert 0 < charged < held  # what was trained until then, the rest given back
+            training = tmp_path / "trainer" / "models" / "training"
+            wait_for(lambda: not any(training.glob("*")), 60, "the worker to stop and clean up")
+            with pytest.raises(openai.NotFoundError):
+                client.chat.completions.create(model=f"ft:{MODEL}:cancelled:x",
+                                               messages=[{"role": "user", "content": "hi"}])
+            check = queen_cli(tmp_path, "ledger", "check")
+            assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_files_checkpoints_and_adapters_live_in_s3_compatible_storage(tmp_path):
+    """The queen keeps the training file, the checkpoints and the adapter in an S3-compatible
+    bucket (a real ``moto_server``): the worker trains from it and the ``ft:`` model is served
+    from the adapter there, with nothing written to the queen's local files folder."""
+    from tests.support.s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
+
+    s3 = S3Server(tmp_path / "s3").start()
+    try:
+        s3.client().create_bucket(Bucket="tuning")
+        repo = FakeRepo(REPO, files={"SmolLM2-135M-Instruct-Q4_1.gguf": REAL})
+        with FakeHub([repo]) as hub:
+            port = free_port()
+            queen = queen_for(tmp_path, port, hub, files_s3_url=s3.url,
+                              files_s3_bucket="tuning", files_s3_region=REGION,
+                              files_s3_access_key=ACCESS_KEY, files_s3_secret_key=SECRET_KEY)
+            worker = trainer(tmp_path, "trainer", port, hub)
+            with running(queen, worker):
+                queen.start()
+                worker.start()
+                wait_for(lambda: health(port).get("workers", 0) >= 1, 180, "the worker")
+                client, _ = funded_client(port)
+                upload = client.files.create(file=("z.jsonl", DATA), purpose="fine-tune")
+                job = client.fine_tuning.jobs.create(
+                    model=MODEL, training_file=upload.id, suffix="s3",
+                    method={"type": "supervised", "supervised": {"hyperparameters": {
+                        "n_epochs": 2, "batch_size": 4}}})
+                done = until(lambda: finished(client, job.id), 420, "the job to finish")
+                assert done.status == "succeeded", done.error
+                assert done.fine_tuned_model is not None
+                answer = client.chat.completions.create(
+                    model=done.fine_tuned_model, temperature=0, max_tokens=8,
+                    messages=[{"role": "user", "content": "What is the capital of Zorbania?"}])
+                assert answer.choices[0].message.content
+        listed = s3.client().list_objects_v2(Bucket="tuning").get("Contents", [])
+        bodies = [s3.client().get_object(Bucket="tuning", Key=item["Key"])["Body"].read()
+                  for item in listed]
+        assert sum(body[:4] == b"GGUF" for body in bodies) >= 2  # a checkpoint, the adapter
+        assert any(body == DATA for body in bodies)  # the training file
+        local = tmp_path / "files"
+        assert not local.exists() or not any(p.is_file() for p in local.rglob("*"))
+    finally:
+        s3.stop()
