@@ -148,6 +148,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
         state.fine_tuning = FineTuning(settings, JobStore(db.engine), state.files, billing,
                                        registry.holders, state.price_of, registry=registry,
                                        dispatcher=dispatcher)
+        audits.fine_tuned = state.fine_tuning.models  # ft: answers' adapters for auditors
     # With replicas, each reads back what the others wrote of their workers.
     stats_store = (StatsStore(db.engine, stats, reload=replicas is not None)
                    if db is not None else None)

@@ -12,6 +12,11 @@ the audited one (and of a first auditor: ``independence``), then the longest goo
 developer's prompt goes to as few and as trusted parties as possible. ``read_score`` turns
 the auditor's result into the decision rule's ``JobScore`` (the auditor's prompt and answer
 counts beside the worker's claims), refusing one that does not fit the case.
+
+An answer of a fine-tuned (``ft:``) model (issue 37) is a case like any other, carrying the
+model's identity: its base (the name workers hold it by), the base's pinned sha256 and the
+adapter's sha256. The "same file" its auditor must hold is that pair: the base's file and the
+``lora`` capability (any adapter is fetched on demand, with the score job's ``Job.adapter``).
 """
 
 from __future__ import annotations
@@ -53,6 +58,15 @@ class AuditCase:
     # The model group that served it (issue 39): its workers' keys, the head first; empty for
     # a worker alone. Its auditor shares no worker with it (``choose_auditor``).
     group: tuple[str, ...] = ()
+    # A fine-tuned model's answer (issue 37): its base as workers hold it (``sha256`` is the
+    # base's file) and its adapter's sha256; None for any other model.
+    base: str | None = None
+    adapter_sha256: str | None = None
+
+    @property
+    def held_as(self) -> str:
+        """The name an auditor holds the case's model file by (a fine-tuned model's base)."""
+        return self.base if self.base is not None else self.model
 
     @property
     def temperature(self) -> float:
@@ -117,15 +131,18 @@ def case_for(
     charged_msat: int = 0,
     delivered: Sequence[Delivered] | None = None,
     group: Sequence[str] = (),
+    base: str | None = None,
+    adapter_sha256: str | None = None,
 ) -> AuditCase | None:
     """The audit case of one worker's share of a finished answer, or None if it cannot be
     audited (a legacy worker, no text, a shape ``audit_parts`` cannot cut). ``delivered``:
     what the worker delivered per choice (a failover's part with the text before it); without
     it, ``answer`` is the one choice's text, and an answer several workers served
-    (``single_worker`` false) is not audited. Nor is an answer of a fine-tuned (``ft:``)
-    model (issue 37): an auditor would need its base, the ``lora`` capability and the adapter
-    in the score job, which the audits do not send yet; its card says ``audited: false``."""
-    if worker_key is None or model.startswith("ft:"):
+    (``single_worker`` false) is not audited. An answer of a fine-tuned (``ft:``) model names
+    its ``base`` and ``adapter_sha256`` (``sha256``: the base's file); without them it cannot
+    be audited."""
+    fine_tuned = model.startswith("ft:")
+    if worker_key is None or fine_tuned != (base is not None and adapter_sha256 is not None):
         return None
     if worker_url.endswith("/chat/completions"):
         kind = "chat"
@@ -143,7 +160,8 @@ def case_for(
     return AuditCase(request_id, model, sha256, worker_key, kind, dict(worker_req),
                      "".join(part.answer for part in parts), claimed_completion_tokens,
                      claimed_prompt_tokens, parts[0].finish_reason, key_id, charged_msat,
-                     parts, tuple(group))
+                     parts, tuple(group), base if fine_tuned else None,
+                     adapter_sha256 if fine_tuned else None)
 
 
 class AuditorView(Protocol):
@@ -189,19 +207,24 @@ def choose_auditor(
 
     A group's answer (``case.group``): never a worker of that group, and only one that
     ``holds_group_model`` says can hold the model (a trusted auditor with the memory, or the
-    head of another group with no worker in common); none without that judge."""
+    head of another group with no worker in common); none without that judge.
+
+    A fine-tuned model's answer: only a holder of its base's file with the ``lora`` capability
+    (it fetches the adapter the score job names)."""
     best: tuple[tuple[int, int, int, int, int], A] | None = None
     group = frozenset(case.group)
     for worker in holders:
         if (worker.key == case.worker_key or worker.key in exclude or worker.flagged
                 or worker.key in ineligible
                 or (worker.free_slots <= 0 and not busy_too)
-                or capabilities.SCORE not in worker.capabilities):
+                or capabilities.SCORE not in worker.capabilities
+                or (case.adapter_sha256 is not None
+                    and capabilities.LORA not in worker.capabilities)):
             continue
         if group and (worker.key in group or holds_group_model is None
                       or not holds_group_model(worker)):
             continue
-        held = worker.models.get(case.model)
+        held = worker.models.get(case.held_as)
         if case.sha256 is None or held is None or held.sha256 != case.sha256:
             continue
         state, passed = record(worker.key)

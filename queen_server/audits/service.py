@@ -25,6 +25,11 @@ charged for its failed audited answers are refunded through the ledger (idempote
 again, the worker is routed again and what was forfeited is paid back into its available
 earnings. Routing reads each connected worker's ``trust`` (below 1 in good standing) and
 ``uncovered`` (a new worker with ``audit_backlog`` answers waiting for audits ranks as busy).
+
+A fine-tuned (``ft:``) model's answer (issue 37) is audited as any other, by a holder of its
+base's file with the ``lora`` capability; its score jobs carry the model's ``Job.adapter`` with
+a token for that auditor (``fine_tuned``: the served models), and it is judged by the base's
+bands. A case whose model was deleted (its adapter can no longer be fetched) is dropped.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from queen_server.audits.cases import AuditCase, BadScore, choose_auditor, read_scores
 from queen_server.audits.decision import (
@@ -64,6 +69,10 @@ from queen_server.swarm.registry import Registry
 from queen_server.swarm.worker import Worker
 from shared_schema import AuditStanding, Chunk, JobError, Result, capabilities
 from shared_schema.audits import SCORE_URL
+from shared_schema.training import AdapterRef
+
+if TYPE_CHECKING:
+    from queen_server.finetune.models import FineTunedModel
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +93,18 @@ class GroupsForAudits(Protocol):
 
     def heads(self, model: str) -> list[tuple[Worker, tuple[str, ...]]]:
         """Each ready group of ``model``: its head and its workers' keys."""
+        ...
+
+
+class FineTunedForAudits(Protocol):
+    """What audits ask of the served fine-tuned models (``finetune.models.FineTunedModels``)."""
+
+    def served(self, name: str) -> FineTunedModel | None:
+        """The served model ``name`` (anyone's); None once deleted."""
+        ...
+
+    def ref(self, model: FineTunedModel) -> Callable[[str], AdapterRef]:
+        """The ``Job.adapter`` each worker (by key) gets for ``model``."""
         ...
 
 
@@ -125,6 +146,7 @@ class AuditService:
         params: SprtParams | None = None,
         rng: random.Random | None = None,
         groups: GroupsForAudits | None = None,
+        fine_tuned: FineTunedForAudits | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -136,6 +158,7 @@ class AuditService:
         self.params = params or SprtParams(contamination=settings.audit_contamination)
         self.rng = rng or random.Random()
         self.groups = groups
+        self.fine_tuned = fine_tuned  # None: no fine-tuning here (an ``ft:`` case is dropped)
         # a group member -> the heads of the failing groups it was in (``_blame_members``)
         self._member_heads: dict[str, set[str]] = {}
         self.named: set[str] = set()  # members the evidence names: kept out of groups
@@ -324,6 +347,10 @@ class AuditService:
                 self._count("expired" if waiting.first is None else "unconfirmed")
                 self._done_waiting(waiting.case.worker_key)
                 continue
+            if waiting.case.adapter_sha256 is not None and self._adapter(waiting.case) is None:
+                self._count("model_deleted")  # its adapter can no longer be fetched
+                self._done_waiting(waiting.case.worker_key)
+                continue
             if len(self._running) >= self.settings.audit_concurrency:
                 kept.append(waiting)
                 continue
@@ -352,7 +379,7 @@ class AuditService:
             holders: Collection[Worker] = [head for head, _ in heads.values()]
             holds_group_model = self._group_auditor(case.model, case.group, heads)
         else:
-            holders = self.registry.holders(case.model)
+            holders = self.registry.holders(case.held_as)
         scan = [*trusted, *(worker for _, worker in zip(range(AUDITOR_SCAN), holders,
                                                          strict=False))]
 
@@ -393,6 +420,15 @@ class AuditService:
 
         return holds
 
+    def _adapter(self, case: AuditCase) -> Callable[[str], AdapterRef] | None:
+        """The ``Job.adapter`` (by auditor key) of a fine-tuned model's case; None when its
+        model is no longer served (deleted) or is not the one the answer came from."""
+        model = (self.fine_tuned.served(case.model) if self.fine_tuned is not None
+                 else None)
+        if model is None or model.sha256 != case.adapter_sha256 or model.base != case.base:
+            return None
+        return self.fine_tuned.ref(model) if self.fine_tuned is not None else None
+
     # --- one audit ----------------------------------------------------------------------------
 
     async def _audit(self, waiting: _Waiting, auditor: Worker) -> None:
@@ -400,11 +436,19 @@ class AuditService:
         loop = asyncio.get_running_loop()
         started = loop.time()
         self._seq += 1
+        adapter = None
+        if case.adapter_sha256 is not None:
+            adapter = self._adapter(case)
+            if adapter is None:  # deleted since it was queued
+                self._count("model_deleted")
+                self._done_waiting(case.worker_key)
+                return
         try:
             results, tokens = [], 0
             for part, job in enumerate(case.jobs()):  # one score job per part, in order
                 data, evaluated = await self._score(
-                    case, auditor, f"audit-{self._seq}-{part}-{case.request_id}", job)
+                    case, auditor, f"audit-{self._seq}-{part}-{case.request_id}", job,
+                    adapter)
                 results.append(data)
                 tokens += evaluated
             score = read_scores(case, results)
@@ -422,6 +466,7 @@ class AuditService:
         if self.metrics is not None:
             self.metrics.audit_tokens.inc(tokens)
             self.metrics.audit_seconds.inc(seconds)
+        # A fine-tuned model's answer is judged by its base's bands (``sha256`` is the base's).
         bands = self.bands.get(case.sha256 or "", DEFAULT_BANDS)
         verdict = judge(score, bands)
         trusted = self.is_trusted(auditor)
@@ -514,10 +559,13 @@ class AuditService:
                         "and its own answers are audited more", key[:12], record.outvoted)
 
     async def _score(self, case: AuditCase, auditor: Worker, job_id: str,
-                     job: dict[str, object]) -> tuple[dict[str, object], int]:
-        """Run one score job of ``case`` on ``auditor``; its result's data and the tokens it
-        evaluated."""
-        run = await self.dispatcher.start_on(auditor, job_id, case.model, SCORE_URL, job)
+                     job: dict[str, object],
+                     adapter: Callable[[str], AdapterRef] | None = None,
+                     ) -> tuple[dict[str, object], int]:
+        """Run one score job of ``case`` on ``auditor`` (a fine-tuned model's with its
+        ``adapter``); its result's data and the tokens it evaluated."""
+        run = await self.dispatcher.start_on(auditor, job_id, case.held_as, SCORE_URL, job,
+                                             adapter=adapter)
         try:
             event = run.first
             while isinstance(event, Chunk):

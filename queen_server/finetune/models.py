@@ -152,6 +152,11 @@ class FineTunedModels:
                 self._add(model)
         return model if model is not None and model.owner == owner else None
 
+    def served(self, name: str) -> FineTunedModel | None:
+        """The served model ``name``, whoever owns it (the audits' lookup: never answer a
+        caller with it); None once deleted here or unknown. O(1), no database read."""
+        return self._by_name.get(name)
+
     def owned(self, owner: str) -> list[FineTunedModel]:
         """``owner``'s served fine-tuned models, oldest first."""
         return sorted(self._by_owner.get(owner, {}).values(),

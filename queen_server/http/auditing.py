@@ -7,6 +7,8 @@ audits' sampling (``AuditService.wants``: O(1)); a drawn share becomes a case
 list, an ``echo``'s completion, and after a failover each worker's own span, given the text the
 workers before it delivered. A worker whose part ended in a failover is drawn more often
 (``AuditService.wants(..., failed_over=True)``): dropping the socket is no way around them.
+A fine-tuned (``ft:``) model's answer (issue 37) is a case of its base's pinned file and its
+adapter (``case_for``'s ``base`` and ``adapter_sha256``).
 """
 
 from __future__ import annotations
@@ -114,13 +116,20 @@ def consider_audit(state: QueenState, gen: Generation, hold: Hold | None, worker
     and no case is made for it (one would wait for an auditor holding a file nobody vouched
     for, and expire)."""
     audits = state.audits
+    base, adapter_sha256 = gen.model, None
+    if gen.model.startswith("ft:"):  # its base's file, and its adapter
+        tuned = (state.fine_tuning.models.served(gen.model)
+                 if state.fine_tuning is not None else None)
+        if tuned is None:  # deleted while it answered: its adapter can no longer be fetched
+            return
+        base, adapter_sha256 = tuned.base, tuned.sha256
     for share in shares(gen, answer, result, worker_key, group):
         worker = state.registry.get(share.worker_key)
-        held = worker.models.get(gen.model) if worker is not None else None
+        held = worker.models.get(base) if worker is not None else None
         # A worker lost mid-answer has left the registry: it served the name, so it held the
         # one file that may serve it, when there is one.
-        file = held.sha256 if held is not None else _only_file(state, gen.model)
-        sha256 = state.catalog.audit_file(gen.model, file)
+        file = held.sha256 if held is not None else _only_file(state, base)
+        sha256 = state.catalog.audit_file(base, file)
         if sha256 is None or not audits.wants(share.worker_key, failed_over=share.failed_over):
             continue
         case = case_for(
@@ -131,7 +140,8 @@ def consider_audit(state: QueenState, gen: Generation, hold: Hold | None, worker
             claimed_prompt_tokens=share.claimed_prompt_tokens,
             finish_reason=None, delivered=share.delivered,
             key_id=hold.key_id if hold is not None else None,
-            charged_msat=hold.charged_msat if hold is not None else 0, group=share.group)
+            charged_msat=hold.charged_msat if hold is not None else 0, group=share.group,
+            base=base if adapter_sha256 is not None else None, adapter_sha256=adapter_sha256)
         if case is not None:
             audits.consider(case)
 

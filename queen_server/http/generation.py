@@ -14,7 +14,8 @@ offered first to the worker that served its last one (it holds the conversation'
 A fine-tuned model (``ft:``, issue 37) is the caller's own or a 404 like a name nobody made
 (``finetune.models``): it is routed, priced, placed and counted in the stats as its base, only to
 this replica's workers with the ``lora`` capability, and its job keeps the ``ft:`` name and
-carries the adapter (``Job.adapter``). Its answers are not audited yet.
+carries the adapter (``Job.adapter``). Its answers are audited with base plus adapter
+(``audits``: a ``lora`` holder of the base re-scores them).
 """
 
 from __future__ import annotations

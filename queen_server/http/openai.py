@@ -277,15 +277,15 @@ async def delete_model(request: Request, model_id: str) -> Response:
 
 def fine_tuned_card(state: QueenState, model: FineTunedModel) -> ModelCard:
     """A fine-tuned model's card: its owner, and its base's availability to it (holders with
-    the ``lora`` capability) and price (it is billed as its base). Its answers are not
-    audited (``audits.cases.case_for``)."""
+    the ``lora`` capability) and price (it is billed as its base). Its answers are audited
+    with base plus adapter when its base's are (``audited``: the base is pinned and audits
+    are on)."""
     card = model_card(state, model.base)
     assert card.apiary is not None
     holders = [session for session in state.registry.holders(model.base)
                if capabilities.LORA in session.capabilities]
     card.apiary.workers = len(holders)
     card.apiary.loaded_on = sum(1 for session in holders if model.base in session.loaded)
-    card.apiary.audited = False
     return ModelCard(id=model.name, created=model.created, owned_by=model.owner,
                      apiary=card.apiary)
 

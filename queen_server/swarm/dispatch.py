@@ -442,15 +442,19 @@ class Dispatcher:
         return handle, first, worker
 
     async def start_on(self, worker: Worker, job_id: str, model: str, openai_url: str,
-                       openai_req: dict[str, Any]) -> JobRun:
+                       openai_req: dict[str, Any], *,
+                       adapter: Callable[[str], AdapterRef] | None = None) -> JobRun:
         """Send a job to this one worker, now (an audit's score job to its auditor): no queue,
         no retry, not counted against any caller. ``NoCapacity`` if the worker has no free
-        slot or is gone; its first event may be a failure, for the caller to read."""
+        slot or is gone; its first event may be a failure, for the caller to read.
+        ``adapter``: a fine-tuned model's job (``model`` is its base), sent with
+        ``adapter(worker key)`` as its ``Job.adapter``."""
         connection = self.registry.connection(worker.key)
         if connection is None or worker.closed or worker.free_slots <= 0:
             raise NoCapacity(f"{worker.public_id} has no free slot")
         deadline = asyncio.get_running_loop().time() + self.settings.total_timeout_s
-        request = JobRequest(job_id, model, openai_url, openai_req, False, deadline)
+        request = JobRequest(job_id, model, openai_url, openai_req, False, deadline,
+                             adapter=adapter)
         handle, first, _ = await self._attempt(request, (worker, connection, False), openai_req)
         return JobRun(self, worker, handle, first, request)
 

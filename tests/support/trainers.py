@@ -133,19 +133,25 @@ class AdapterServer(ScriptedWorker):
         self.fetched: dict[str, bytes] = {}  # adapter bytes by sha256, as the queen sent them
 
     async def _run(self, job: Job) -> None:
+        if await self._adapter_fetched(job):
+            await super()._run(job)
+
+    async def _adapter_fetched(self, job: Job) -> bool:
+        """Record and fetch the job's adapter (if any); False after a failed fetch (the job's
+        error is sent)."""
         ref = job.adapter
-        if ref is not None:
-            self.adapters.append(ref)
-            async with httpx.AsyncClient(base_url=self.http_url, timeout=10,
-                                         trust_env=False) as http:
-                answer = await http.get(ref.file.url,
-                                        headers={"Authorization": f"Bearer {ref.token}"})
-            data = answer.content
-            if (answer.status_code != 200 or len(data) != ref.file.size_bytes
-                    or hashlib.sha256(data).hexdigest() != ref.file.sha256):
-                await self._send(JobError(id=job.id, code="adapter_unavailable",
-                                          retryable=False,
-                                          message=f"adapter fetch: {answer.status_code}"))
-                return
-            self.fetched[ref.file.sha256] = data
-        await super()._run(job)
+        if ref is None:
+            return True
+        self.adapters.append(ref)
+        async with httpx.AsyncClient(base_url=self.http_url, timeout=10,
+                                     trust_env=False) as http:
+            answer = await http.get(ref.file.url,
+                                    headers={"Authorization": f"Bearer {ref.token}"})
+        data = answer.content
+        if (answer.status_code != 200 or len(data) != ref.file.size_bytes
+                or hashlib.sha256(data).hexdigest() != ref.file.sha256):
+            await self._send(JobError(id=job.id, code="adapter_unavailable", retryable=False,
+                                      message=f"adapter fetch: {answer.status_code}"))
+            return False
+        self.fetched[ref.file.sha256] = data
+        return True

@@ -58,13 +58,17 @@ class Auditor(ScriptedWorker):
             await super()._run(job)
             return
         self.scored.append(job)
-        answer = job.openai_req["answer"]
-        temperature = job.openai_req["request"].get("temperature", 1.0)
-        data = scores(len(answer.split()), temperature, self.honest)
-        if self.malformed:
-            data["logprobs"] = data["logprobs"][:-1]  # one short: not a score of this answer
-        await self._send(Result(id=job.id, data=data,
-                                usage=Usage(prompt_tokens=20, total_tokens=20)))
+        await self._send(score_result(job, self.honest, malformed=self.malformed))
+
+
+def score_result(job: Job, honest: bool, *, malformed: bool = False) -> Result:
+    """A scripted auditor's result for score job ``job``."""
+    answer = job.openai_req["answer"]
+    temperature = job.openai_req["request"].get("temperature", 1.0)
+    data = scores(len(answer.split()), temperature, honest)
+    if malformed:
+        data["logprobs"] = data["logprobs"][:-1]  # one short: not a score of this answer
+    return Result(id=job.id, data=data, usage=Usage(prompt_tokens=20, total_tokens=20))
 
 
 async def trusted_auditor(queen, **kwargs: Any) -> Auditor:
