@@ -336,6 +336,18 @@ class QueenSettings(BaseSettings):
     # Fine-tuned models served: each replica reloads the list of them (new ones, deletions
     # elsewhere) every finetune_models_refresh_s.
     finetune_models_refresh_s: float = Field(default=10.0, gt=0, le=3600)
+    # The held-out check (issue 37): a job without a validation file trains on its file minus
+    # finetune_holdout_fraction of its examples (at least 1, at most finetune_check_examples;
+    # 0 holds nothing back and checks nothing). Before it succeeds, at most
+    # finetune_check_examples held-out examples are scored with the base and with the new
+    # adapter; the adapter must lower the loss by more than finetune_check_margin (relative).
+    # One score job may take finetune_check_timeout_s; at most finetune_check_max_scorers
+    # workers are tried.
+    finetune_holdout_fraction: float = Field(default=0.1, gt=0, lt=1)
+    finetune_check_examples: int = Field(default=16, ge=0, le=1000)
+    finetune_check_margin: float = Field(default=0.01, ge=0, lt=1)
+    finetune_check_timeout_s: float = Field(default=120.0, gt=0)
+    finetune_check_max_scorers: int = Field(default=3, ge=1, le=20)
 
     @field_validator("api_keys", "lnurl_insecure_hosts", "trusted_auditors", "group_heads",
                      mode="before")

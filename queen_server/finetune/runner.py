@@ -11,7 +11,10 @@ so the job runs once. The attempt is an ordinary job on the worker's link (``TRA
 Each report is checked (``progress``); an accepted one is the job's newest event and its
 ``trained_tokens`` and ``estimated_finish``; a checkpoint is kept only when the queen received
 that upload whole, with that hash. A ``Result`` succeeds the job only with the adapter upload
-the queen hashed itself. A lost worker, a retryable error, a lie or a silence past the deadline
+the queen hashed itself, and only once that adapter lowered the loss on the job's held-out
+examples (``evaluation``; it fails ``adapter_not_learned`` otherwise, counted against its
+trainer, and ``adapter_unchecked`` when no scorer could check it: nothing charged either way).
+A lost worker, a retryable error, a lie or a silence past the deadline
 puts the job back in the queue, to resume from its last kept checkpoint (at most
 ``finetune_max_attempts`` attempts in all); a non-retryable error fails it. Ending a job (and
 its money) is the service's: ``Ender``.
@@ -23,13 +26,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
-from queen_server.files.blobs import chunks
+from queen_server.finetune.checks import Verdict
+from queen_server.finetune.evaluation import AdapterCheck, Candidate, Checked, Unchecked
+from queen_server.finetune.heldout import held_of, holdout_of, split_of
 from queen_server.finetune.orders import (
     OrderFacts,
     resume_url,
@@ -69,6 +74,7 @@ class Succeeded:
     adapter_location: str
     adapter_sha256: str
     adapter_size_bytes: int
+    verdict: Verdict | None = None  # the held-out check's, once it ran
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +85,7 @@ class Retry:
 @dataclass(frozen=True, slots=True)
 class Failed:
     message: str
+    code: str = "training_failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +137,9 @@ class TrainingRunner:
         self._kick = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.holdout = holdout_of(settings)
+        self.checker = AdapterCheck(settings, files, registry, dispatcher, secret, self.holdout)
+        self.not_learned: dict[str, int] = {}  # adapters that did not learn, by trainer key
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -237,9 +247,11 @@ class TrainingRunner:
     async def _conclude(self, job_id: str, attempt: int, outcome: Outcome, run: Run,
                         avoid: _Avoid) -> None:
         if isinstance(outcome, Succeeded):
+            outcome = await self._checked(job_id, attempt, outcome, run.worker)
+        if isinstance(outcome, Succeeded):
             await self.ender.succeed(job_id, attempt, outcome, run.worker.earnings_key)
         elif isinstance(outcome, Failed):
-            await self.ender.fail(job_id, attempt, "training_failed", outcome.message)
+            await self.ender.fail(job_id, attempt, outcome.code, outcome.message)
         elif isinstance(outcome, Retry):
             avoid.keys.add(run.worker.key)
             log.info("training attempt %d of %s stopped: %s", attempt, job_id, outcome.reason)
@@ -267,6 +279,7 @@ class TrainingRunner:
             record = await self.files.get(row.owner, row.training_file)
         except Exception as exc:
             return Failed(f"The training file {row.training_file} can no longer be read: {exc}")
+        split = await split_of(self.files, record, held_of(row, record, self.holdout))
         checkpoint = await self.store.last_checkpoint(job_id)
         resume = None
         if checkpoint is not None and checkpoint.sha256 is not None:
@@ -281,9 +294,9 @@ class TrainingRunner:
         facts = OrderFacts(
             job_id=job_id, model=row.model, n_epochs=row.n_epochs, batch_size=row.batch_size,
             learning_rate_multiplier=row.learning_rate_multiplier, seed=row.seed,
-            bound_tokens=row.bound_tokens, examples=record.examples,
-            file_sha256=record.sha256, file_bytes=record.bytes,
-            longest_example_bytes=await self._longest_line(record.location),
+            bound_tokens=row.bound_tokens, examples=split.examples,
+            file_sha256=split.sha256, file_bytes=split.size_bytes,
+            longest_example_bytes=split.longest_line_bytes,
             model_context=held.context_length if held is not None else None,
             attempt=attempt, resume=resume)
         order = train_order(facts, token=transfer_token(secret, wire_id, worker.key),
@@ -385,15 +398,50 @@ class TrainingRunner:
         tokens = progress.final_tokens(event.usage.prompt_tokens)
         return Succeeded(tokens, data.steps, upload.location, upload.sha256, upload.size_bytes)
 
-    async def _longest_line(self, location: str) -> int:
-        """The longest line of a stored training file, in bytes (an example's own bound)."""
-        longest = current = 0
-        async for piece in chunks(await self.files.blobs.open(location)):
-            parts = piece.split(b"\n")
-            current += len(parts[0])
-            for part in parts[1:]:
-                longest, current = max(longest, current), len(part)
-        return max(longest, current)
+    # --- the held-out check -------------------------------------------------------------------
+
+    async def _checked(self, job_id: str, attempt: int, outcome: Succeeded,
+                       trainer: Worker) -> Outcome:
+        """The attempt's adapter checked on the held-out examples (``evaluation``): succeeded
+        with both losses when it learned, failed when it did not (counted against its
+        trainer) or when no scorer could check it, as it was when there is nothing to score
+        or the check is off; ``Gone`` when the job ended meanwhile."""
+        if self.settings.finetune_check_examples <= 0:
+            return outcome
+        row = await self.store.attempt_row(job_id)
+        adapter = {"adapter_location": outcome.adapter_location,
+                   "adapter_sha256": outcome.adapter_sha256,
+                   "adapter_size_bytes": outcome.adapter_size_bytes}
+        if row is None or not await self.store.change(job_id, adapter, only_from=("running",),
+                                                      attempt=attempt):
+            return Gone()
+
+        async def note(message: str, level: str = "info",
+                       data: dict[str, Any] | None = None) -> None:
+            event = (level, message) if data is None else (level, message, data)
+            await self.store.change(job_id, {"estimated_finish": None}, event,
+                                    only_from=("running",), attempt=attempt)
+
+        checked = await self.checker.check(
+            row, trainer, Candidate(outcome.adapter_sha256, outcome.adapter_size_bytes), note)
+        if isinstance(checked, Unchecked):
+            await note(f"The adapter was not checked: {checked.reason}.", "warn")
+            return outcome
+        if not isinstance(checked, Checked):
+            log.warning("fine-tuning job %s: its adapter could not be checked: %s", job_id,
+                        checked.reason)
+            return Failed(f"The adapter could not be checked on the held-out examples: "
+                          f"{checked.reason}.", code="adapter_unchecked")
+        verdict = checked.verdict
+        if not verdict.learned:
+            count = self.not_learned[trainer.key] = self.not_learned.get(trainer.key, 0) + 1
+            log.warning("fine-tuning job %s: the adapter trained by worker %s did not learn "
+                        "(held-out loss %.4f vs base %.4f, scored on %s); %d such adapter(s) "
+                        "from that worker", job_id, trainer.public_id, verdict.adapter_loss,
+                        verdict.base_loss, checked.scorer_id, count)
+            return Failed(f"{verdict.message}.", code="adapter_not_learned")
+        await note(verdict.message, "info", verdict.data(outcome.steps))
+        return replace(outcome, verdict=verdict)
 
 
 def _wall(finish_s: float, now_s: float) -> datetime:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from queen_server.errors import InvalidRequest, NotFound
 from queen_server.files.errors import FileNotFound
+from queen_server.finetune.heldout import holdout_of
 from queen_server.finetune.models import FineTunedModels
 from queen_server.finetune.plan import (
     TrainingData,
@@ -111,7 +112,7 @@ class FineTuning:
         # The workers' transfers and the runner (with a registry: not in tests of the API
         # alone); both use the secret the database shares between replicas, read at start.
         self.secret: bytes | None = None
-        self.transfers = Transfers(store, files)
+        self.transfers = Transfers(store, files, holdout_of(settings))
         # The succeeded jobs' models, served to their owners (``models``).
         self.models = FineTunedModels(store, settings.finetune_models_refresh_s,
                                       lambda: self.secret)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from queen_server.errors import InvalidRequest
 from queen_server.files.blobs import chunks, discard
+from queen_server.finetune.checks import HoldOut
 from queen_server.finetune.errors import (
     AdapterRefused,
     BadUploadName,
@@ -29,6 +30,7 @@ from queen_server.finetune.errors import (
     TransferRefused,
     UploadTooLarge,
 )
+from queen_server.finetune.heldout import held_of, served, split_of
 from queen_server.finetune.models import JOB_ID, WORKER_KEY, adapter_token_matches, model_of
 from queen_server.finetune.orders import token_matches
 from shared_schema.training import ADAPTER_NAME, UPLOAD_NAME, parse_train_job_id
@@ -57,6 +59,15 @@ def blob_name(job_id: str, attempt: int, name: str) -> str:
     return f"fine-tuning/{job_id}/{attempt}/{secrets.token_hex(8)}-{name}"
 
 
+def checking(row: Any) -> tuple[str | None, int]:
+    """The adapter of a job whose held-out check runs (still ``running``, its adapter
+    recorded in its row by the runner): its sha256 and size; (None, 0) for any other."""
+    if (row is None or row.status != "running" or not row.adapter_sha256
+            or row.adapter_size_bytes is None):
+        return None, 0
+    return row.adapter_sha256, int(row.adapter_size_bytes)
+
+
 @dataclass(frozen=True, slots=True)
 class Outgoing:
     """Bytes for the worker: their size, hash and the stream."""
@@ -74,9 +85,10 @@ class Received:
 
 
 class Transfers:
-    def __init__(self, store: JobStore, files: Files) -> None:
+    def __init__(self, store: JobStore, files: Files, holdout: HoldOut) -> None:
         self.store = store
         self.files = files
+        self.holdout = holdout  # the examples a job holds back (``checks``): never served
         self.secret: bytes | None = None  # read from the database at the start (shared)
 
     async def authorize(self, wire_id: str, authorization: str | None) -> tuple[Any, int]:
@@ -96,8 +108,13 @@ class Transfers:
     async def data(self, wire_id: str, authorization: str | None) -> Outgoing:
         row, _ = await self.authorize(wire_id, authorization)
         record = await self.files.get(row.owner, row.training_file)
-        reader = await self.files.blobs.open(record.location)
-        return Outgoing(record.bytes, record.sha256, chunks(reader))
+        held = held_of(row, record, self.holdout)
+        if not held:
+            reader = await self.files.blobs.open(record.location)
+            return Outgoing(record.bytes, record.sha256, chunks(reader))
+        split = await split_of(self.files, record, held)
+        return Outgoing(split.size_bytes, split.sha256, served(self.files, record.location,
+                                                              held))
 
     async def resume(self, wire_id: str, authorization: str | None) -> Outgoing:
         row, _ = await self.authorize(wire_id, authorization)
@@ -149,12 +166,14 @@ class Transfers:
             raise AdapterRefused()
         row = await self.store.attempt_row(job_id)
         model = model_of(row) if row is not None else None
-        if (model is None or not row.adapter_location
-                or not adapter_token_matches(self.secret, job_id, model.sha256, worker_key,
+        sha256, size = ((model.sha256, model.size_bytes) if model is not None
+                        else checking(row))
+        if (sha256 is None or not row.adapter_location
+                or not adapter_token_matches(self.secret, job_id, sha256, worker_key,
                                              token.strip())):
             raise AdapterRefused()
         reader = await self.files.blobs.open(row.adapter_location)
-        return Outgoing(model.size_bytes, model.sha256, chunks(reader))
+        return Outgoing(size, sha256, chunks(reader))
 
     @staticmethod
     def _too_large(limit: int) -> UploadTooLarge:

@@ -23,7 +23,8 @@ from typing import Any
 import httpx
 
 from shared_schema import Job, JobError, Result, Usage
-from shared_schema.capabilities import LORA, TRAIN
+from shared_schema.audits import SCORE_URL, ScoreData, ScoreJob
+from shared_schema.capabilities import LORA, SCORE, TRAIN
 from shared_schema.protocol import TrainReport
 from shared_schema.training import (
     ADAPTER_NAME,
@@ -155,3 +156,84 @@ class AdapterServer(ScriptedWorker):
             return False
         self.fetched[ref.file.sha256] = data
         return True
+
+
+async def fetch_adapter(http_url: str, ref: AdapterRef) -> tuple[int, bytes]:
+    """GET a job's adapter from the queen with its token: the status and the bytes."""
+    async with httpx.AsyncClient(base_url=http_url, timeout=10, trust_env=False) as http:
+        answer = await http.get(ref.file.url, headers={"Authorization": f"Bearer {ref.token}"})
+    return answer.status_code, answer.content
+
+
+class ScoreScript:
+    """How a scripted worker answers ``score`` jobs (issue 37's held-out check): every answer
+    token at ``base_logprob`` without an adapter and ``adapter_logprob`` with one (which it
+    GETs and checks first), one token per word; it records each job's ``ScoreJob`` and whether
+    ``Job.adapter`` was set. ``vanish``: it drops its connection at its first score job;
+    ``uneven``: it counts one token more with the adapter (scores that cannot be honest)."""
+
+    def __init__(self, base_logprob: float = -2.0, adapter_logprob: float = -1.0,
+                 behaviour: str = "honest") -> None:
+        self.base_logprob = base_logprob
+        self.adapter_logprob = adapter_logprob
+        self.behaviour = behaviour
+        self.scored: list[tuple[bool, ScoreJob]] = []
+        self.fetched: list[bytes] = []
+
+    async def answer(self, worker: ScriptedWorker, http_url: str, job: Job) -> None:
+        if self.behaviour == "vanish":
+            assert worker._ws is not None
+            await worker._ws.close()
+            return
+        request = ScoreJob.model_validate(job.openai_req)
+        self.scored.append((job.adapter is not None, request))
+        logprob = self.base_logprob
+        tokens = max(1, len(request.answer.split()))
+        if job.adapter is not None:
+            status, data = await fetch_adapter(http_url, job.adapter)
+            if status != 200 or hashlib.sha256(data).hexdigest() != job.adapter.file.sha256:
+                await worker._send(JobError(id=job.id, code="adapter_unavailable",
+                                            retryable=False, message=f"adapter: {status}"))
+                return
+            self.fetched.append(data)
+            logprob = self.adapter_logprob
+            tokens += self.behaviour == "uneven"
+        data = ScoreData(prompt_tokens=7, answer_tokens=tokens, logprobs=[logprob] * tokens,
+                         argmax=[True] * tokens, best_logprobs=[logprob] * tokens,
+                         temperature=0.0)
+        await worker._send(Result(id=job.id, data=data.model_dump(mode="json"),
+                                  usage=Usage(prompt_tokens=7 + tokens, completion_tokens=0,
+                                              total_tokens=7 + tokens)))
+
+
+class ScriptedScorer(ScriptedWorker):
+    """A worker with ``lora`` and ``score`` that holds the base: it answers score jobs as its
+    ``ScoreScript`` says (and echoes anything else)."""
+
+    def __init__(self, ws_url: str, script: ScoreScript | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("capabilities", [LORA, SCORE])
+        super().__init__(ws_url, **kwargs)
+        self.http_url = ws_url.replace("ws://", "http://", 1).rsplit("/worker", 1)[0]
+        self.script = script or ScoreScript()
+
+    async def _run(self, job: Job) -> None:
+        if job.openai_url == SCORE_URL:
+            await self.script.answer(self, self.http_url, job)
+        else:
+            await super()._run(job)
+
+
+class ScoringTrainer(ScriptedTrainer):
+    """A trainer that also scores (``train``, ``lora`` and ``score``), as its ``ScoreScript``
+    says: the only scorer there is, or one the check should pass over."""
+
+    def __init__(self, ws_url: str, script: ScoreScript | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("capabilities", [TRAIN, LORA, SCORE])
+        super().__init__(ws_url, **kwargs)
+        self.script = script or ScoreScript()
+
+    async def _run(self, job: Job) -> None:
+        if job.openai_url == SCORE_URL:
+            await self.script.answer(self, self.http_url, job)
+        else:
+            await super()._run(job)

@@ -54,7 +54,7 @@ async def queen(tmp_path, db_url):
                              escrow_jobs=0, finetune_dispatch_interval_s=0.2,
                              finetune_progress_timeout_s=5, finetune_max_attempts=2,
                              finetune_upload_min_bytes=64 * 1024, audit_new_rate=1.0,
-                             audit_base_rate=1.0,
+                             audit_base_rate=1.0, finetune_check_examples=0,  # test_check
                              local_model_pins={ECHO_MODEL: [ECHO_SHA256]}) as queen:
         yield queen
 

@@ -29,7 +29,8 @@ async def queen(tmp_path, db_url):
     async with running_queen(tmp_path, auth="keys", db=db_url, files_dir=tmp_path / "files",
                              escrow_jobs=0, finetune_dispatch_interval_s=0.2,
                              finetune_progress_timeout_s=5, finetune_max_attempts=2,
-                             finetune_upload_min_bytes=64 * 1024) as queen:
+                             finetune_upload_min_bytes=64 * 1024,
+                             finetune_check_examples=0) as queen:  # checks: test_check.py
         yield queen
 
 
