@@ -345,6 +345,9 @@ class QueenSettings(BaseSettings):
     # workers are tried.
     finetune_holdout_fraction: float = Field(default=0.1, gt=0, lt=1)
     finetune_check_examples: int = Field(default=16, ge=0, le=1000)
+    # A worker whose adapters failed the held-out check this many times (its jobs failed
+    # adapter_not_learned, as the database remembers) is given no more fine-tuning jobs.
+    finetune_max_not_learned: int = Field(default=3, ge=1, le=1000)
     finetune_check_margin: float = Field(default=0.01, ge=0, lt=1)
     finetune_check_timeout_s: float = Field(default=120.0, gt=0)
     finetune_check_max_scorers: int = Field(default=3, ge=1, le=20)

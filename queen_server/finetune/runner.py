@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -43,6 +43,7 @@ from queen_server.finetune.orders import (
     upload_limit_bytes,
 )
 from queen_server.finetune.progress import AttemptProgress, Lie
+from queen_server.finetune.store import NOT_LEARNED
 from queen_server.swarm.jobs import JobHandle, WorkerLost
 from shared_schema import Chunk, JobError, Result
 from shared_schema.capabilities import TRAIN
@@ -100,7 +101,7 @@ class Ender(Protocol):
     """Who ends jobs and settles their money (``FineTuning``)."""
 
     async def succeed(self, job_id: str, attempt: int, outcome: Succeeded,
-                      credit_key: str | None) -> bool: ...
+                      credits: Sequence[tuple[str | None, int]]) -> bool: ...
 
     async def fail(self, job_id: str, attempt: int, code: str, message: str) -> bool: ...
 
@@ -114,11 +115,21 @@ class Run:
     task: asyncio.Task[None] | None = None
     handle: JobHandle | None = None
     finishing: bool = False  # past its last event: a cancel no longer stops it
+    start_tokens: int = 0  # trained before this attempt (its resume checkpoint's)
+    kept: tuple[int, int] | None = None  # (step, tokens) of the last checkpoint it made kept
 
 
 @dataclass(slots=True)
 class _Avoid:
     keys: set[str] = field(default_factory=set)
+
+
+def merged_credits(credits: list[tuple[str | None, int]]) -> list[tuple[str | None, int]]:
+    """Each worker once, with the tokens of all its parts, in first-seen order; none at 0."""
+    totals: dict[str | None, int] = {}
+    for key, tokens in credits:
+        totals[key] = totals.get(key, 0) + tokens
+    return [(key, tokens) for key, tokens in totals.items() if tokens > 0]
 
 
 class TrainingRunner:
@@ -133,6 +144,9 @@ class TrainingRunner:
         self.ender = ender
         self.secret = secret
         self._mine: dict[str, _Avoid] = {}  # this replica's unfinished jobs, in queue order
+        # Per job, who trained what of it in earlier attempts (earnings key, tokens): the work
+        # up to the checkpoint the job resumed from, credited to the worker that made it.
+        self._credits: dict[str, list[tuple[str | None, int]]] = {}
         self._runs: dict[str, Run] = {}
         self._kick = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
@@ -161,6 +175,17 @@ class TrainingRunner:
 
     def forget(self, job_id: str) -> None:
         self._mine.pop(job_id, None)
+        self._credits.pop(job_id, None)
+
+    def credits(self, job_id: str, run: Run | None, total: int) -> list[tuple[str | None, int]]:
+        """Whom ``total`` trained tokens of ``job_id`` are credited to (earnings key, tokens):
+        each earlier attempt's worker for its work up to the checkpoint the job went on from,
+        and ``run``'s worker for the rest (a cancel charges and credits what was trained)."""
+        earlier = list(self._credits.get(job_id, ()))
+        done = sum(tokens for _key, tokens in earlier)
+        if run is not None:
+            earlier.append((run.worker.earnings_key, max(0, total - done)))
+        return merged_credits(earlier)
 
     def running(self, job_id: str) -> Run | None:
         return self._runs.get(job_id)
@@ -179,6 +204,10 @@ class TrainingRunner:
     # --- dispatch -------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
+        try:  # whose adapters did not learn, as the database remembers (every replica's)
+            self.not_learned = await self.store.not_learned_counts()
+        except Exception:
+            log.exception("cannot read which trainers' adapters did not learn")
         while True:
             try:
                 await self.dispatch()
@@ -215,10 +244,13 @@ class TrainingRunner:
         return started
 
     def choose(self, model: str, avoid: set[str]) -> Worker | None:
-        """A free trainer of ``model`` here, one that has not failed the job first."""
+        """A free trainer of ``model`` here, one that has not failed the job first; never one
+        whose adapters failed the held-out check ``finetune_max_not_learned`` times."""
+        limit = self.settings.finetune_max_not_learned
         able = [worker for worker in self.registry.holders(model)
                 if TRAIN in worker.capabilities and not (
                     worker.flagged or worker.paused or worker.closed or worker.held_by)
+                and self.not_learned.get(worker.key, 0) < limit
                 and worker.free_slots > 0 and self.registry.connection(worker.key) is not None]
         able.sort(key=lambda worker: (worker.key in avoid, worker.active_jobs))
         return able[0] if able else None
@@ -249,8 +281,11 @@ class TrainingRunner:
         if isinstance(outcome, Succeeded):
             outcome = await self._checked(job_id, attempt, outcome, run.worker)
         if isinstance(outcome, Succeeded):
-            await self.ender.succeed(job_id, attempt, outcome, run.worker.earnings_key)
+            await self.ender.succeed(job_id, attempt, outcome,
+                                     self.credits(job_id, run, outcome.trained_tokens))
+            self._credits.pop(job_id, None)
         elif isinstance(outcome, Failed):
+            self._credits.pop(job_id, None)
             await self.ender.fail(job_id, attempt, outcome.code, outcome.message)
         elif isinstance(outcome, Retry):
             avoid.keys.add(run.worker.key)
@@ -261,6 +296,11 @@ class TrainingRunner:
                                       f"stopped because {outcome.reason}")
                 return
             last = await self.store.last_checkpoint(job_id)
+            if run.kept is not None and last is not None and last.step == run.kept[0]:
+                # the next attempt goes on from this one's checkpoint: its work up to there
+                # is this worker's, credited when the job is paid
+                self._credits.setdefault(job_id, []).append(
+                    (run.worker.earnings_key, max(0, run.kept[1] - run.start_tokens)))
             where = f"step {last.step}" if last is not None else "the start"
             await self.store.change(
                 job_id, {"status": "queued", "worker_key": None, "estimated_finish": None},
@@ -312,6 +352,7 @@ class TrainingRunner:
                                        only_from=("queued",)):
             return Gone()
         loop = asyncio.get_running_loop()
+        run.start_tokens = resume.trained_tokens if resume else 0
         run.progress = AttemptProgress(row.bound_tokens,
                                        step=resume.step if resume else 0,
                                        trained_tokens=resume.trained_tokens if resume else 0,
@@ -344,7 +385,8 @@ class TrainingRunner:
                 return Retry(f"the worker sent no progress for {timeout_s:g} s")
             try:
                 if isinstance(event, TrainReport):
-                    if not await self._report(job_id, attempt, event, progress, loop.time()):
+                    if not await self._report(job_id, attempt, event, progress, loop.time(),
+                                              run):
                         return Gone()
                     continue
                 run.finishing = True
@@ -354,7 +396,7 @@ class TrainingRunner:
                 return Retry(str(lie))
 
     async def _report(self, job_id: str, attempt: int, report: TrainReport,
-                      progress: AttemptProgress, now_s: float) -> bool:
+                      progress: AttemptProgress, now_s: float, run: Run) -> bool:
         accepted = progress.report(report)
         if accepted.checkpoint is not None:
             assert report.checkpoint is not None
@@ -367,6 +409,7 @@ class TrainingRunner:
                 job_id, step=report.step, train_loss=report.loss,
                 trained_tokens=report.trained_tokens, sha256=upload.sha256,
                 size_bytes=upload.size_bytes, location=upload.location)
+            run.kept = (report.step, report.trained_tokens)
         finish_s = progress.finish_s(now_s)
         values: dict[str, Any] = {"trained_tokens": progress.trained_tokens}
         if finish_s is not None:
@@ -439,7 +482,10 @@ class TrainingRunner:
                         "(held-out loss %.4f vs base %.4f, scored on %s); %d such adapter(s) "
                         "from that worker", job_id, trainer.public_id, verdict.adapter_loss,
                         verdict.base_loss, checked.scorer_id, count)
-            return Failed(f"{verdict.message}.", code="adapter_not_learned")
+            if count >= self.settings.finetune_max_not_learned:
+                log.warning("worker %s takes no more fine-tuning jobs: %d of its adapters did "
+                            "not learn", trainer.public_id, count)
+            return Failed(f"{verdict.message}.", code=NOT_LEARNED)
         await note(verdict.message, "info", verdict.data(outcome.steps))
         return replace(outcome, verdict=verdict)
 

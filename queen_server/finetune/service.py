@@ -28,7 +28,7 @@ import contextlib
 import json
 import logging
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -257,8 +257,9 @@ class FineTuning:
         tokens = min(run.progress.trained_tokens, job_bound(run)) if run is not None else 0
         message = (f"Job was cancelled; {tokens} trained tokens were charged." if tokens
                    else "Job was cancelled; nothing was charged.")
-        parts = ([Part(run.worker.earnings_key, 0, tokens, completed=False)]
-                 if run is not None and tokens else None)
+        parts = ([Part(key, 0, part_tokens, completed=False)
+                  for key, part_tokens in self.runner.credits(job_id, run, tokens)]
+                 if self.runner is not None and run is not None and tokens else None)
         if not await self._end(job_id, "cancelled", ("info", message),
                                only_from=("validating_files", "queued", "running"),
                                parts=parts, values={"trained_tokens": tokens} if run else None):
@@ -280,10 +281,11 @@ class FineTuning:
     # --- the runner's ends (``runner.Ender``) ---------------------------------------------------
 
     async def succeed(self, job_id: str, attempt: int, outcome: Succeeded,
-                      credit_key: str | None) -> bool:
+                      credits: Sequence[tuple[str | None, int]]) -> bool:
         """The attempt delivered its adapter: the job succeeds with its model named, the
-        adapter's place kept, and the hold settled at the trained tokens (the worker credited
-        its share)."""
+        adapter's place kept, and the hold settled at the trained tokens, each worker credited
+        its share of them (``credits``: earnings key, tokens; a resumed job's earlier workers
+        for their work up to the checkpoint it went on from)."""
         row = await self.store.attempt_row(job_id)
         if row is None:
             return False
@@ -296,7 +298,8 @@ class FineTuning:
                                ("info", f"The job has successfully completed: new fine-tuned "
                                         f"model {name}, {outcome.trained_tokens} trained tokens"),
                                only_from=("running",), attempt=attempt, values=values,
-                               parts=[Part(credit_key, 0, outcome.trained_tokens)])
+                               parts=[Part(key, 0, tokens) for key, tokens in credits]
+                               or [Part(None, 0, outcome.trained_tokens)])
         if done:
             await self.models.added(name)  # served at once
             log.info("fine-tuning job %s succeeded: %s, %d tokens", job_id, name,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from queen_server.storage.tables import (
@@ -61,6 +61,9 @@ class JobPage:
     has_more: bool
 
 
+# The error code of a job whose adapter did not beat the base on its held-out examples.
+NOT_LEARNED = "adapter_not_learned"
+
 class JobStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -85,6 +88,17 @@ class JobStore:
             return list((await conn.execute(select(FineTuningJobRow).where(
                 FineTuningJobRow.status.in_(("validating_files", "queued", "running")))))
                 .all())
+
+    async def not_learned_counts(self) -> dict[str, int]:
+        """Per training worker's key, its jobs that failed because their adapter did not beat
+        the base on the held-out examples (the worker of the job's last attempt)."""
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(
+                select(FineTuningJobRow.worker_key, func.count()).where(
+                    FineTuningJobRow.error_code == NOT_LEARNED,
+                    FineTuningJobRow.worker_key.is_not(None))
+                .group_by(FineTuningJobRow.worker_key))).all()
+        return {key: int(count) for key, count in rows}
 
     async def using(self, owner: str, file_id: str) -> str | None:
         """An unfinished job of ``owner`` that trains on (or validates with) ``file_id``."""

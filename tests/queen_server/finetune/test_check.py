@@ -212,3 +212,38 @@ async def test_a_validation_file_is_the_held_out_set_and_the_training_file_is_se
     assert all(answer.startswith("Fact 1") for answer in asked)
     await trainer.stop()
     await scorer.stop()
+
+
+async def test_a_trainer_whose_adapters_do_not_learn_gets_no_more_jobs_even_after_a_restart(
+        tmp_path, db_url):
+    """Counted against the worker (issue 37): past ``finetune_max_not_learned`` failed checks
+    it is not given another job, by this queen or the next on the same database."""
+    settings = {"auth": "keys", "db": db_url, "files_dir": tmp_path / "files", "escrow_jobs": 0,
+                "finetune_dispatch_interval_s": 0.2, "finetune_progress_timeout_s": 5,
+                "finetune_upload_min_bytes": 64 * 1024, "finetune_check_timeout_s": 5,
+                "finetune_max_not_learned": 1}
+    async with running_queen(tmp_path / "one", **settings) as queen:
+        trainer = await ScriptedTrainer(queen.ws_url).start()
+        scorer = await ScriptedScorer(queen.ws_url, ScoreScript(-2.0, -2.0)).start()
+        _, client, job, _ = await start(queen)
+        done = await settled(client, job.id)
+        assert done.error.code == "adapter_not_learned"
+        _, client, second, _ = await start(queen)  # queued: its only trainer is out
+        runner = queen.state.fine_tuning.runner
+        assert await runner.dispatch() == 0
+        assert len(trainer.orders) == 1
+        assert (await client.fine_tuning.jobs.retrieve(second.id)).status == "queued"
+        key = trainer.key
+        await trainer.stop()
+        await scorer.stop()
+    async with running_queen(tmp_path / "two", **settings) as queen:
+        runner = queen.state.fine_tuning.runner
+        await queen.wait_until(lambda: runner.not_learned.get(trainer.pubkey) == 1, 5,
+                               "the count read back from the database")
+        trainer = await ScriptedTrainer(queen.ws_url, key=key).start()
+        fresh = await ScriptedTrainer(queen.ws_url).start()
+        _, client, job, _ = await start(queen)
+        await queen.wait_until(lambda: len(fresh.orders) == 1, 10, "the other trainer's job")
+        assert trainer.orders == []
+        await trainer.stop()
+        await fresh.stop()

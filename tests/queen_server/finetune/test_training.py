@@ -78,6 +78,13 @@ async def earned(queen: QueenHarness, worker_key: str) -> int:
     return balances.get(ledger.worker_available(worker_key), 0)
 
 
+async def credited(queen: QueenHarness, worker_key: str) -> int:
+    """What a worker was credited, in escrow (pending) or not."""
+    balances = await queen.state.billing.ledger.balances()
+    return (balances.get(ledger.worker_available(worker_key), 0)
+            + balances.get(ledger.worker_pending(worker_key), 0))
+
+
 async def proven(queen: QueenHarness, trainer: ScriptedTrainer) -> None:
     """A worker's first job is its unpaid proof of work: serve one chat first."""
     client = queen.client(api_key=await funded_key(queen, 1000))
@@ -133,10 +140,20 @@ async def test_a_job_trains_succeeds_and_is_paid_for_its_trained_tokens(queen):
 
 
 async def test_a_lost_worker_s_job_resumes_on_another_from_its_checkpoint(queen):
-    first = await ScriptedTrainer(queen.ws_url, behaviour="die_mid").start()
-    _, client, job, _ = await start_job(queen)
-    await asyncio.wait_for(first.closed.wait(), 10)
+    # Both past their unpaid proof of work (a chat each, alone), so their credits show.
     second = await ScriptedTrainer(queen.ws_url).start()
+    await proven(queen, second)
+    await second.stop()
+    await queen.wait_until(lambda: queen.state.registry.get(second.pubkey) is None, 5,
+                           "the second worker gone for now")
+    first = await ScriptedTrainer(queen.ws_url).start()
+    await proven(queen, first)
+    first.behaviour = "die_mid"  # it drops its connection after its checkpoint
+    first_before = await credited(queen, first.pubkey)
+    second_before = await credited(queen, second.pubkey)
+    secret, client, job, before = await start_job(queen)
+    await asyncio.wait_for(first.closed.wait(), 10)
+    second = await ScriptedTrainer(queen.ws_url, key=second.key).start()
     done = await settled(client, job.id)
     assert done.status == "succeeded", done.error
     assert len(second.orders) == 1
@@ -150,6 +167,19 @@ async def test_a_lost_worker_s_job_resumes_on_another_from_its_checkpoint(queen)
     messages = [e.message async for e in client.fine_tuning.jobs.list_events(job.id)]
     assert any("resume from step 2" in m for m in messages)
     assert any(m.startswith("Fine-tuning job resumed (attempt 2)") for m in messages)
+    # Each worker is credited its own part: the first up to the checkpoint the job went on
+    # from, the second the rest; the caller is charged the whole once.
+    charge = cost(queen, ALL_TOKENS)
+    assert await available_when(queen, secret, before - charge) == before - charge
+    share = queen.state.settings.worker_share
+    first_part = CHECKPOINT_STEP * TOKENS_PER_STEP
+    first_earned = await credited(queen, first.pubkey) - first_before
+    second_earned = await credited(queen, second.pubkey) - second_before
+    assert first_earned > 0
+    assert second_earned > 0
+    assert first_earned + second_earned <= int(charge * share)
+    assert first_earned / (first_earned + second_earned) == pytest.approx(
+        first_part / ALL_TOKENS, abs=0.02)
     assert (await queen.state.billing.ledger.check()).clean
     await second.stop()
 
