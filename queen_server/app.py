@@ -149,6 +149,8 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
                                        registry.holders, state.price_of, registry=registry,
                                        dispatcher=dispatcher)
         audits.fine_tuned = state.fine_tuning.models  # ft: answers' adapters for auditors
+        if state.fine_tuning.runner is not None:  # a trainer must have the memory: read here
+            state.fine_tuning.runner.parameters_of = catalog.parameter_count
     # With replicas, each reads back what the others wrote of their workers.
     stats_store = (StatsStore(db.engine, stats, reload=replicas is not None)
                    if db is not None else None)

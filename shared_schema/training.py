@@ -46,6 +46,10 @@ MAX_PATH_CHARS = 512
 UPLOAD_NAME = r"^[a-z0-9][a-z0-9._-]{0,63}\.gguf$"
 SHA256 = r"^[0-9a-f]{64}$"
 
+# What a train child needs besides the weights (Python, numpy, llama.cpp's buffers): the same
+# allowance as any engine child's (``desktop_worker.sandbox.policy.RUNTIME_ALLOWANCE_MB``).
+TRAIN_RUNTIME_MB = 1536
+
 Sha256 = Annotated[str, Field(pattern=SHA256)]
 Steps = Annotated[int, Field(ge=0, le=100_000_000)]
 Tokens = Annotated[int, Field(ge=0, le=10**12)]
@@ -60,6 +64,15 @@ def parse_train_job_id(wire_id: str) -> tuple[str, int] | None:
     """``(fine-tuning job id, attempt)`` of a training job's wire id; None for any other id."""
     found = re.fullmatch(rf"{re.escape(TRAIN_JOB_PREFIX)}(.+)-(\d{{1,6}})", wire_id)
     return (found.group(1), int(found.group(2))) if found else None
+
+
+def train_memory_mb(parameter_count: int) -> int:
+    """The memory a worker needs to train a LoRA adapter on a base of ``parameter_count``
+    parameters: llama.cpp trains on an F32 copy (4 bytes a parameter), with half as much again
+    for activations and gradients, plus the engine's runtime (the train child's limit,
+    ``desktop_worker.sandbox.policy.TrainLimits``)."""
+    f32_mb = -(-parameter_count * 4 // 2**20)
+    return f32_mb + f32_mb // 2 + TRAIN_RUNTIME_MB
 
 
 def checkpoint_name(step: int) -> str:

@@ -55,6 +55,7 @@ from shared_schema.training import (
     ResumeFrom,
     TrainResultData,
     train_job_id,
+    train_memory_mb,
 )
 
 if TYPE_CHECKING:
@@ -154,6 +155,8 @@ class TrainingRunner:
         self.holdout = holdout_of(settings)
         self.checker = AdapterCheck(settings, files, registry, dispatcher, secret, self.holdout)
         self.not_learned: dict[str, int] = {}  # adapters that did not learn, by trainer key
+        # The parameter count of a base model as the queen read it (its catalog), if known.
+        self.parameters_of: Callable[[str], int | None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -243,6 +246,19 @@ class TrainingRunner:
             started += 1
         return started
 
+    def has_memory(self, worker: Worker, model: str) -> bool:
+        """Whether ``worker``'s owner lets it use the memory training ``model`` takes
+        (``train_memory_mb`` of the queen's own parameter count, else the worker's claim); a
+        worker that names no budget is taken at its word."""
+        budget = worker.memory_budget_mb
+        if budget is None:
+            return True
+        parameters = self.parameters_of(model) if self.parameters_of is not None else None
+        if parameters is None:
+            held = worker.models.get(model)
+            parameters = held.parameter_count if held is not None else None
+        return parameters is None or budget >= train_memory_mb(parameters)
+
     def choose(self, model: str, avoid: set[str]) -> Worker | None:
         """A free trainer of ``model`` here, one that has not failed the job first; never one
         whose adapters failed the held-out check ``finetune_max_not_learned`` times."""
@@ -251,6 +267,7 @@ class TrainingRunner:
                 if TRAIN in worker.capabilities and not (
                     worker.flagged or worker.paused or worker.closed or worker.held_by)
                 and self.not_learned.get(worker.key, 0) < limit
+                and self.has_memory(worker, model)
                 and worker.free_slots > 0 and self.registry.connection(worker.key) is not None]
         able.sort(key=lambda worker: (worker.key in avoid, worker.active_jobs))
         return able[0] if able else None

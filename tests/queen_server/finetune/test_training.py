@@ -272,3 +272,25 @@ async def test_transfers_refuse_every_hostile_request_and_keep_nothing(queen):
     assert names == [f"checkpoint-{CHECKPOINT_STEP:08d}.gguf"]  # only the honest upload
     trainer.release.set()
     await trainer.stop()
+
+
+async def test_a_trainer_without_the_memory_for_the_base_is_never_given_the_job(queen):
+    """Training takes an F32 copy of the base and half as much again, plus the runtime
+    (``train_memory_mb``): a worker whose owner allows less never gets the job; one whose
+    owner allows enough does (its budget is its hello's claim)."""
+    from shared_schema.training import train_memory_mb
+
+    need = train_memory_mb(135_000_000)  # the scripted workers' base
+    small = await ScriptedTrainer(queen.ws_url).start()
+    queen.state.registry.get(small.pubkey).memory_budget_mb = need - 1
+    _, client, job, _ = await start_job(queen)
+    runner = queen.state.fine_tuning.runner
+    assert await runner.dispatch() == 0
+    assert small.orders == []
+    big = await ScriptedTrainer(queen.ws_url).start()
+    queen.state.registry.get(big.pubkey).memory_budget_mb = need
+    done = await settled(client, job.id)
+    assert done.status == "succeeded", done.error
+    assert (len(small.orders), len(big.orders)) == (0, 1)
+    await small.stop()
+    await big.stop()
