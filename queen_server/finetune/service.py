@@ -205,25 +205,30 @@ class FineTuning:
                 "seed": request.seed if request.seed is not None else secrets.randbelow(2**31),
                 "n_epochs": hyper.n_epochs, "batch_size": hyper.batch_size,
                 "learning_rate_multiplier": hyper.learning_rate_multiplier,
-                "status": "queued", "bound_tokens": bound,
+                "status": "validating_files", "bound_tokens": bound,
                 "held_msat": hold.reserved_msat if hold is not None else 0,
                 "metadata_json": json.dumps(request.metadata) if request.metadata else None,
             }
             await self.store.add(values, [
                 ("info", f"Validating training file: {request.training_file}"),
-                ("info", "Files validated, moving job to queued state"),
             ])
         except BaseException:
             await self.billing.finish(hold)  # nothing was made: the hold goes back whole
             raise
         if hold is not None:
             self._holds[job_id] = hold
-        if self.runner is not None:
-            self.runner.queued(job_id)
-        log.info("fine-tuning job %s for %s queued: %s, %d examples, %d epochs, at most %d "
-                 "tokens", job_id, owner, request.model, training.examples, hyper.n_epochs,
-                 bound)
-        return await self.get(owner, job_id)
+        made = await self.get(owner, job_id)  # as OpenAI answers a create: validating_files
+        # The files were checked whole at upload and found the caller's own just now: the job
+        # moves on to the queue at once (a cancel may have come first).
+        if await self.store.change(job_id, {"status": "queued"},
+                                   ("info", "Files validated, moving job to queued state"),
+                                   only_from=("validating_files",)):
+            if self.runner is not None:
+                self.runner.queued(job_id)
+            log.info("fine-tuning job %s for %s queued: %s, %d examples, %d epochs, at most "
+                     "%d tokens", job_id, owner, request.model, training.examples,
+                     hyper.n_epochs, bound)
+        return made
 
     async def get(self, owner: str, job_id: str) -> FineTuningJob:
         row = await self.store.get(owner, job_id)

@@ -109,11 +109,19 @@ def test_a_developer_fine_tunes_smollm2_on_a_volunteer_worker(tmp_path):
                 model=MODEL, training_file=upload.id, suffix="zorbania", seed=3,
                 method={"type": "supervised", "supervised": {"hyperparameters": {
                     "n_epochs": 2, "batch_size": 4}}})
-            assert job.status == "queued"
+            assert job.status == "validating_files"  # then queued, running, succeeded
+            statuses = {job.status}
             held = before - key_available_msat(port, key_id)
             assert held > 0
-            done = until(lambda: finished(client, job.id), 420, "the job to finish")
+
+            def seen_finished():
+                current = client.fine_tuning.jobs.retrieve(job.id)
+                statuses.add(current.status)
+                return finished(client, job.id)
+
+            done = until(seen_finished, 420, "the job to finish")
             assert done.status == "succeeded", done.error
+            assert {"validating_files", "running", "succeeded"} <= statuses | {done.status}
             assert done.fine_tuned_model is not None
             assert done.fine_tuned_model.startswith(f"ft:{MODEL}:zorbania:")
             assert done.trained_tokens is not None

@@ -62,7 +62,9 @@ async def test_a_job_is_queued_held_listed_and_cancelled_with_everything_given_b
         metadata={"team": "geo"})
     assert job.id.startswith("ftjob-")
     assert (job.status, job.model, job.training_file, job.seed) == (
-        "queued", ECHO_MODEL, upload.id, 7)
+        "validating_files", ECHO_MODEL, upload.id, 7)  # as OpenAI answers a create
+    assert (await client.fine_tuning.jobs.retrieve(job.id)).status == "queued"  # then at once
+    job = await client.fine_tuning.jobs.retrieve(job.id)
     assert job.hyperparameters.n_epochs == 3
     assert job.hyperparameters.batch_size == 2  # "auto": a twentieth of 40 examples
     assert job.method.type == "supervised"
