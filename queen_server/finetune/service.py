@@ -69,6 +69,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 JOB_PREFIX = "ftjob-"
+# A running job with no event for this many progress timeouts, and no run on this replica, was
+# left by a replica that is gone (its own runner fails a silent attempt after one).
+ORPHAN_AFTER = 3
 SWEEP_S = 30.0  # how often queued jobs are checked against their deadline
 
 
@@ -158,11 +161,17 @@ class FineTuning:
                 log.exception("the fine-tuning queue's deadline check failed")
 
     async def expire(self, now: datetime) -> int:
-        """Fail every job queued longer than ``finetune_queue_timeout_s``; how many."""
+        """Fail every job queued longer than ``finetune_queue_timeout_s``, and every running
+        job no replica runs any more (none here, and no event for ``ORPHAN_AFTER`` progress
+        timeouts: the replica that ran it is gone, and its hold is released from the ledger);
+        how many."""
         ended = 0
         for row in await self.store.unfinished():
             created = as_utc(row.created_at)
             assert created is not None
+            if row.status == "running":
+                ended += await self._orphaned(row.id, now)
+                continue
             if row.status != "queued" or (
                     now - created).total_seconds() < self.settings.finetune_queue_timeout_s:
                 continue
@@ -174,6 +183,20 @@ class FineTuning:
                                only_from=("queued",)):
                 ended += 1
         return ended
+
+    async def _orphaned(self, job_id: str, now: datetime) -> int:
+        """Fail a running job that no replica runs (1), or leave it (0)."""
+        if self.runner is not None and self.runner.running(job_id) is not None:
+            return 0
+        silent_s = ORPHAN_AFTER * self.settings.finetune_progress_timeout_s
+        last = await self.store.last_event_at(job_id)
+        if last is not None and (now - last).total_seconds() < silent_s:
+            return 0
+        message = (f"The queen replica running this job was lost: no progress for "
+                   f"{int(silent_s)} s. Nothing was charged.")
+        ended = await self._end(job_id, "failed", ("error", message),
+                                error=("replica_lost", message, None), only_from=("running",))
+        return 1 if ended else 0
 
     # --- the API ------------------------------------------------------------------------------
 

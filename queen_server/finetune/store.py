@@ -205,6 +205,13 @@ class JobStore:
                 FineTuningCheckpointRow.step.desc()).limit(limit + 1))).all())
         return JobPage(rows[:limit], len(rows) > limit)
 
+    async def last_event_at(self, job_id: str) -> datetime | None:
+        """When the job's newest event was written (a running job's runner writes one at least
+        every report: an old one means no replica is running it)."""
+        async with self.engine.connect() as conn:
+            return as_utc(await conn.scalar(select(func.max(FineTuningEventRow.created_at))
+                                            .where(FineTuningEventRow.job_id == job_id)))
+
     async def events(self, job_id: str, *, after: str | None, limit: int) -> JobPage:
         """A job's events, newest first (``after``: an event id, ``ftevent-<n>``)."""
         query = select(FineTuningEventRow).where(FineTuningEventRow.job_id == job_id)

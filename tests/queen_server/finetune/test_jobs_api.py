@@ -191,3 +191,30 @@ async def test_a_file_an_unfinished_job_uses_cannot_be_deleted_until_the_job_end
     assert (await client.files.retrieve(upload.id)).id == upload.id  # still there
     await client.fine_tuning.jobs.cancel(job.id)
     assert (await client.files.delete(upload.id)).deleted
+
+
+async def test_a_running_job_no_replica_runs_any_more_fails_and_gives_its_hold_back(queen):
+    """A replica died while it ran a job: no runner here has it, and no event came for
+    ``ORPHAN_AFTER`` progress timeouts. It fails (``replica_lost``) and the hold goes back;
+    a fresh event keeps it."""
+    from queen_server.finetune.service import ORPHAN_AFTER
+
+    secret = await funded_key(queen, 100_000)
+    client = queen.client(api_key=secret)
+    before = await available_msat(queen, secret)
+    upload = await client.files.create(file=("z.jsonl", DATA), purpose="fine-tune")
+    job = await client.fine_tuning.jobs.create(model=ECHO_MODEL, training_file=upload.id)
+    service = queen.state.fine_tuning
+    assert await service.store.change(job.id, {"status": "running", "attempt": 1},
+                                      ("info", "Fine-tuning job started"),
+                                      only_from=("queued",))  # as another replica's runner
+    now = datetime.now(UTC)
+    assert await service.expire(now) == 0  # it was heard from just now
+    silent_s = ORPHAN_AFTER * queen.state.settings.finetune_progress_timeout_s
+    assert await service.expire(now + timedelta(seconds=silent_s - 5)) == 0
+    assert await service.expire(now + timedelta(seconds=silent_s + 5)) == 1
+    failed = await client.fine_tuning.jobs.retrieve(job.id)
+    assert failed.status == "failed"
+    assert failed.error is not None
+    assert failed.error.code == "replica_lost"
+    assert await available_msat(queen, secret) == before
