@@ -110,10 +110,14 @@ def test_a_cheat_is_flagged_stops_getting_jobs_and_its_victims_are_refunded(tmp_
                               hf_endpoint=hub.url)
         with running(queen, honest, auditor, cheat):
             queen.start()
-            for proc in (honest, auditor, cheat):
+            # The cheat serves alone first: with the honest worker beside it from the start,
+            # which of the two answers is routing's choice (prefix affinity sends a repeated
+            # prompt back to the worker that served it; good standing is preferred), and a run
+            # could end with the cheat never drawn. The honest worker joins once it is flagged.
+            for proc in (auditor, cheat):
                 proc.start()
-            wait_for(lambda: health(port).get("workers", 0) >= 3, 180,
-                     "three workers to pull the model and join")
+            wait_for(lambda: health(port).get("workers", 0) >= 2, 180,
+                     "the auditor and the cheat to pull the model and join")
             admin = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10,
                                  headers={"Authorization": f"Bearer {ADMIN}"})
             made = admin.post("/admin/keys", json={"name": "victim", "credit_sats": 1000})
@@ -128,8 +132,11 @@ def test_a_cheat_is_flagged_stops_getting_jobs_and_its_victims_are_refunded(tmp_
                     temperature=0.7, max_tokens=32, seed=i, **shape)
 
             served = 0
-            for i in range(60):  # each answer goes to the honest worker or the cheat
-                ask(i)
+            for i in range(60):  # each answer goes to the cheat, the only one serving
+                try:
+                    ask(i)
+                except openai.APIStatusError:  # flagged since the last look: none serves now
+                    break
                 served += 1
                 report = audits(port)
                 if any(entry["state"] == "flagged" for entry in report["standings"]):
@@ -151,14 +158,18 @@ def test_a_cheat_is_flagged_stops_getting_jobs_and_its_victims_are_refunded(tmp_
             # machine the report can be read between the two.
             wait_for(lambda: all(row["failed"] and row["trusted"] and row["refunded"]
                                  for row in evidence()), 30, "every failed job refunded")
-            # The honest worker is not flagged.
-            assert all(entry["state"] != "flagged" for entry in report["standings"]
-                       if entry["worker"] != cheat_id)
-            # It stops receiving jobs: ten more requests, none to the cheat.
+            # It stops receiving jobs: with the honest worker there, ten more requests, none
+            # to the cheat; and the honest worker, audited on each, is not flagged.
+            honest.start()
+            wait_for(lambda: health(port).get("workers", 0) >= 3, 180,
+                     "the honest worker to pull the model and join")
             before = _jobs_of(admin, cheat_id)
             for i in range(10):
                 ask(100 + i)
             assert _jobs_of(admin, cheat_id) == before
+            report = audits(port)
+            assert all(entry["state"] != "flagged" for entry in report["standings"]
+                       if entry["worker"] != cheat_id)
             # The refunds went through the ledger, and it balances.
             keys = admin.get("/admin/keys").json()
             assert next(k for k in keys if k["id"] == key_id)["available_msat"] > 0
