@@ -22,6 +22,12 @@ from tests.support.fake_disk import FakeDisk
 from tests.support.hardware_fixtures import FixedSystemProbe
 
 
+@pytest.fixture(autouse=True)
+def default_headroom(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests show and save the default headroom, which tests/conftest.py overrides."""
+    monkeypatch.delenv("APIARY_DISK_HEADROOM_GB", raising=False)
+
+
 def saved(config_home: Path) -> dict[str, object]:
     return json.loads((config_home / "settings.json").read_text())
 

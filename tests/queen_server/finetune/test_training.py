@@ -231,6 +231,9 @@ async def test_a_lying_or_silent_worker_fails_its_attempts_and_nothing_is_charge
 
 
 async def test_transfers_refuse_every_hostile_request_and_keep_nothing(queen):
+    # The gated trainer sends no progress while the hostile requests run: on a loaded machine
+    # they could outlast the fixture's 5 s, and the attempt would end under them (CI saw a 401).
+    queen.state.settings.finetune_progress_timeout_s = 120
     trainer = await ScriptedTrainer(queen.ws_url, behaviour="gated").start()
     _, client, job, _ = await start_job(queen)
     await asyncio.wait_for(trainer.reported.wait(), 10)
