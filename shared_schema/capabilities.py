@@ -35,6 +35,10 @@ TRAIN = "train"
 # Serves fine-tuned models (issue 37): a job whose ``Job.adapter`` names a base model it holds
 # and a LoRA adapter, fetched from the queen (``shared_schema.training.AdapterRef``).
 LORA = "lora"
+# Renders images (issue 38): its owner opted in ("Images"), and it runs stable-diffusion.cpp.
+# The queen sends ``/v1/images/generations`` jobs (``shared_schema.images.ImageOrder``) only to
+# workers with this, for diffusion models they hold (``ModelDescriptor.kind`` "image").
+IMAGE = "image"
 # A worker its operator offers as an audit-only re-scorer for the queen's operator (issue 16:
 # trusted auditors, which the queen prefers). It says who runs the worker; ``needs`` never asks it.
 AUDITOR = "auditor"

@@ -9,6 +9,8 @@ registration's ``vram``, which the real workerbee sends in bytes: ``legacy.vram_
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from shared_schema.base import WireModel
@@ -64,6 +66,9 @@ class ModelDescriptor(WireModel):
     quant: str | None = None
     context_length: int | None = Field(default=None, ge=0, le=MAX_CONTEXT)
     loaded: bool = False
+    # Added for image generation (issue 38): "image" for a diffusion model (served only at
+    # /v1/images/generations, by workers with the ``image`` capability); older workers: "text".
+    kind: Literal["text", "image"] = "text"
 
 
 class DownloadProgress(WireModel):
