@@ -28,12 +28,22 @@ from queen_server.files.service import make_files
 from queen_server.finetune.orders import TRANSFER_SECRET
 from queen_server.finetune.service import FineTuning
 from queen_server.finetune.store import JobStore
-from queen_server.http import admin, earnings, files, fine_tuning, openai, training, worker_ws
+from queen_server.http import (
+    admin,
+    earnings,
+    files,
+    fine_tuning,
+    images,
+    openai,
+    training,
+    worker_ws,
+)
 from queen_server.http import stats as stats_routes
 from queen_server.http.error_handlers import error_response, install_error_handlers
 from queen_server.http.fastpath import FastPath
 from queen_server.http.spec import install_docs, publish_request_schemas
 from queen_server.identity import QueenOrigins
+from queen_server.images.links import ImageLinks
 from queen_server.payouts.runner import PayoutRunner, make_backend
 from queen_server.placement.groups import GroupService
 from queen_server.placement.service import PlacementService
@@ -48,6 +58,7 @@ from queen_server.storage.engine import Database
 from queen_server.swarm.dispatch import Dispatcher
 from queen_server.swarm.prefix import CacheScopes, PrefixAffinity
 from queen_server.swarm.registry import Registry
+from shared_schema.images import ImageGenerationRequest
 from shared_schema.protocol import CLOSE_GOING_AWAY
 
 log = logging.getLogger(__name__)
@@ -145,6 +156,8 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     if db is not None:  # uploads for fine-tuning (issue 37): records in the database
         state.files = make_files(settings, db.engine)
         log.info("files: kept in %s", state.files.blobs.describe())
+        state.image_links = ImageLinks(db.engine, state.files.blobs, settings.image_url_ttl_s,
+                                       settings.image_sweep_interval_s)
         state.fine_tuning = FineTuning(settings, JobStore(db.engine), state.files, billing,
                                        registry.holders, state.price_of, registry=registry,
                                        dispatcher=dispatcher)
@@ -177,6 +190,8 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
             await state.fine_tuning.start(
                 recover=replicas is None,
                 secret=await state.db.shared_secret(TRANSFER_SECRET) if state.db else None)
+        if state.image_links is not None:
+            state.image_links.start()
         placement.start()
         groups.start()
         http = httpx.AsyncClient(timeout=20, trust_env=False)
@@ -198,6 +213,8 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
             await audits.stop()
             if state.fine_tuning is not None:
                 await state.fine_tuning.stop()
+            if state.image_links is not None:
+                await state.image_links.stop()
             await placement.stop()
             if payouts is not None:
                 await payouts.stop()
@@ -232,6 +249,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     app.include_router(openai.hot.router)
     app.include_router(openai.router)
     app.include_router(files.router)
+    app.include_router(images.router)
     app.include_router(fine_tuning.router)
     app.include_router(training.router)
     app.include_router(earnings.router)
@@ -241,6 +259,6 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     app.state.admin_session = web.admin_session_valid
     app.add_api_websocket_route("/worker", worker_ws.worker_endpoint)
     install_error_handlers(app, render_error)
-    publish_request_schemas(app, openai.SCHEMAS)
+    publish_request_schemas(app, (*openai.SCHEMAS, ImageGenerationRequest))
     install_docs(app)
     return app

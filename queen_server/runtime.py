@@ -13,6 +13,7 @@ from queen_server.billing.service import Billing
 from queen_server.catalog import ModelCatalog
 from queen_server.files.service import Files
 from queen_server.finetune.service import FineTuning
+from queen_server.images.links import ImageLinks
 from queen_server.placement.groups import GroupService
 from queen_server.placement.service import PlacementService
 from queen_server.quoting import Pricer
@@ -51,6 +52,7 @@ class QueenState:
     replicas: Replicas | None = None  # the other queen replicas (issue 18), with a Redis
     files: Files | None = None  # the Files API's uploads (issue 37), with a database
     fine_tuning: FineTuning | None = None  # fine-tuning jobs (issue 37), with a database
+    image_links: ImageLinks | None = None  # url answers' images (issue 38), with a database
 
     def quote_of(self, model: str) -> Quote:
         """The model's price and why (``billing.quotes``): the operator's class for it, else

@@ -312,6 +312,13 @@ class QueenSettings(BaseSettings):
     files_s3_access_key: str | None = None
     files_s3_secret_key: SecretStr | None = None
     files_s3_region: str = "us-east-1"
+    # Image generation (issue 38): an image is billed as its megapixels times its steps times
+    # image_tokens_per_megapixel_step tokens at the model's completion rate (512x512, 20 steps:
+    # 525 tokens). A url answer's images are kept in the files' storage for image_url_ttl_s,
+    # then deleted (swept every image_sweep_interval_s).
+    image_tokens_per_megapixel_step: float = Field(default=100.0, gt=0, le=1_000_000)
+    image_url_ttl_s: float = Field(default=3600.0, gt=0, le=7 * 86_400)
+    image_sweep_interval_s: float = Field(default=60.0, gt=0, le=86_400)
     # Fine-tuning (issue 37): a trained token costs the base model's completion rate times
     # finetune_price_factor; a job no worker takes within finetune_queue_timeout_s fails, and
     # its hold goes back.

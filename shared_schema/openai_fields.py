@@ -154,11 +154,47 @@ RESPONSES: dict[str, FieldRule] = {
     "prompt_cache_options": refused("prompt caching cannot be configured"),
 }
 
+IMAGES: dict[str, FieldRule] = {
+    "model": honoured("a diffusion model a connected worker with the image capability holds"),
+    "prompt": honoured("up to 4,000 characters (the model's text encoder reads its first 77 "
+                       "tokens)"),
+    "n": honoured("up to 4 images, seeds seed, seed + 1, ..."),
+    "size": honoured("WIDTHxHEIGHT, each side a multiple of 64 from 64 to 2048, at most "
+                     "2,097,152 pixels; auto is 512x512"),
+    "response_format": honoured("b64_json (the default) or url (kept by the queen for a "
+                                "limited time)"),
+    "output_format": honoured("png, jpeg or webp"),
+    "output_compression": honoured("jpeg and webp only"),
+    "quality": honoured("the number of steps: low 10, auto/standard/medium 20, high/hd 30, "
+                        "xhigh 40, max 50 (steps overrides it)"),
+    "background": only("auto or opaque: diffusion models render opaque images"),
+    "stream": only("false: images are answered whole"),
+    "user": no_effect(_IDENTIFIER),
+    "safety_identifier": no_effect(_IDENTIFIER),
+    "style": refused("a DALL-E 3 setting; say the style in the prompt"),
+    "moderation": refused("the queen runs no moderation"),
+    "partial_images": refused("images are answered whole, not streamed"),
+    "complexity": refused("an SVG setting; images are raster images"),
+    "frame_count": refused("animated images are not supported"),
+    "frame_duration_ms": refused("animated images are not supported"),
+    "svg": refused("SVG output is not supported"),
+    # Apiary's extra fields (the openai SDK sends them with extra_body)
+    "seed": honoured("Apiary's extra: the first image's seed, 0 to 2**32 - 1 (drawn when left "
+                     "out, and answered in apiary.seed)"),
+    "steps": honoured("Apiary's extra: sampling steps, 1 to 100"),
+    "negative_prompt": honoured("Apiary's extra: what the image should not show"),
+    "guidance": honoured("Apiary's extra: the classifier-free guidance scale, 0 to 30 "
+                         "(default 7)"),
+    "sampler": honoured("Apiary's extra: euler, euler_a (default), heun, dpm2, dpm++2m, "
+                        "dpm++2mv2 or lcm"),
+}
+
 ENDPOINTS: dict[str, dict[str, FieldRule]] = {
     "/v1/chat/completions": CHAT,
     "/v1/completions": COMPLETIONS,
     "/v1/embeddings": EMBEDDINGS,
     "/v1/responses": RESPONSES,
+    "/v1/images/generations": IMAGES,
 }
 
 

@@ -315,3 +315,17 @@ class FineTuningUploadRow(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     location: Mapped[str] = mapped_column(String(1024))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ImageLinkRow(Base):
+    """An image of a ``url`` answer (issue 38), kept in the files' storage until ``expires_at``;
+    its link is its unguessable ``token`` (with the format's extension)."""
+
+    __tablename__ = "image_links"
+
+    token: Mapped[str] = mapped_column(String(64), primary_key=True)
+    location: Mapped[str] = mapped_column(String(1024))
+    output_format: Mapped[str] = mapped_column(String(8))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)

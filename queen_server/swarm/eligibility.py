@@ -22,6 +22,7 @@ from queen_server.errors import InvalidRequest, ModelNotFound, WorkerFailed
 from queen_server.swarm.registry import Profile, Registry
 from queen_server.swarm.worker import Worker
 from shared_schema import CAPABILITY_CONTINUE
+from shared_schema.capabilities import IMAGE
 
 
 class Eligibility:
@@ -55,8 +56,23 @@ class Eligibility:
             raise ModelNotFound(
                 f"The model '{model}' is not served by any connected worker.", param="model"
             )
+        self.check_kind(model, needs)
         if needs:
             check_capable(model, profiles, needs)
+
+    def check_kind(self, model: str, needs: Mapping[str, str] | None) -> None:
+        """A 400 for a text request to a model its holders hold only as a diffusion model, and
+        for an image request to a model no holder holds as one (issue 38). O(1)."""
+        images = self.registry.image_holders(model)
+        if needs and IMAGE in needs:
+            if images == 0 and self.registry.holder_count(model) > 0:
+                raise InvalidRequest(
+                    f"The model '{model}' is a text model: /v1/images/generations needs a "
+                    "diffusion model.", param="model", code="model_not_image")
+        elif images and images == self.registry.holder_count(model):
+            raise InvalidRequest(
+                f"The model '{model}' makes images: use /v1/images/generations.",
+                param="model", code="model_makes_images")
 
     def filter(self, model: str, tried: set[str], accept: Callable[[Worker], bool] | None,
                 legacy_ok: bool, needs: Mapping[str, str] | None,
@@ -64,7 +80,12 @@ class Eligibility:
         """Which free workers will do for this job (None: any)."""
         allowed = self.pinned(model)
         wanted = frozenset(needs) if needs else None
-        if not tried and accept is None and legacy_ok and wanted is None and allowed is None:
+        # Issue 38: an image job goes only to a holder of the model as a diffusion model, and a
+        # text job, where some holder holds the name as one, only to the others.
+        image = wanted is not None and IMAGE in wanted
+        kinds = image or self.registry.image_holders(model) > 0
+        if (not tried and accept is None and legacy_ok and wanted is None and allowed is None
+                and not kinds):
             return None
 
         def ok(worker: Worker) -> bool:
@@ -72,8 +93,10 @@ class Eligibility:
                 return False
             if wanted is not None and not wanted <= worker.capabilities:
                 return False
-            if allowed is not None and (held := worker.models.get(model)) is not None \
-                    and held.sha256 not in allowed:
+            held = worker.models.get(model)
+            if allowed is not None and held is not None and held.sha256 not in allowed:
+                return False
+            if kinds and (held.kind == "image" if held is not None else False) != image:
                 return False
             return accept is None or accept(worker)
 

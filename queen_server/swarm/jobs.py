@@ -17,6 +17,7 @@ from typing import Any
 
 from shared_schema import Chunk, JobError, Result
 from shared_schema.answers import LOGPROB_BYTE_WEIGHT, LOGPROB_ENTRY_WEIGHT, LogprobLimits
+from shared_schema.images import IMAGE_ORDER, result_chars_bound
 from shared_schema.protocol import TrainReport
 
 # The id prefix of embeddings jobs (``http.openai``); every other job is a chat completion. The
@@ -112,6 +113,8 @@ def answer_budget(openai_req: Mapping[str, Any], default_max_tokens: int = DEFAU
     per token of every choice the frame and its log probabilities if asked, and the log
     probabilities' limits."""
     logprobs = logprob_limits(openai_req)
+    if openai_req.get("type") == IMAGE_ORDER:  # issue 38: images, bounded by their pixels
+        return AnswerBudget(result_chars_bound(dict(openai_req)), logprobs)
     per_token = FRAME_CHARS_PER_TOKEN
     if logprobs.top is not None:
         per_token += LOGPROB_ENTRY_CHARS * (1 + logprobs.top)

@@ -57,6 +57,10 @@ class Registry:
         self._by_model: dict[str, set[Worker]] = {}
         self._profiles: dict[str, Counter[Profile]] = {}  # model -> profiles of its holders
         self._slots: Counter[str] = Counter()  # model -> job slots of its holders
+        # Issue 38: how many of a model's holders hold it as a diffusion model (kind "image"),
+        # and which names each worker was counted for, to undo exactly that.
+        self._image_holders: Counter[str] = Counter()
+        self._image_held: dict[Worker, list[str]] = {}
         # What _index recorded per worker: (model, profile, slots, file claim), to undo
         # exactly that.
         self._indexed: dict[Worker, list[tuple[str, Profile, int, FileClaim | None]]] = {}
@@ -217,6 +221,9 @@ class Registry:
             profile = (worker.legacy, worker.capabilities, held.sha256 if held else None)
             self._profiles.setdefault(name, Counter())[profile] += 1
             self._slots[name] += worker.max_jobs
+            if held is not None and held.kind == "image":
+                self._image_holders[name] += 1
+                self._image_held.setdefault(worker, []).append(name)
             claim: FileClaim = (held.sha256, held.size_bytes) if held else (None, 0)
             self.claims.add(name, claim)
             entries.append((name, profile, worker.max_jobs, claim))
@@ -233,6 +240,10 @@ class Registry:
     def _unindex(self, worker: Worker) -> list[str]:
         """Take the worker out of the model indexes: the models left with no holder."""
         gone: list[str] = []
+        for name in self._image_held.pop(worker, ()):
+            self._image_holders[name] -= 1
+            if self._image_holders[name] <= 0:
+                del self._image_holders[name]
         for name, profile, slots, claim in self._indexed.pop(worker, ()):
             if claim is not None:
                 self.claims.remove(name, claim)
@@ -262,6 +273,13 @@ class Registry:
     def serves(self, model: str) -> bool:
         """Whether any routable worker holds ``model`` or fetches any model. O(1)."""
         return model in self._by_model or bool(self._fetchers)
+
+    def image_holders(self, model: str) -> int:
+        """How many routable workers hold ``model`` as a diffusion model (issue 38). O(1)."""
+        return self._image_holders.get(model, 0)
+
+    def holder_count(self, model: str) -> int:
+        return len(self._by_model.get(model, ()))
 
     def profiles(self, model: str) -> list[Profile]:
         """The distinct (legacy, capabilities, sha256) of the routable workers that could serve

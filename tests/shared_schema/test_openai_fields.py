@@ -7,14 +7,22 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from openai.types import completion_create_params, embedding_create_params
+from openai.types import completion_create_params, embedding_create_params, image_generate_params
 from openai.types.chat import completion_create_params as chat_create_params
 from openai.types.responses import response_create_params
 from pydantic import BaseModel
 
 from queen_server.errors import InvalidRequest
 from queen_server.http.io import parse
-from shared_schema.openai_fields import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, FieldRule
+from shared_schema.images import ImageGenerationRequest
+from shared_schema.openai_fields import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    IMAGES,
+    RESPONSES,
+    FieldRule,
+)
 from shared_schema.openai_requests import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from shared_schema.responses import ResponsesRequest
 
@@ -27,12 +35,15 @@ ENDPOINTS: list[tuple[str, dict[str, FieldRule], type[BaseModel], set[str]]] = [
      set(embedding_create_params.EmbeddingCreateParams.__annotations__)),
     ("responses", RESPONSES, ResponsesRequest,
      {*response_create_params.ResponseCreateParamsBase.__annotations__, "stream"}),
+    ("images", IMAGES, ImageGenerationRequest,
+     {*image_generate_params.ImageGenerateParamsBase.__annotations__, "stream"}),
 ]
 MINIMAL = {
     "chat": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
     "completions": {"model": "m", "prompt": "hi"},
     "embeddings": {"model": "m", "input": "hi"},
     "responses": {"model": "m", "input": "hi"},
+    "images": {"model": "m", "prompt": "a hive at dawn"},
 }
 IDS = [endpoint[0] for endpoint in ENDPOINTS]
 
