@@ -146,6 +146,9 @@ class ModelAvailability(WireModel):
                           "re-scored by the audits. Only verified models can be (an auditor "
                           "must hold the same file); an unverified one never is.")
     price: ModelPrice | None = None
+    kind: Literal["text", "image"] = Field(
+        default="text", description="image: a diffusion model, served at "
+        "/v1/images/generations (issue 38); text: chat, completions and embeddings.")
     status: Literal["ready", "loading"] = Field(
         default="ready", description="loading: the queen is placing it on a worker (issue 17).")
     progress: float | None = Field(default=None, ge=0, le=1,

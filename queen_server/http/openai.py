@@ -322,6 +322,7 @@ def model_card(state: QueenState, name: str) -> ModelCard:
             verified=verified,
             audited=verified and state.audits.enabled,
             price=price,
+            kind="image" if state.registry.image_holders(name) else "text",
         ),
     )
 

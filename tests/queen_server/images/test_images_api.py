@@ -193,6 +193,9 @@ async def test_models_of_the_other_kind_are_refused_by_name(queen):
     assert caught.value.body["code"] == "model_makes_images"
     with pytest.raises(openai.NotFoundError):
         await client.images.generate(model="nobody/holds-this", prompt="x", size="64x64")
+    kinds = {model.id: model.model_extra["apiary"]["kind"]
+             for model in (await client.models.list()).data}
+    assert kinds == {IMAGE_MODEL: "image", ECHO_MODEL: "text"}
     assert images.orders == []
     assert text.jobs == []
     await images.stop()
