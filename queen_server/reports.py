@@ -143,6 +143,7 @@ def worker_row(state: QueenState, record: WorkerStats, earnings: dict[str, int])
         "vram_mb": session.vram_mb if session else 0,
         "models": sorted(session.cached) if session else [],
         "sec_per_token": record.sec_per_token(),
+        "sec_per_megapixel_step": image_speed(state, record),
         "jobs": record.jobs,
         "failures": record.failures,
         "timeouts": record.timeouts,
@@ -153,6 +154,15 @@ def worker_row(state: QueenState, record: WorkerStats, earnings: dict[str, int])
         "last_seen": _iso(record.last_seen),
         "online": session is not None,
     }
+
+
+def image_speed(state: QueenState, record: WorkerStats) -> float | None:
+    """Issue 38: the worker's seconds per megapixel-step on the image class it rendered most
+    (its record is kept per image token: ``image_tokens_per_megapixel_step`` make one)."""
+    per_token = record.sec_per_image_token()
+    if per_token is None:
+        return None
+    return round(per_token * state.settings.image_tokens_per_megapixel_step, 4)
 
 
 def job_row(job: JobRecord) -> dict[str, Any]:

@@ -43,6 +43,10 @@ from pydantic import Field, field_validator, model_validator
 from shared_schema.base import WireModel
 
 IMAGES_URL = "/v1/images/generations"
+# The prefix of the size classes image models' speed records are kept under on the queen, so
+# that seconds per image token (a hundredth of a megapixel-step by default) never mix with a text
+# class's seconds per token.
+IMAGE_CLASS = "image:"
 IMAGE_ORDER = "apiary.image_order"
 IMAGES_RESULT = "apiary.images_result"
 

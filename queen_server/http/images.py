@@ -31,7 +31,7 @@ from queen_server.images.delivery import BadDelivery, check_delivery
 from queen_server.images.links import LINK_PREFIX
 from queen_server.images.orders import image_tokens, images_answer, order_of
 from queen_server.swarm.admission import Admission
-from queen_server.swarm.jobs import Part
+from queen_server.swarm.jobs import IMAGES_JOB, Part
 from queen_server.swarm.metering import Meter, counted
 from queen_server.swarm.relay import Collected, collect
 from shared_schema import ErrorResponse, Usage
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-IMAGES_JOB = "img-"
 # Workers whose images were not what the order asked for, passed over before the request fails.
 MAX_BAD_DELIVERIES = 2
 

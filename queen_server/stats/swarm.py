@@ -18,6 +18,7 @@ from typing import Any
 from queen_server.stats.ema import Speed
 from queen_server.stats.load import LoadSpeeds, speed_at
 from queen_server.stats.merge import sketch
+from shared_schema.images import IMAGE_CLASS
 
 BUCKET_S = 10
 HISTORY_S = 3600
@@ -59,8 +60,18 @@ class WorkerStats:
         return (self.failures + self.timeouts) / attempts if attempts else 0.0
 
     def sec_per_token(self) -> float | None:
-        """The completion speed of the class this worker has done most of."""
-        best = max(self.speeds.values(), key=lambda s: s.samples, default=None)
+        """The completion speed of the text class this worker has done most of."""
+        best = max((speed for size_class, speed in self.speeds.items()
+                    if not size_class.startswith(IMAGE_CLASS)),
+                   key=lambda s: s.samples, default=None)
+        return best.completion_s_per_token if best else None
+
+    def sec_per_image_token(self) -> float | None:
+        """Issue 38: the seconds per image token (``image_tokens_per_megapixel_step`` of them
+        make a megapixel-step) of the image class this worker has done most of."""
+        best = max((speed for size_class, speed in self.speeds.items()
+                    if size_class.startswith(IMAGE_CLASS)),
+                   key=lambda s: s.samples, default=None)
         return best.completion_s_per_token if best else None
 
 
@@ -168,8 +179,10 @@ class SwarmStats:
             loaded.record(jobs, sample)
         bucket = self._bucket(now)
         bucket.jobs += 1
-        bucket.tokens += completion_tokens
-        self._window.append((now, completion_tokens))
+        # the swarm's tokens/s counts generated text: image tokens are none
+        generated = 0 if size_class.startswith(IMAGE_CLASS) else completion_tokens
+        bucket.tokens += generated
+        self._window.append((now, generated))
         if ttft_s is not None:
             self._ttft.append((now, ttft_s))
         self.recent.appendleft(JobRecord(job_id, key, public_id, model, prompt_tokens,

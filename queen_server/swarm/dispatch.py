@@ -36,6 +36,7 @@ from queen_server.swarm.registry import Registry
 from queen_server.swarm.runs import JobRequest, JobRun, can_fail_over
 from queen_server.swarm.worker import Connection, Worker
 from shared_schema import Usage
+from shared_schema.images import IMAGE_CLASS
 from shared_schema.training import AdapterRef
 
 log = logging.getLogger(__name__)
@@ -139,15 +140,21 @@ class Dispatcher:
         self.registry = registry
         self.settings = settings
         self.stats = stats
-        self.size_class_of = size_class_of
+        self._size_class_of = size_class_of
         self.rng = rng or random.Random()
         self.callers = CallerLimits()
         self.elsewhere: Elsewhere | None = None  # the other replicas, when there are any
         self.groups: GroupJobs = NoGroups()  # model groups (issue 19), when the queen forms them
         self._remote: dict[str, JobHandle] = {}  # handles of jobs on other replicas, by id
         self.eligibility = Eligibility(registry, pinned)
-        registry.free.score = Scores(stats.speeds_for, size_class_of, stats.speed_at).score
+        registry.free.score = Scores(stats.speeds_for, self.size_class_of, stats.speed_at).score
         registry.free.rng = self.rng
+
+    def size_class_of(self, model: str) -> str:
+        """The class a model's speed records are kept under: its size class, behind
+        ``IMAGE_CLASS`` for a model held as a diffusion model (issue 38: its own key). O(1)."""
+        size_class = self._size_class_of(model)
+        return IMAGE_CLASS + size_class if self.registry.image_holders(model) else size_class
 
     def admit(self, caller: str) -> Admission:
         """Count one request of ``caller`` (an API key's id, a development key's hash, an

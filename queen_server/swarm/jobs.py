@@ -23,6 +23,7 @@ from shared_schema.protocol import TrainReport
 # The id prefix of embeddings jobs (``http.openai``); every other job is a chat completion. The
 # link checks an answer's shape by it.
 EMBEDDINGS_JOB = "embd-"
+IMAGES_JOB = "img-"  # image jobs (issue 38)
 
 CancelSender = Callable[[str, str], Awaitable[None]]
 

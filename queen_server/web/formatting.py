@@ -251,6 +251,8 @@ WORKER_COLUMNS = (
     Column("vram_mb", "VRAM", "mb"),
     Column("models", "Models", "models", wrap=True),
     Column("sec_per_token", "s/token", "spt", "Seconds per completion token (EMA)"),
+    Column("sec_per_megapixel_step", "s/MP-step", "spt",
+           "Seconds per megapixel-step of the images it rendered (EMA)"),
     Column("jobs", "Jobs", "int"),
     Column("failure_rate", "Failed", "pct", "Share of attempts that failed or timed out"),
     Column("earnings_msat", "Earned", "sats", "Sats earned: pending, available and paid"),

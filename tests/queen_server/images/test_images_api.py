@@ -263,3 +263,27 @@ async def test_a_failing_worker_is_retried_on_another(queen):
     assert len(honest.orders) == 3
     await failing.stop()
     await honest.stop()
+
+
+async def test_image_speeds_are_kept_under_their_own_class(queen):
+    """Seed 001's separate key: an image job's time is a record of its model's image class
+    (seconds per megapixel-step on the stats pages, routing's score for image jobs), never a
+    text class's seconds per token or the swarm's tokens/s."""
+    from queen_server.reports import worker_row
+
+    worker = await ImageWorker(queen.ws_url).start()
+    client = queen.client(api_key=await funded_key(queen, 1000))
+    for _ in range(2):
+        await client.images.generate(model=IMAGE_MODEL, prompt="x", size="64x64",
+                                     extra_body=EXTRA)
+    dispatcher, stats = queen.state.dispatcher, queen.state.stats
+    image_class = dispatcher.size_class_of(IMAGE_MODEL)
+    assert image_class == "image:" + queen.state.price_of(IMAGE_MODEL).size_class
+    assert worker.pubkey in stats.speeds_for(image_class)
+    record = stats.workers[worker.pubkey]
+    assert list(record.speeds) == [image_class]
+    assert record.sec_per_token() is None
+    assert stats.tokens_per_s() == 0
+    row = worker_row(queen.state, record, {})
+    assert row["sec_per_megapixel_step"] > 0
+    await worker.stop()

@@ -192,8 +192,9 @@ async def test_workers_table_lists_public_ids_sorts_filters_and_updates_live(
         row = page.locator(f'#workers tbody tr[data-key="{ids[alpha]}"]')
         await expect(row.locator("td")).to_have_text(
             [ids[alpha], "0.4.1", "2\u00d7 NVIDIA GeForce RTX 3090", "48.0 GB",
-             "alpha-GGUF:Q4_K_M", re.compile(r"^(<0\.0001|[0-9.]+)$"), "3", "0.0%", "0",
-             re.compile(r"^\d+s$"), "online"])
+             "alpha-GGUF:Q4_K_M", re.compile(r"^(<0\.0001|[0-9.]+)$"),
+             "\u2014",  # s/MP-step: it rendered no image
+             "3", "0.0%", "0", re.compile(r"^\d+s$"), "online"])
         await expect(row.locator("a")).to_have_attribute("href", f"/admin/workers/{ids[alpha]}")
         html = await page.content()
         for worker in (alpha, beta, gamma):
@@ -231,13 +232,13 @@ async def test_workers_table_lists_public_ids_sorts_filters_and_updates_live(
         await jobs.click()
         await expect_order(page, "workers", [ids[alpha], ids[beta], ids[gamma]])
         await chat(web_queen, GAMMA, count=5)
-        gamma_jobs = page.locator(f'#workers tbody tr[data-key="{ids[gamma]}"] td').nth(6)
+        gamma_jobs = page.locator(f'#workers tbody tr[data-key="{ids[gamma]}"] td').nth(7)
         await expect(gamma_jobs).to_have_text("5")
         await expect_order(page, "workers", [ids[gamma], ids[alpha], ids[beta]])
 
         # A worker that leaves stays listed, offline.
         await beta.stop()
-        status = page.locator(f'#workers tbody tr[data-key="{ids[beta]}"] td').nth(10)
+        status = page.locator(f'#workers tbody tr[data-key="{ids[beta]}"] td').nth(11)
         await expect(status).to_have_text("offline")
         await expect(status.locator(".badge")).to_have_class("badge bad")
     assert errors == []
@@ -373,7 +374,7 @@ async def test_keys_and_payouts_pages(tmp_path: Path, browser: Browser) -> None:
         assert worker.pubkey not in await page.content()
 
         await page.click("nav >> text=Workers")
-        earned = page.locator(f'#workers tbody tr[data-key="{wid}"] td').nth(8)
+        earned = page.locator(f'#workers tbody tr[data-key="{wid}"] td').nth(9)
         await expect(earned).not_to_have_text("0")
 
         await page.click("nav >> text=Keys")
