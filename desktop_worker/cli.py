@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ln-url", help="Lightning address or LNURL for payouts (optional)")
     parser.add_argument("--model", dest="models", action="append", metavar="NAME_OR_PATH",
                         help="a model to serve: hf-user/hf-repo:filter or a local .gguf file "
-                        "(repeatable)")
+                        "(a diffusion model: .gguf or .safetensors, with --images; repeatable)")
     parser.add_argument("--max-jobs", type=int, help="jobs served at once (default 1)")
     parser.add_argument("--gpu-layers", type=gpu_layers, help="'auto' (default) or a number")
     parser.add_argument("--ctx", dest="n_ctx", type=int, help="context size (default 4096)")
@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--train", action="store_true", default=None,
                         help="take fine-tuning jobs: train LoRA adapters of the models served "
                         "(APIARY_TRAIN; off by default)")
+    parser.add_argument("--images", action="store_true", default=None,
+                        help="render images with the diffusion models served (a .gguf or "
+                        ".safetensors --model; APIARY_IMAGES; off by default)")
 
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("detect", parents=[common], help="print the detected hardware as JSON")
@@ -91,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def settings_from(args: argparse.Namespace) -> WorkerSettings:
     names = ("queen_url", "ln_url", "models", "models_dir", "max_jobs", "gpu_layers", "n_ctx",
-             "threads", "local_group", "train")
+             "threads", "local_group", "train", "images")
     overrides = {name: getattr(args, name, None) for name in names}
     if overrides["queen_url"] is not None:  # --queen, repeatable: one comma-separated list
         overrides["queen_url"] = ",".join(overrides["queen_url"])

@@ -13,7 +13,9 @@ holds, then serves its role until told to stop or its socket closes:
 - ``member``: llama.cpp's RPC server on 127.0.0.1 (reached only through the worker's gate);
 - ``probe``: llama.cpp's build and devices, for the hello and the queen's group planning;
 - ``train``: one LoRA training run (issue 37, ``engine.training``) on the base model's file,
-  in its scratch folder: progress, checkpoints and the adapter, until done or cancelled.
+  in its scratch folder: progress, checkpoints and the adapter, until done or cancelled;
+- ``image``: one diffusion model in stable-diffusion.cpp (issue 38, ``engine.diffusion``):
+  its ``render`` jobs one at a time, each image encoded as its order says.
 
 A ``cancel`` or a new job may arrive while jobs run, so a reader thread takes the worker's
 messages and the main thread runs the jobs and writes every reply.
@@ -44,10 +46,14 @@ from shared_schema.engine_ipc import (
     Embedded,
     Failed,
     Hello,
+    ImageLoaded,
     ListDevices,
     Load,
     Loaded,
+    LoadImage,
     Probed,
+    Render,
+    Rendered,
     Scored,
     ScoreJob,
     Serve,
@@ -112,6 +118,8 @@ def main() -> int:
         return serve_probe(channel)
     if start.role == "train":
         return serve_train(channel, start.policy.scratch or os.getcwd())
+    if start.role == "image":
+        return serve_image(channel)
     return serve_engine(channel, start.role)
 
 
@@ -176,7 +184,10 @@ def _load(message: Load) -> tuple[Any, Loaded, Any]:
 
 
 def _failure(exc: BaseException, job: int | None = None) -> Failed:
+    from pydantic import ValidationError
+
     from desktop_worker.errors import (
+        GenerationCancelled,
         InvalidModelFile,
         MemberShort,
         ModelLoadError,
@@ -186,8 +197,10 @@ def _failure(exc: BaseException, job: int | None = None) -> Failed:
     )
 
     message = str(exc)[:4000] or type(exc).__name__
-    if isinstance(exc, TrainingCancelled):
+    if isinstance(exc, TrainingCancelled | GenerationCancelled):
         return Failed(job=job, code="cancelled", message=message)
+    if isinstance(exc, ValidationError):  # an image order the child's own check refused
+        return Failed(job=job, code="unsupported", message=message)
     if isinstance(exc, TrainingUnsupported):
         return Failed(job=job, code="training_unsupported", message=message)
     if isinstance(exc, MemberShort):
@@ -397,6 +410,72 @@ def serve_train(channel: Channel, scratch: str) -> int:
         return 1
     channel.send(Trained(job=train.job, steps=result.steps,
                          trained_tokens=result.trained_tokens, loss=result.loss))
+    return 0
+
+
+# --- image ---------------------------------------------------------------------------------------
+
+
+def serve_image(channel: Channel) -> int:
+    """One diffusion model's render jobs, one at a time. A reader thread files each ``render``
+    and turns a ``cancel`` into that job's event (read before each image of the order)."""
+    import time
+    from pathlib import Path
+
+    load = channel.read()
+    if not isinstance(load, LoadImage):
+        return 0 if load is None or isinstance(load, Stop) else 2
+    try:
+        from desktop_worker.engine.diffusion import DiffusionModel
+
+        model = DiffusionModel(Path(load.model_path),
+                               taesd_path=Path(load.taesd_path) if load.taesd_path else None,
+                               n_threads=load.n_threads or os.cpu_count() or 1)
+    except Exception as exc:  # every reason a load failed goes to the worker, then we end
+        channel.send(_failure(exc))
+        return 1
+    channel.send(ImageLoaded(family=model.shape.family))
+    from shared_schema.images import ImageOrder
+
+    jobs: queue.Queue[Render | None] = queue.Queue()
+    events: dict[int, threading.Event] = {}
+    lock = threading.Lock()
+
+    def event_of(job: int) -> threading.Event:
+        with lock:
+            return events.setdefault(job, threading.Event())
+
+    def read() -> None:
+        while True:
+            try:
+                message = channel.read()
+            except (OSError, ValueError):
+                message = None
+            if message is None or isinstance(message, Stop):
+                for event in list(events.values()):
+                    event.set()
+                jobs.put(None)
+                return
+            if isinstance(message, Render):
+                jobs.put(message)
+            elif message.type == "cancel":
+                event_of(message.job).set()
+
+    threading.Thread(target=read, name="image-ipc", daemon=True).start()
+    while (job := jobs.get()) is not None:
+        cancelled = event_of(job.job)
+        try:
+            started = time.perf_counter()
+            order = ImageOrder.model_validate(job.order)
+            images = model.render(order, cancelled)
+            channel.send(Rendered(job=job.job,
+                                  images=[image.model_dump(mode="json") for image in images],
+                                  render_s=round(time.perf_counter() - started, 3)))
+        except Exception as exc:  # the job fails; the model stays loaded for the next
+            channel.send(_failure(exc, job.job))
+        with lock:
+            events.pop(job.job, None)
+    model.close()
     return 0
 
 

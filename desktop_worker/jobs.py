@@ -31,6 +31,7 @@ from desktop_worker.engine.scores import read_score_request
 from desktop_worker.errors import (
     AdapterFailed,
     EngineError,
+    GenerationCancelled,
     InvalidAdapter,
     ModelStoreError,
     TrainingCancelled,
@@ -38,10 +39,12 @@ from desktop_worker.errors import (
     UnsupportedRequest,
     WorkerError,
 )
+from desktop_worker.image_jobs import ImageJobs, ImageModelMissing
 from desktop_worker.training_jobs import TrainingJobs, read_order
 from shared_schema import Job, TrainReport, Usage
 from shared_schema.answers import answer_from_chunks, checkpoint_chunk, embedding_list
 from shared_schema.audits import SCORE_URL
+from shared_schema.images import IMAGES_URL
 from shared_schema.training import TRAIN_URL
 
 log = logging.getLogger(__name__)
@@ -122,7 +125,7 @@ class JobRunner:
     def __init__(
         self, pool: ModelPool, has_model: Callable[[str], bool], *, checkpoint_s: float = 1.0,
         training: TrainingJobs | None = None, fine_tuned: FineTunedModels | None = None,
-        grouped: Callable[[str], bool] = lambda _name: False,
+        grouped: Callable[[str], bool] = lambda _name: False, images: ImageJobs | None = None,
     ) -> None:
         self.pool = pool
         self.has_model = has_model
@@ -130,6 +133,7 @@ class JobRunner:
         self.training = training
         self.fine_tuned = fine_tuned
         self.grouped = grouped
+        self.images = images  # image jobs (issue 38); None: the owner did not opt in
         self._trains: set[str] = set()  # the training jobs among those running
         self.on_started: list[Callable[[Job], None]] = []
         self.on_finished: list[Callable[[JobRecord], None]] = []
@@ -200,6 +204,9 @@ class JobRunner:
             if kind == "train" and self.training is None:
                 raise _JobFailure("unsupported", "this worker does not take training jobs "
                                   "(its owner has not opted in)", retryable=False)
+            if kind == "image" and self.images is None:
+                raise _JobFailure("unsupported", "this worker does not render images (its "
+                                  "owner has not opted in)", retryable=False)
             if job.adapter is not None:
                 problem = adapter_problem(job, kind, self.has_model, self.grouped,
                                           serves=self.fine_tuned is not None)
@@ -210,10 +217,13 @@ class JobRunner:
                 async with self.fine_tuned.serve(job.adapter, sink.origin):
                     usage = await self._serve(job, kind, model, sink, cancel)
             else:
-                if kind != "train" and not self.has_model(model):
+                if kind not in ("train", "image") and not self.has_model(model):
                     raise _JobFailure("model_not_available",
                                       f"this worker does not hold {model}", retryable=True)
                 usage = await self._serve(job, kind, model, sink, cancel)
+        except ImageModelMissing as exc:
+            outcome = "model_not_available"
+            await sink.error(job.id, "model_not_available", str(exc), True)
         except (_JobFailure, TrainJobFailed, AdapterFailed) as failure:
             outcome = failure.code
             await sink.error(job.id, failure.code, str(failure), failure.retryable)
@@ -249,6 +259,8 @@ class JobRunner:
                      cancel: threading.Event) -> Usage:
         if kind == "train":
             return await self._train(job, sink, cancel)
+        if kind == "image":
+            return await self._image(job, sink, cancel)
         if kind == "embeddings":
             return await self._embeddings(job, model, sink)
         if kind == "score":
@@ -337,6 +349,19 @@ class JobRunner:
         await sink.result(job.id, data.model_dump(mode="json"), usage)
         return usage
 
+    async def _image(self, job: Job, sink: JobSink, cancel: threading.Event) -> Usage:
+        """An image job (issue 38): rendered whole, then its ``Result``; a cancel stops it
+        before its next image."""
+        assert self.images is not None
+        try:
+            data, usage = await self.images.run(job.id, job.openai_req, cancel)
+        except GenerationCancelled:
+            raise self._stopped(job.id) from None
+        if cancel.is_set():
+            raise self._stopped(job.id)
+        await sink.result(job.id, data, usage)
+        return usage
+
     async def _embeddings(self, job: Job, model: str, sink: JobSink) -> Usage:
         inputs = embedding_inputs(job.openai_req.get("input"))
         vectors, tokens = await self.pool.embed(model, inputs)
@@ -346,10 +371,12 @@ class JobRunner:
 
 
 def job_kind(openai_url: str) -> str:
-    """"score" (a re-scoring audit), "train" (a training job), "embeddings", "completions" (raw
-    prompts) or "chat", from a job's path."""
+    """"score" (a re-scoring audit), "train" (a training job), "image" (issue 38),
+    "embeddings", "completions" (raw prompts) or "chat", from a job's path."""
     if openai_url == TRAIN_URL:
         return "train"
+    if openai_url == IMAGES_URL:
+        return "image"
     if openai_url == SCORE_URL:
         return "score"
     if openai_url.endswith("/embeddings"):

@@ -9,6 +9,7 @@ store) for each Start Earning.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
 from collections.abc import Callable
@@ -37,13 +38,16 @@ from desktop_worker.groups.rpc import (
 from desktop_worker.groups.rpc_probe import SandboxedRpc
 from desktop_worker.hardware import HardwareReport, detect_hardware
 from desktop_worker.identity import WorkerIdentity
+from desktop_worker.image_jobs import ImageJobs
 from desktop_worker.jobs import JobRunner
 from desktop_worker.link.client import LinkClient
 from desktop_worker.owner import OwnerProbe, PauseWatcher, controls_on, default_probe
 from desktop_worker.sandbox.context import SandboxedContexts
+from desktop_worker.sandbox.images import SandboxedImages
 from desktop_worker.sandbox.training import SandboxedTrainer
 from desktop_worker.settings import WorkerSettings
 from desktop_worker.store import LocalModel, ModelStore, store_for
+from desktop_worker.store.gguf_info import GgufInfo
 from desktop_worker.store.names import validate_local_name
 from desktop_worker.swarm_choice import SwarmChooser
 from desktop_worker.training_jobs import TrainingJobs, store_room
@@ -56,7 +60,7 @@ from shared_schema import (
     capabilities,
 )
 from shared_schema.groups import MAX_MEMBER_DEVICES
-from shared_schema.hardware import MAX_VRAM_MB
+from shared_schema.hardware import MAX_VRAM_MB, ModelDescriptor
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +76,8 @@ def worker_capabilities(settings: WorkerSettings, rpc: RpcProbe | None = None) -
     operator offers it as an audit-only re-scorer (``WorkerSettings.auditor``), ``fetch``
     when its owner lets the queen place models on it (``accept_fetch``, issue 17), and ``rpc``
     when its llama.cpp has the RPC backend and its owner lets it join groups (issue 19),
-    ``train`` when its owner lets it take fine-tuning jobs (``train``, issue 37), and ``lora``
+    ``train`` when its owner lets it take fine-tuning jobs (``train``, issue 37), ``image``
+    when its owner lets it render images and the image engine is installed (issue 38), and ``lora``
     (it serves fine-tuned models, issue 37) unless every model it serves goes through a local
     group's head (``local_group``), which loads no adapter."""
     out = list(CAPABILITIES)
@@ -86,7 +91,15 @@ def worker_capabilities(settings: WorkerSettings, rpc: RpcProbe | None = None) -
         out.append(capabilities.RPC)
     if settings.train:
         out.append(capabilities.TRAIN)
+    if settings.images and image_engine_installed():
+        out.append(capabilities.IMAGE)
     return out
+
+
+def image_engine_installed() -> bool:
+    """Whether stable-diffusion.cpp's bindings are installed (found, never imported here: only
+    an image child loads them)."""
+    return importlib.util.find_spec("stable_diffusion_cpp") is not None
 
 
 def default_budget_mb() -> int:
@@ -167,8 +180,12 @@ class WorkerService:
             settings.models_dir / ADAPTERS_DIR, max_bytes=settings.adapter_cache_mb * 2**20,
             max_count=settings.adapter_cache_count, room_bytes=store_room(self.store)),
             self.pool)
+        # Image jobs (issue 38), when the owner opted in and the image engine is installed.
+        self.images = (ImageJobs(SandboxedImages(n_threads=settings.threads), self._model_info,
+                                 self._model_path)
+                       if capabilities.IMAGE in worker_capabilities(settings) else None)
         self.runner = JobRunner(
-            self.pool, has_model=self.has_model, training=training,
+            self.pool, has_model=self.has_model, training=training, images=self.images,
             fine_tuned=None if settings.local_group else self.fine_tuned,
             grouped=lambda name: self.group_contexts.binding(name) is not None)
         self.fetcher = Fetcher(self.store, self.pool, evict=lambda: self.settings.swarm_models,
@@ -297,6 +314,17 @@ class WorkerService:
     def _model_path(self, name: str) -> Path:
         return self.store.get(name).path
 
+    def _model_info(self, name: str) -> GgufInfo | None:
+        return self.store.get(name).info if name in self.store else None
+
+    def descriptors(self) -> list[ModelDescriptor]:
+        """The models the queen is told of: every one the store holds, less diffusion models
+        when this worker renders no images (issue 38)."""
+        models = self.store.descriptors(self.pool.loaded())
+        if self.images is None:
+            models = [model for model in models if model.kind != "image"]
+        return models
+
     async def prepare(
         self, names_or_paths: list[str], progress: Callable[..., None] | None = None
     ) -> list[LocalModel]:
@@ -311,6 +339,13 @@ class WorkerService:
         models = []
         for item in names_or_paths:
             model = await asyncio.to_thread(self._local, item, progress)
+            if model.info.is_diffusion:  # its image child loads it on its first job
+                log.info("serving %s (%s, %.0f MB, a diffusion model: %s)", model.name,
+                         model.path.name, model.size_bytes / 2**20,
+                         "images on" if self.images is not None else
+                         "not announced, images are off")
+                models.append(model)
+                continue
             plan = await self.pool.load(model.name)
             log.info("serving %s (%s, %.0f MB, %s)", model.name, model.path.name,
                      model.size_bytes / 2**20, plan.reason)
@@ -319,7 +354,7 @@ class WorkerService:
 
     def _local(self, item: str, progress: Callable[..., None] | None) -> LocalModel:
         path = Path(item).expanduser()
-        if item.endswith(".gguf") and path.is_file():
+        if item.endswith((".gguf", ".safetensors")) and path.is_file():
             name = validate_local_name(path.stem)
             existing = next((m for m in self.store.list() if m.name == name), None)
             if existing is not None and existing.size_bytes == path.stat().st_size:
@@ -340,7 +375,7 @@ class WorkerService:
         """Fresh hardware and model facts for the next hello (called on every connect)."""
         report = await self.detect()
         fields = report.registration_fields()
-        models = self.store.descriptors(self.pool.loaded())
+        models = self.descriptors()
         settings = self.settings
         room_mb = await asyncio.to_thread(self.model_room_mb)
         if self.rpc_probe is None:
@@ -398,7 +433,7 @@ class WorkerService:
         return Status(
             active_jobs=self.runner.active,
             max_jobs=self.jobs_now(),
-            models=self.store.descriptors(self.pool.loaded()),
+            models=self.descriptors(),
             downloads=self.fetcher.downloads(),
             model_room_mb=await asyncio.to_thread(self.model_room_mb),
             paused=self.paused,
@@ -427,6 +462,8 @@ class WorkerService:
             await self.runner.drain(0)
             await self.groups.close()  # its heads, members, gates and dialers
             await self.pool.close()
+            if self.images is not None:
+                await self.images.close()  # its image children
             if self.local_group is not None:
                 await self.local_group.stop()
             if self._own_rpc and isinstance(self.rpc, SandboxedRpc):

@@ -178,6 +178,11 @@ class WorkerSettings(BaseSettings):
         "the queen may have this worker train a LoRA adapter of a model it holds, in a "
         "sandboxed child on the CPU, its files in a folder under models_dir counted against "
         "the disk quota; off: training jobs are refused"))
+    images: bool = Field(default=False, description=(
+        "render images (issue 38): the hello's capabilities then include 'image', and the "
+        "queen may send this worker image jobs for the diffusion models it holds, rendered by "
+        "stable-diffusion.cpp in a sandboxed child; off: image jobs are refused and diffusion "
+        "models are not announced"))
     # Fine-tuned models (issue 37): their LoRA adapters, kept under models_dir/adapters.
     adapter_cache_mb: int = Field(default=2048, ge=16, description=(
         "the most disk the LoRA adapters of fine-tuned ('ft:') models may take (MB); past it, "

@@ -25,6 +25,10 @@ The sequence (``docs/ARCHITECTURE.md``, "The engine boundary")::
       | -- train {job, base_path, n_epochs, ...} ----> |  train role (issue 37): <- progress,
       |    <- train_progress, train_checkpoint ...     |  checkpoints, then trained {job} or
       |    <------------------------- trained {job} .. |  error {job}; cancel at any time
+      | -- load_image {model_path, taesd_path, ...} --> |  image role (issue 38):
+      | <------------------- image_loaded {family} ---- |  stable-diffusion.cpp
+      | -- render {job, order} ----------------------> |  <- rendered {job, images} or
+      |                                                 |  error {job}; one at a time
       | -- stop --------------------------------------> |  the child exits
 
 Every job carries the worker's number for it (``job``), and every reply names the job it
@@ -43,7 +47,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 from shared_schema.base import WireModel
 from shared_schema.errors import ProtocolError
 
-ENGINE_IPC_VERSION = 3
+ENGINE_IPC_VERSION = 4
 HEADER_BYTES = 4
 # A job's request as the queen sent it (its frames are at most 16 MiB), with room to spare.
 MAX_TO_CHILD_BYTES = 32 * 1024 * 1024
@@ -54,7 +58,7 @@ MAX_PATHS = 256
 MAX_PORTS = 64
 MAX_MESSAGE_CHARS = 4096
 
-Role = Literal["context", "head", "member", "probe", "train"]
+Role = Literal["context", "head", "member", "probe", "train", "image"]
 Path_ = Annotated[str, Field(min_length=1, max_length=4096)]
 Port = Annotated[int, Field(ge=1, le=65535, strict=True)]
 Text = Annotated[str, Field(max_length=MAX_MESSAGE_CHARS)]
@@ -228,8 +232,27 @@ class Train(WireModel):
     n_threads: Annotated[int, Field(ge=1, le=4096)] | None = None
 
 
+class LoadImage(WireModel):
+    """An image child's model (issue 38): a diffusion model file stable-diffusion.cpp loads
+    whole, with a tiny autoencoder (TAESD) for a file that carries no VAE of its own."""
+
+    type: Literal["load_image"] = "load_image"
+    model_path: Path_
+    taesd_path: Path_ | None = None
+    n_threads: Annotated[int, Field(ge=1, le=4096)] | None = None
+
+
+class Render(WireModel):
+    """One image job: ``order`` is the queen's ``shared_schema.images.ImageOrder``, checked
+    again by the child."""
+
+    type: Literal["render"] = "render"
+    job: JobId
+    order: dict[str, Any]
+
+
 ToChild = Annotated[Start | Load | Stream | Cancel | ScoreJob | Embed | Serve | ListDevices | Stop
-                    | Train, Field(discriminator="type")]
+                    | Train | LoadImage | Render, Field(discriminator="type")]
 
 
 # --- the child to the worker -------------------------------------------------------------------
@@ -347,6 +370,21 @@ class Trained(WireModel):
     loss: Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
+class ImageLoaded(WireModel):
+    type: Literal["image_loaded"] = "image_loaded"
+    family: Annotated[str, Field(max_length=32)]  # as the child's file check read it
+
+
+class Rendered(WireModel):
+    """An image job's images, encoded as its order said (the worker checks each again before
+    it goes to the queen, ``desktop_worker.image_jobs``)."""
+
+    type: Literal["rendered"] = "rendered"
+    job: JobId
+    images: list[dict[str, Any]] = Field(max_length=8)
+    render_s: Annotated[float, Field(ge=0, le=86_400, allow_inf_nan=False)] = 0.0
+
+
 # Why a command failed: ``unsupported`` (the request cannot be served here: the job's fault),
 # ``load_failed`` (llama.cpp could not load the model), ``member_short`` (a head's member could
 # not allocate its share; ``endpoint`` names it), ``engine_error`` (anything else in llama.cpp),
@@ -366,7 +404,8 @@ class Failed(WireModel):
 
 
 FromChild = Annotated[Hello | Loaded | Chunk | Done | Scored | Embedded | Probed | Failed
-                      | TrainStep | TrainCheckpointed | Trained, Field(discriminator="type")]
+                      | TrainStep | TrainCheckpointed | Trained | ImageLoaded | Rendered,
+                      Field(discriminator="type")]
 
 _to_child: TypeAdapter[Any] = TypeAdapter(ToChild)
 _from_child: TypeAdapter[Any] = TypeAdapter(FromChild)

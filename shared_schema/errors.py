@@ -79,3 +79,24 @@ class InvalidScoreData(SchemaError, ValueError):
 class GgufInvalid(InvalidGgufFile):
     """A GGUF header that contradicts itself or its file, or claims more than the limits allow
     (``gguf.GgufLimits``, ``gguf_check``): the message names what is wrong (a key, a tensor)."""
+
+
+class InvalidDiffusionModel(SchemaError):
+    """A file that is not a diffusion model stable-diffusion.cpp may open
+    (``shared_schema.diffusion_check``): malformed, truncated, a header that lies about its
+    tensors or passes its bounds. The message names the file and what is wrong."""
+
+
+class NotADiffusionModel(InvalidDiffusionModel):
+    """A well-formed GGUF or safetensors file whose tensors are no diffusion model that
+    stable-diffusion.cpp detects (an LLM's GGUF, a lone VAE, a LoRA)."""
+
+
+class UnsupportedDiffusionFamily(InvalidDiffusionModel):
+    """A diffusion model of a family stable-diffusion.cpp detects but Apiary does not render
+    from a prompt (inpainting, image editing, video, or a family not served yet); ``family``
+    is its name as ``diffusion_check`` gives it."""
+
+    def __init__(self, message: str, family: str) -> None:
+        super().__init__(message)
+        self.family = family

@@ -36,6 +36,7 @@ APP_EDITABLE_FIELDS: tuple[str, ...] = (
     "accept_fetch",
     "swarm_models",
     "train",
+    "images",
     "pause_on_battery",
     "pause_gpu_busy_pct",
     "pause_fullscreen",

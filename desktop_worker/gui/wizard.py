@@ -268,6 +268,7 @@ class FirstRunWizard(QWizard):
             start=start,
             disk_quota_gb=self.hardware.quota_gb(),
             bundled=bundled,
+            images=self.hardware.images.isChecked(),
         )
 
     # --- finishing ----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from PySide6.QtWidgets import (
     QButtonGroup,
+    QCheckBox,
     QDoubleSpinBox,
     QFileDialog,
     QHBoxLayout,
@@ -34,7 +35,7 @@ from desktop_worker.gui.services.first_run import (
     next_blocked_by,
     probe_outcome_text,
 )
-from desktop_worker.gui.views.settings import BAD, OK, PayoutField
+from desktop_worker.gui.views.settings import BAD, IMAGES_LABEL, OK, PayoutField
 from desktop_worker.hardware import HardwareReport
 from desktop_worker.link_probe import ProbeResult
 from desktop_worker.queen_url import normalise_queen_url
@@ -200,6 +201,8 @@ class HardwarePage(QWizardPage):
         self.disk_note = plain_label(DISK_NOTE)
         self.disk_note.setWordWrap(True)
         self.disk_note.setStyleSheet(GREY)
+        # Images (issue 38): the owner opts in here or later in Settings.
+        self.images = QCheckBox(IMAGES_LABEL)
         # The owner's own value is kept when the hardware is detected again.
         self.quota_chosen = quota_gb is not None
         if quota_gb is not None:
@@ -215,6 +218,8 @@ class HardwarePage(QWizardPage):
         layout.addSpacing(8)
         layout.addLayout(row)
         layout.addWidget(self.disk_note)
+        layout.addSpacing(8)
+        layout.addWidget(self.images)
         layout.addStretch(1)
         self._filling = False
 

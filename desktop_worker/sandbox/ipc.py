@@ -32,10 +32,14 @@ from shared_schema.engine_ipc import (
     Embedded,
     Failed,
     Hello,
+    ImageLoaded,
     ListDevices,
     Load,
     Loaded,
+    LoadImage,
     Probed,
+    Render,
+    Rendered,
     Role,
     SandboxPolicy,
     Scored,
@@ -111,7 +115,7 @@ class State(enum.Enum):
 # What each waiting state accepts, and where each message leads (jobs' replies: ``_JOB_REPLIES``).
 _REPLIES: dict[State, dict[type, State]] = {
     State.STARTING: {Hello: State.IDLE},
-    State.LOADING: {Loaded: State.READY, Failed: State.CLOSED},
+    State.LOADING: {Loaded: State.READY, ImageLoaded: State.READY, Failed: State.CLOSED},
     State.PROBING: {Probed: State.IDLE, Failed: State.IDLE},
 }
 
@@ -121,6 +125,7 @@ _JOB_REPLIES: dict[str, tuple[tuple[type, ...], tuple[type, ...]]] = {
     "score": ((), (Scored, Failed)),
     "embed": ((), (Embedded, Failed)),
     "train": ((TrainStep, TrainCheckpointed), (Trained, Failed)),
+    "render": ((), (Rendered, Failed)),
 }
 
 
@@ -156,7 +161,7 @@ class EngineLink:
         self.state = then
         return frame(encode(message))
 
-    def _job(self, message: Stream | ScoreJob | Embed | Train, kind: str) -> bytes:
+    def _job(self, message: Stream | ScoreJob | Embed | Train | Render, kind: str) -> bytes:
         if self.state is not State.READY:
             raise EngineProtocolError(f"cannot send {message.type!r} to an engine child that "
                                       f"is {self.state.value}")
@@ -176,12 +181,24 @@ class EngineLink:
             raise EngineProtocolError(f"a {self.role} child loads no model")
         return self._send(message, {State.IDLE}, State.LOADING)
 
+    def load_image(self, message: LoadImage) -> bytes:
+        """An image child's model (issue 38); it renders one order at a time."""
+        if self.role != "image":
+            raise EngineProtocolError(f"a {self.role} child loads no diffusion model")
+        return self._send(message, {State.IDLE}, State.LOADING)
+
+    def render(self, message: Render) -> bytes:
+        if self.role != "image":
+            raise EngineProtocolError(f"a {self.role} child renders no image")
+        return self._job(message, "render")
+
     def stream(self, message: Stream) -> bytes:
         return self._job(message, "stream")
 
     def cancel(self, job: int) -> bytes | None:
         """The cancel frame, once per job in flight that can be stopped; None otherwise."""
-        if self._jobs.get(job) not in ("stream", "score", "train") or job in self._cancelled:
+        if (self._jobs.get(job) not in ("stream", "score", "train", "render")
+                or job in self._cancelled):
             return None
         self._cancelled.add(job)
         return frame(encode(Cancel(job=job)))
@@ -248,6 +265,9 @@ class EngineLink:
                 raise EngineProtocolError(f"the engine speaks protocol {message.version}, not "
                                           f"{ENGINE_IPC_VERSION}: reinstall the worker")
             self.hello = message
+        if isinstance(message, Loaded | ImageLoaded) and (
+                (self.role == "image") != isinstance(message, ImageLoaded)):
+            raise self._broken(f"{message.type!r} from a {self.role} child")
         if isinstance(message, Loaded):
             self.slots = message.slots
         self.state = then

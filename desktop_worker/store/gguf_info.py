@@ -35,6 +35,8 @@ __all__ = ["GgufInfo", "check_model_file", "read_gguf_info", "split_paths"]
 logger = logging.getLogger(__name__)
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
+# The architecture a diffusion model's facts carry: this, then its family ("diffusion:sdxs").
+DIFFUSION_PREFIX = "diffusion:"
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,12 @@ class GgufInfo:
     other_bytes: int
     tensor_count: int
     parts: int
+
+    @property
+    def is_diffusion(self) -> bool:
+        """A diffusion model (issue 38, ``store.model_info``): served as images, never loaded
+        by llama.cpp."""
+        return self.architecture.startswith(DIFFUSION_PREFIX)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (for the store's index)."""

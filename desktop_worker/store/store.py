@@ -45,9 +45,10 @@ from desktop_worker.store.disk import (
     default_quota_gb,
     fmt_bytes,
 )
-from desktop_worker.store.gguf_info import GgufInfo, read_gguf_info, split_paths
+from desktop_worker.store.gguf_info import GgufInfo, split_paths
 from desktop_worker.store.hub import HubClient, discard_partials, local_bytes
 from desktop_worker.store.index import IndexFile
+from desktop_worker.store.model_info import read_model_info
 from desktop_worker.store.names import (
     check_repo_path,
     parse_model_name,
@@ -91,6 +92,7 @@ class LocalModel:
             quant=self.info.quant,
             context_length=self.info.context_length,
             loaded=loaded,
+            kind="image" if self.info.is_diffusion else "text",
         )
 
 
@@ -359,7 +361,7 @@ class ModelStore:
         source = Path(path)
         if not source.is_file():
             raise InvalidModelFile(f"{source} is not a file")
-        read_gguf_info(source)  # refuse anything that is not GGUF before copying
+        read_model_info(source)  # refuse anything but a model file before copying
         parts = split_paths(source)
         missing = [p.name for p in parts if not p.is_file()]
         if missing:
@@ -500,11 +502,11 @@ class ModelStore:
 
     def _checked_info(self, name: str, paths: Sequence[Path]) -> GgufInfo:
         try:
-            return read_gguf_info(paths[0])
+            return read_model_info(paths[0])
         except InvalidModelFile as exc:
             for path in paths:
                 path.unlink(missing_ok=True)
-            raise InvalidModelFile(f"{name} is not a usable GGUF model: {exc}") from exc
+            raise InvalidModelFile(f"{name} is not a usable model file: {exc}") from exc
 
     def _hub_path(self, repo_id: str, path_in_repo: str) -> Path:
         """Where a hub file goes; the path is checked first (``check_repo_path``: POSIX and

@@ -62,10 +62,17 @@ class WizardChoices:
     disk_quota_gb: float | None = None  # None: not shown yet (the save picks the default)
     local_name: str | None = None
     bundled: bool = False
+    images: bool = False  # make images too (issue 38): the owner ticked it
 
-    def disk_settings(self) -> dict[str, float]:
-        """The disk settings to save with the choices (none when the owner saw none)."""
-        return {} if self.disk_quota_gb is None else {"disk_quota_gb": self.disk_quota_gb}
+    def disk_settings(self) -> dict[str, float | bool]:
+        """The hardware page's settings to save with the choices: the disk quota (none when
+        the owner saw none), and whether to make images when the owner ticked it."""
+        out: dict[str, float | bool] = {}
+        if self.disk_quota_gb is not None:
+            out["disk_quota_gb"] = self.disk_quota_gb
+        if self.images:
+            out["images"] = True
+        return out
 
 
 # --- the queen page ------------------------------------------------------------------------------

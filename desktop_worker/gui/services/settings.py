@@ -60,7 +60,7 @@ LIVE_FIELDS = ("queen_url", "ln_url")
 RESTART_FIELDS = ("models_dir", "disk_quota_gb", "disk_headroom_gb", "vram_cap_mb", "threads",
                   "max_jobs",
                   "pause_on_battery", "pause_gpu_busy_pct", "pause_fullscreen", "active_hours",
-                  "accept_fetch", "swarm_models", "train", "join_groups", "lan_groups",
+                  "accept_fetch", "swarm_models", "train", "images", "join_groups", "lan_groups",
                   "group_family")
 # How each field that applies at restart is named to the owner.
 RESTART_NAMES = {
@@ -77,6 +77,7 @@ RESTART_NAMES = {
     "accept_fetch": "models placed by the queen",
     "swarm_models": "models chosen by the swarm",
     "train": "fine-tuning jobs",
+    "images": "making images",
     "join_groups": "helping run big models",
     "lan_groups": "direct connections on your home network",
     "group_family": "big models with your own machines only",

@@ -78,6 +78,7 @@ RESTART_NOTE = "applies when you restart earning"
 NOTE = "QLabel { color: #4b5563; } QLabel:disabled { color: #9ca3af; }"
 TRAIN_LABEL = ("Take fine-tuning jobs (trains adapters of my models on the CPU, its files "
                "within the disk quota)")
+IMAGES_LABEL = "Make images (with the image models I hold, in the same sandbox as text)"
 JOIN_LABEL = "Help run big models with other workers"
 JOIN_NOTE = ("Your computer may hold part of a large model for another worker. While it does, "
              "it takes no requests of its own. You are paid for the share of the model you "
@@ -266,6 +267,8 @@ class SettingsView(QWidget):
                                       "demand, removes the least recently used)")
         # Fine-tuning (issue 37): the owner opts in.
         self.train = QCheckBox(TRAIN_LABEL)
+        # Images (issue 38): the owner opts in.
+        self.images = QCheckBox(IMAGES_LABEL)
         # Big models: model groups (issue 19).
         self.join_groups = QCheckBox(JOIN_LABEL)
         self.join_note = note_label(JOIN_NOTE)
@@ -315,6 +318,7 @@ class SettingsView(QWidget):
         models_box.addWidget(self.accept_fetch)
         models_box.addWidget(self.swarm_models)
         models_box.addWidget(self.train)
+        models_box.addWidget(self.images)
         self.groups_group = QGroupBox("Big models")
         groups_box = QVBoxLayout(self.groups_group)
         groups_box.addWidget(self.join_groups)
@@ -356,7 +360,8 @@ class SettingsView(QWidget):
             box.valueChanged.connect(self._edited)
         self.jobs.currentIndexChanged.connect(self._edited)
         for check in (self.at_launch, self.at_login, self.on_battery, self.fullscreen,
-                      self.accept_fetch, self.swarm_models, self.train, self.join_groups,
+                      self.accept_fetch, self.swarm_models, self.train, self.images,
+                      self.join_groups,
                       self.lan_groups, self.family_only):
             check.toggled.connect(self._edited)
         self._loading = False
@@ -428,6 +433,7 @@ class SettingsView(QWidget):
                 "accept_fetch": self.accept_fetch.isChecked(),
                 "swarm_models": self.swarm_models.isChecked(),
                 "train": self.train.isChecked(),
+                "images": self.images.isChecked(),
                 "join_groups": self.join_groups.isChecked(),
                 "lan_groups": self.lan_groups.isChecked(),
                 "family": self.family_code.text().strip() if self.family_only.isChecked()
@@ -492,6 +498,7 @@ class SettingsView(QWidget):
         self.accept_fetch.setChecked(settings.accept_fetch)
         self.swarm_models.setChecked(settings.swarm_models)
         self.train.setChecked(settings.train)
+        self.images.setChecked(settings.images)
         self.join_groups.setChecked(settings.join_groups)
         self.lan_groups.setChecked(settings.lan_groups)
         self.family_only.setChecked(settings.group_family is not None)
@@ -549,6 +556,7 @@ class SettingsView(QWidget):
             "accept_fetch": self.accept_fetch.isChecked(),
             "swarm_models": self.swarm_models.isChecked(),
             "train": self.train.isChecked(),
+            "images": self.images.isChecked(),
             "join_groups": self.join_groups.isChecked(),
             "lan_groups": self.lan_groups.isChecked(),
             "group_family": family,

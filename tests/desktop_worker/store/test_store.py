@@ -156,7 +156,7 @@ def test_pull_a_split_model(store: ModelStore, files: Files) -> None:
 
 
 def test_a_file_that_is_not_gguf_is_refused_and_deleted(store: ModelStore) -> None:
-    with pytest.raises(InvalidModelFile, match="not a usable GGUF"):
+    with pytest.raises(InvalidModelFile, match="not a usable model file"):
         store.pull(f"{REPO}:Q3_K_M")
     assert not (store.hub_dir / REPO / NOT_GGUF).exists()
     assert store.list() == []

@@ -1,0 +1,123 @@
+"""Image generation end to end (issue 38): a queen process, a headless ``apiary-worker`` that
+opted in to images (``--images``) serving a diffusion model file (the tests' random-weight
+SDXS-512-DS, written once per session: ``tests/support/diffusion_models.py``), and a developer
+with the official openai SDK and a funded key. The worker renders in its sandboxed image child
+with the real stable-diffusion.cpp; the developer gets PNGs of the size asked for, ``n`` of them
+with consecutive seeds, the same image again for the same seed; the key is charged the queen's
+own count and ``apiary-queen ledger check`` is clean. A key with no balance is refused before
+anything runs, a bad size names its field, and a chat request to the image model names
+``model``. A worker that did not opt in announces no diffusion model."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import openai
+import pytest
+from PIL import Image
+
+from tests.support.diffusion_fixture import diffusion_model  # noqa: F401  (a fixture)
+from tests.support.diffusion_models import WrittenModel
+from tests.support.processes import (
+    free_port,
+    health,
+    queen_cli,
+    queen_process,
+    running,
+    wait_for,
+    worker_process,
+)
+
+ADMIN = "images-admin-token"
+EXTRA = {"seed": 11, "steps": 2, "guidance": 1.0}
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def model_kinds(port: int, key: str) -> dict[str, str]:
+    try:
+        listed = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5,
+                           headers={"Authorization": f"Bearer {key}"}).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+    return {m["id"]: m["apiary"]["kind"] for m in listed.get("data", [])}
+
+
+def funded_client(port: int, sats: int) -> tuple[openai.OpenAI, int]:
+    admin = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10,
+                         headers={"Authorization": f"Bearer {ADMIN}"})
+    made = admin.post("/admin/keys", json={"name": "artist", "credit_sats": sats})
+    assert made.status_code == 201, made.text
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=made.json()["key"],
+                           max_retries=0, timeout=300)
+    return client, made.json()["id"]
+
+
+def key_available_msat(port: int, key_id: int) -> int:
+    keys = httpx.get(f"http://127.0.0.1:{port}/admin/keys", timeout=10,
+                     headers={"Authorization": f"Bearer {ADMIN}"}).json()
+    return next(k for k in keys if k["id"] == key_id)["available_msat"]
+
+
+def png(b64: str) -> Image.Image:
+    image = Image.open(io.BytesIO(base64.b64decode(b64)))
+    image.load()
+    return image
+
+
+def test_a_developer_makes_images_on_a_volunteers_worker(tmp_path, diffusion_model):  # noqa: F811
+    model: WrittenModel = diffusion_model
+    name = model.path.stem
+    port = free_port()
+    queen = queen_process(tmp_path, port, auth="keys", admin_token=ADMIN, audits="false",
+                          heartbeat_interval_s="2", total_timeout_s="300",
+                          first_token_timeout_s="300")
+    folder = tmp_path / "artist"
+    folder.mkdir()
+    worker = worker_process(folder, port, [str(model.path)], "--images", "--threads", "2")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    other = worker_process(plain, port, [str(model.path)], "--threads", "2")
+    with running(queen, worker, other):
+        queen.start()
+        worker.start()
+        other.start()
+        wait_for(lambda: health(port).get("workers", 0) >= 2, 180,
+                 "both workers to import the diffusion model and join")
+        client, key_id = funded_client(port, 5000)
+        assert model_kinds(port, client.api_key) == {name: "image"}  # none from the plain one
+
+        poor, _ = funded_client(port, 0)
+        with pytest.raises(openai.APIStatusError) as caught:
+            poor.images.generate(model=name, prompt="a hive", size="64x64", extra_body=EXTRA)
+        assert caught.value.status_code == 402
+
+        client.images.generate(model=name, prompt="proof", size="64x64", extra_body=EXTRA)
+        before = key_available_msat(port, key_id)
+        answer = client.images.generate(model=name, prompt="a beehive at dawn", size="64x64",
+                                        n=2, extra_body=EXTRA)
+        first, second = (png(item.b64_json) for item in answer.data)
+        assert (first.format, first.size) == ("PNG", (64, 64))
+        assert (second.format, second.size) == ("PNG", (64, 64))
+        assert first.tobytes() != second.tobytes()  # seeds 11 and 12
+        assert len(set(first.tobytes())) > 1  # not a blank image
+        assert answer.model_extra["apiary"]["seeds"] == [11, 12]
+        charged = before - key_available_msat(port, key_id)
+        assert charged > 0
+
+        again = client.images.generate(model=name, prompt="a beehive at dawn", size="64x64",
+                                       extra_body={**EXTRA, "seed": 12})
+        assert png(again.data[0].b64_json).tobytes() == second.tobytes()
+
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.images.generate(model=name, prompt="x", size="100x100")
+        assert caught.value.body["param"] == "size"
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model=name,
+                                           messages=[{"role": "user", "content": "hi"}])
+        assert caught.value.body["code"] == "model_makes_images"
+        check = queen_cli(tmp_path, "ledger", "check")
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert "image engine:" in worker.log()  # rendered in its image child
