@@ -9,6 +9,7 @@ median, and seconds per megapixel-step (the unit image work is timed and priced 
 is written first in a child process (its arrays would otherwise count in the peak memory).
 
     .venv/bin/python bench/image_speed.py [--steps 4] [--runs 3] [--threads 2] [--model PATH]
+                                          [--sides 64 256 512]
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--sides", type=int, nargs="+", default=list(SIDES))
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -81,7 +83,7 @@ def main() -> None:
         print(f"\n| size | steps | s/image (median of {args.runs}) | s per MP-step | "
               "peak RSS MB |")
         print("|---|---|---|---|---|")
-        for side in SIDES:
+        for side in args.sides:
             model.render(order(side, args.steps))  # warm-up: sd.cpp sizes its buffers
             times = []
             for run in range(args.runs):
