@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import faulthandler
 import importlib.resources
 import json
 import platform
@@ -101,8 +102,10 @@ def raw_batched(streams: int, max_tokens: int, threads: int, model_path: Path,
         for _ in range(max_tokens):
             step = []
             for seq, row in rows.items():
-                logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, row),
-                                               shape=(n_vocab,))
+                pointer = llama_cpp.llama_get_logits_ith(ctx, row)
+                if not pointer:  # llama.cpp's NULL for a row it kept no logits of
+                    raise RuntimeError(f"no logits for row {row} of stream {seq}")
+                logits = np.ctypeslib.as_array(pointer, shape=(n_vocab,))
                 token = int(np.argmax(logits))
                 produced += 1
                 if token == eos:
@@ -174,6 +177,9 @@ def main() -> int:
                         help="the worker's --gpu-layers; raw and llama-server: auto = all")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    # A crash inside llama.cpp (an H200 run ended with SIGSEGV and no word) prints the Python
+    # stack that led there.
+    faulthandler.enable()
     model = args.model or smollm2_path()
     name = model.stem
     layers = -1 if args.gpu_layers == "auto" else int(args.gpu_layers)
@@ -203,6 +209,7 @@ def main() -> int:
             server_url = f"http://127.0.0.1:{port}/v1/chat/completions"
         results: dict[tuple[str, int], tuple[int, float]] = {}
         for streams in args.streams:
+            print(f"streams {streams}: {', '.join(args.modes)}", file=sys.stderr, flush=True)
             if "raw" in args.modes:
                 results["raw", streams] = raw_batched(streams, args.max_tokens, args.threads,
                                                       model, layers)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import statistics
 import sys
 import threading
@@ -61,6 +62,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
+    faulthandler.enable()  # the H200 run's in-process half ended with SIGSEGV and no word
     first_s, median_s, image, held = asyncio.run(
         sandboxed(args.model, args.side, args.steps, args.threads, args.runs))
     print(f"sandboxed: {args.side}x{args.side}, {args.steps} steps: first (load + render) "
