@@ -77,6 +77,16 @@ Sampler = Literal["euler", "euler_a", "heun", "dpm2", "dpm++2m", "dpm++2mv2", "l
 ImageSeed = Annotated[int, Field(ge=0, le=MAX_SEED)]
 
 _SIZE = re.compile(r"^([1-9][0-9]{1,4})x([1-9][0-9]{1,4})$")
+# stable-diffusion.cpp reads "<lora:PATH:weight>" in a prompt as a LoRA file to open: refused in
+# requests here and again by the worker's engine (``desktop_worker.engine.diffusion``).
+LORA_SYNTAX = re.compile(r"<\s*lora\s*:", re.IGNORECASE)
+
+
+def _refuse_lora(value: str | None) -> str | None:
+    if value is not None and LORA_SYNTAX.search(value):
+        raise ValueError("a prompt may not name a LoRA file (<lora:...>): stable-diffusion.cpp "
+                         "would open that path on the worker")
+    return value
 
 
 def parse_size(size: str) -> tuple[int, int]:
@@ -155,6 +165,9 @@ class ImageGenerationRequest(WireModel):
         parse_size(value)
         return value
 
+    _no_lora = field_validator("prompt", "negative_prompt")(
+        classmethod(lambda cls, value: _refuse_lora(value)))
+
     @model_validator(mode="after")
     def _compression(self) -> ImageGenerationRequest:
         if self.output_compression is not None and self.output_format == "png":
@@ -193,6 +206,9 @@ class ImageOrder(WireModel):
         if self.seed + self.n - 1 > MAX_SEED:
             raise ValueError("the last image's seed would pass 2**32 - 1")
         return self
+
+    _no_lora = field_validator("prompt", "negative_prompt")(
+        classmethod(lambda cls, value: _refuse_lora(value)))
 
     def seeds(self) -> list[int]:
         """Each image's seed, in order."""

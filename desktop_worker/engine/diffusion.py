@@ -41,7 +41,6 @@ import ctypes
 import functools
 import io
 import logging
-import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,14 +59,13 @@ from desktop_worker.errors import (
 )
 from shared_schema.diffusion_check import DiffusionShape, read_diffusion_shape
 from shared_schema.errors import InvalidDiffusionModel, NotADiffusionModel
-from shared_schema.images import ImageOrder, RenderedImage, image_bytes_bound
+from shared_schema.images import LORA_SYNTAX, ImageOrder, RenderedImage, image_bytes_bound
 
 __all__ = ["DiffusionModel", "check_diffusion_model", "encode_image"]
 
 log = logging.getLogger(__name__)
 
 # The binding's LoRA syntax in a prompt (stable_diffusion.py, _extract_and_build_loras).
-_LORA_SYNTAX = re.compile(r"<lora:([^:>]+):([^>]+)>")
 _FLUX_FAMILIES = frozenset({"flux", "flux2", "flux2_klein"})
 _SD_LOG_ERROR, _SD_LOG_WARN = 3, 2
 _KEPT_ERRORS = 8
@@ -207,7 +205,7 @@ class DiffusionModel:
                ) -> list[RenderedImage]:
         """The order's ``n`` images in order, image ``i`` with seed ``order.seed + i``.
         ``GenerationCancelled`` when ``cancelled`` is set before an image starts."""
-        if _LORA_SYNTAX.search(order.prompt):
+        if LORA_SYNTAX.search(order.prompt) or LORA_SYNTAX.search(order.negative_prompt):
             raise UnsupportedRequest("a prompt may not name a LoRA file (<lora:...>)")
         images: list[RenderedImage] = []
         with self._busy:

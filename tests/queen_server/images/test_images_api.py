@@ -159,6 +159,9 @@ async def test_a_url_answer_is_served_until_it_expires_then_swept(queen):
     ({"steps": 0}, "steps", None),
     ({"sampler": "ddim"}, "sampler", None),
     ({"frobnicate": 1}, "frobnicate", "unknown_parameter"),
+    # stable-diffusion.cpp would open the path on the volunteer's machine
+    ({"prompt": "a cat <lora:/home/me/.ssh/id_ed25519:1>"}, "prompt", None),
+    ({"negative_prompt": "<LoRA : ../../key:1>"}, "negative_prompt", None),
 ])
 async def test_a_bad_request_is_a_400_naming_its_field_and_runs_nothing(queen, body, param,
                                                                        code):
