@@ -10,7 +10,8 @@ Setting up means: create ``.venv`` with this interpreter (Python 3.11+), then
 ``pip install -e .[dev]`` (everything: the queen, the worker and its app, and the test tools)
 whenever ``pyproject.toml`` changed since the last install (the first time compiles
 llama-cpp-python, about 9 minutes on 2 cores, with llama.cpp's RPC backend on: model groups,
-issue 19, and stable-diffusion-cpp-python, about 1.5 minutes: images, issue 38). Extra arguments after ``test`` go to pytest.
+issue 19, and stable-diffusion-cpp-python, about 1.5 minutes: images, issue 38). Extra
+arguments after ``test`` go to pytest.
 ``run --port N`` picks the queen's port (default 8000); ``run --group N`` serves the model
 through a group of N llama.cpp RPC servers on this machine (each holding a share of its layers,
 in its own process), to watch a model group work.

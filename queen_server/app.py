@@ -43,7 +43,9 @@ from queen_server.http.error_handlers import error_response, install_error_handl
 from queen_server.http.fastpath import FastPath
 from queen_server.http.spec import install_docs, publish_request_schemas
 from queen_server.identity import QueenOrigins
+from queen_server.images.audits import ImageAudits
 from queen_server.images.links import ImageLinks
+from queen_server.images.orders import ImageMeter
 from queen_server.payouts.runner import PayoutRunner, make_backend
 from queen_server.placement.groups import GroupService
 from queen_server.placement.service import PlacementService
@@ -125,6 +127,12 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
                           AuditStore(db.engine) if db is not None else None, metrics,
                           groups=groups)
     groups.named_by_audits = audits.named.__contains__
+    # Image jobs (issue 38) are audited by rendering them again, under the same standing.
+    image_audits = (ImageAudits(audits, registry, dispatcher,
+                                lambda order: ImageMeter.of(
+                                    order, settings.image_tokens_per_megapixel_step),
+                                settings.image_audit_max_distance)
+                    if settings.audits and db is not None else None)
     state = QueenState(
         settings=settings,
         registry=registry,
@@ -153,6 +161,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
                             address=",".join(settings.public_url)
                             or f"{settings.host}:{settings.port}")
     state.replicas = replicas
+    state.image_audits = image_audits
     if db is not None:  # uploads for fine-tuning (issue 37): records in the database
         state.files = make_files(settings, db.engine)
         log.info("files: kept in %s", state.files.blobs.describe())
@@ -215,6 +224,8 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
                 await state.fine_tuning.stop()
             if state.image_links is not None:
                 await state.image_links.stop()
+            if state.image_audits is not None:
+                await state.image_audits.stop()
             await placement.stop()
             if payouts is not None:
                 await payouts.stop()

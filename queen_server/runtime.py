@@ -13,6 +13,7 @@ from queen_server.billing.service import Billing
 from queen_server.catalog import ModelCatalog
 from queen_server.files.service import Files
 from queen_server.finetune.service import FineTuning
+from queen_server.images.audits import ImageAudits
 from queen_server.images.links import ImageLinks
 from queen_server.placement.groups import GroupService
 from queen_server.placement.service import PlacementService
@@ -53,6 +54,7 @@ class QueenState:
     files: Files | None = None  # the Files API's uploads (issue 37), with a database
     fine_tuning: FineTuning | None = None  # fine-tuning jobs (issue 37), with a database
     image_links: ImageLinks | None = None  # url answers' images (issue 38), with a database
+    image_audits: ImageAudits | None = None  # image jobs rendered again (issue 38), with audits
 
     def quote_of(self, model: str) -> Quote:
         """The model's price and why (``billing.quotes``): the operator's class for it, else

@@ -319,6 +319,12 @@ class QueenSettings(BaseSettings):
     image_tokens_per_megapixel_step: float = Field(default=100.0, gt=0, le=1_000_000)
     image_url_ttl_s: float = Field(default=3600.0, gt=0, le=7 * 86_400)
     image_sweep_interval_s: float = Field(default=60.0, gt=0, le=86_400)
+    # Image audits (issue 38): a drawn image job is rendered again by another holder of the
+    # file; an image further than image_audit_max_distance from the auditor's (the mean absolute
+    # difference per pixel and channel, as a share of 255; honest renders on one kind of
+    # backend are identical, other seeds, prompts, models or random pixels 0.10 or more apart)
+    # fails the job.
+    image_audit_max_distance: float = Field(default=0.05, gt=0, lt=1)
     # Fine-tuning (issue 37): a trained token costs the base model's completion rate times
     # finetune_price_factor; a job no worker takes within finetune_queue_timeout_s fails, and
     # its hold goes back.

@@ -165,6 +165,7 @@ class AuditService:
         # a worker -> the auditors whose failing verdicts on it counted ("" for a trusted one):
         # a flag needs a trusted one or ``MIN_ACCUSERS`` (``decision.enough_accusers``)
         self._accusers: dict[str, set[str]] = {}
+        self._flagged_now: dict[str, bool] = {}  # a verdict just flagged the worker
         self.trusted = frozenset(settings.trusted_auditors)  # keys or public ids
         self._trusted_keys: set[str] = set()  # the keys of trusted auditors that joined
         self._records: dict[str, Record] = {}
@@ -233,6 +234,11 @@ class AuditService:
         known = self._facts.get(worker.key)
         return AuditorFacts(worker.key, worker.peer_host, worker.ln_url, worker.group_family,
                             known.first_seen if known is not None else None)
+
+    def dependence(self, a: Worker, b: Worker) -> str | None:
+        """Why workers ``a`` and ``b`` may be one party (``independence.why_dependent``), in
+        words; None when they are independent. For audits of other kinds (issue 38)."""
+        return why_dependent(self._facts_of(a), self._facts_of(b))
 
     def auditor_eligible(self, key: str) -> bool:
         """Whether the worker may audit others (not outvoted past ``OUTVOTED_LIMIT``)."""
@@ -368,10 +374,14 @@ class AuditService:
         self._running.discard(task)
         self._wake.set()
 
+    def trusted_auditors(self) -> list[Worker]:
+        """The trusted auditors connected now (audit-only: in no routing index)."""
+        return [worker for key in self._trusted_keys
+                if (worker := self.registry.get(key)) is not None]
+
     def _auditor_for(self, waiting: _Waiting, *, busy_too: bool = False) -> Worker | None:
         case = waiting.case
-        trusted = [worker for key in self._trusted_keys
-                   if (worker := self.registry.get(key)) is not None]
+        trusted = self.trusted_auditors()
         holds_group_model = None
         if case.group:  # a group's answer: a trusted auditor with the memory, or another group
             heads = {head.key: (head, keys) for head, keys in
@@ -580,8 +590,30 @@ class AuditService:
     async def _settle(self, case: AuditCase, verdict: Verdict, score: JobScore, auditor_key: str,
                       trusted: bool, tokens: int, seconds: float,
                       accusers: set[str] | None = None) -> None:
+        evidence = _evidence(case, verdict, score, auditor_key, trusted, tokens, seconds)
+        may_flag = await self.record_verdict(case.worker_key, verdict, evidence, auditor_key,
+                                             trusted, accusers=accusers, flag=False)
+        if not verdict.failed or may_flag:
+            # A failing verdict's counts are a claim against the worker: they re-bill the job
+            # only on evidence that could flag it (a trusted auditor's, or enough accusers'),
+            # not on a pair's that is held at the line. A passing verdict's counts are within
+            # the allowance of the worker's own claim.
+            await self._rebill(case, score)
+        if case.group and verdict.failed:
+            self._blame_members(case)
+        await self._flag_effects(case.worker_key)
+
+    async def record_verdict(self, key: str, verdict: Verdict, evidence: dict[str, object],
+                             auditor_key: str, trusted: bool, *,
+                             accusers: set[str] | None = None, flag: bool = True) -> bool:
+        """One audited job's verdict on worker ``key``, by ``auditor_key``: its standing moves
+        (the sequential test, held at its flag line until enough independent accusers agree),
+        the audit is kept (``evidence``: the ``audits`` row), and with ``flag`` a flag's
+        consequences follow (refunds, escrow). ``accusers``: the auditors whose failing
+        verdicts this one confirms (``""`` for a trusted one). Also the way in for audits of
+        other kinds than re-scored text (issue 38's images). Whether the evidence so far may
+        flag."""
         assert self.store is not None
-        key = case.worker_key
         record = self._records.get(key) or await self.store.record(key)
         known = await self._accusers_of(key)
         known |= accusers or set()
@@ -597,27 +629,30 @@ class AuditService:
             record = replace(record, flags=record.flags + 1, flagged_at=datetime.now(UTC))
         record = replace(record, standing=after)
         self._records[key] = record
+        self._flagged_now[key] = flagged_now
         self._count("uninformative" if verdict.suspicion is None
                     else "failed" if verdict.failed else "passed")
-        await self.store.save(key, record, _evidence(case, verdict, score, auditor_key, trusted,
-                                                     tokens, seconds))
+        await self.store.save(key, record, evidence)
         self._applied(key)
-        if not verdict.failed or may_flag:
-            # A failing verdict's counts are a claim against the worker: they re-bill the job
-            # only on evidence that could flag it (a trusted auditor's, or enough accusers'),
-            # not on a pair's that is held at the line. A passing verdict's counts are within
-            # the allowance of the worker's own claim.
-            await self._rebill(case, score)
-        if case.group and verdict.failed:
-            self._blame_members(case)
-        if after.state == "flagged":
-            if flagged_now:
-                log.warning("worker %s flagged by audits after %d audits (%d failed): %s",
-                            key[:12], after.audited, after.failed,
-                            after.reasons[-1] if after.reasons else "")
-                if self.metrics is not None:
-                    self.metrics.flags.inc()
-            await self._consequences(key, record.flags, forfeit=flagged_now)
+        if flag:
+            await self._flag_effects(key)
+        return may_flag
+
+    async def _flag_effects(self, key: str) -> None:
+        """What a flag brings, once the verdict that moved ``key`` is kept: a warning and the
+        metric when it is new, then the refunds and (new) the escrow's forfeit."""
+        record = self._records[key]
+        after = record.standing
+        if after.state != "flagged":
+            return
+        flagged_now = self._flagged_now.pop(key, False)
+        if flagged_now:
+            log.warning("worker %s flagged by audits after %d audits (%d failed): %s",
+                        key[:12], after.audited, after.failed,
+                        after.reasons[-1] if after.reasons else "")
+            if self.metrics is not None:
+                self.metrics.flags.inc()
+        await self._consequences(key, record.flags, forfeit=flagged_now)
 
     async def _accusers_of(self, key: str) -> set[str]:
         """The auditors whose failing verdicts on ``key`` counted: kept as they come, and read

@@ -16,7 +16,6 @@ import base64
 import logging
 import secrets
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
@@ -29,12 +28,11 @@ from queen_server.http.generation import admit_and_hold
 from queen_server.http.io import ClientGone, DisconnectGuard, parse, read_body
 from queen_server.images.delivery import BadDelivery, check_delivery
 from queen_server.images.links import LINK_PREFIX
-from queen_server.images.orders import image_tokens, images_answer, order_of
+from queen_server.images.orders import ImageMeter, image_tokens, images_answer, order_of
 from queen_server.swarm.admission import Admission
 from queen_server.swarm.jobs import IMAGES_JOB, Part
-from queen_server.swarm.metering import Meter, counted
 from queen_server.swarm.relay import Collected, collect
-from shared_schema import ErrorResponse, Usage
+from shared_schema import ErrorResponse
 from shared_schema.capabilities import IMAGE
 from shared_schema.images import IMAGES_URL, ImageGenerationRequest, ImageOrder
 from shared_schema.openai_fields import IMAGES
@@ -54,19 +52,6 @@ class ImageNotFound(ApiError):
     status_code = 404
     error_type = "invalid_request_error"
     code = "image_not_found"
-
-
-@dataclass(frozen=True, slots=True)
-class ImageMeter(Meter):
-    """An image job's bill: the queen's own count, whatever the worker claims."""
-
-    tokens: int = 0
-
-    def completion_bound(self, delivered_bytes: int) -> int:
-        return self.tokens
-
-    def bill(self, claimed: Usage, delivered_bytes: int) -> Usage:
-        return counted(0, self.tokens)
 
 
 @router.post(
@@ -108,6 +93,11 @@ async def generate_images(request: Request) -> Response:
         admission.leave()
     credit = collected.answer.serving
     await billing.finish(hold, parts=[Part(credit.key, 0, tokens, shares=credit.shares)])
+    if state.image_audits is not None and credit.key is not None:
+        # a drawn job is rendered again by another worker (its earnings key is its own key)
+        state.image_audits.consider(job_id, order, credit.key, images,
+                                    hold.key_id if hold is not None else None,
+                                    hold.charged_msat if hold is not None else 0)
     return json_response(images_answer(int(time.time()), order, req.quality, data, tokens))
 
 

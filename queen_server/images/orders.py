@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from queen_server.swarm.metering import Meter, counted
+from shared_schema import Usage
 from shared_schema.images import (
     MAX_SEED,
     ImageGenerationRequest,
@@ -64,3 +67,20 @@ def images_answer(created: int, order: ImageOrder, quality: str,
                    "guidance": order.guidance, "sampler": order.sampler,
                    "billed_tokens": tokens},
     }
+
+
+@dataclass(frozen=True, slots=True)
+class ImageMeter(Meter):
+    """An image job's bill: the queen's own count (``tokens``), whatever the worker claims."""
+
+    tokens: int = 0
+
+    def completion_bound(self, delivered_bytes: int) -> int:
+        return self.tokens
+
+    def bill(self, claimed: Usage, delivered_bytes: int) -> Usage:
+        return counted(0, self.tokens)
+
+    @classmethod
+    def of(cls, order: ImageOrder, tokens_per_megapixel_step: float) -> ImageMeter:
+        return cls(0, 0, 0, image_tokens(order, tokens_per_megapixel_step))

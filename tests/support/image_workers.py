@@ -2,7 +2,8 @@
 protocol, and images made with Pillow from the order (a colour drawn from its prompt and
 seed), encoded as the order asks. Behaviours play the hostile worker: ``wrong_size``,
 ``garbage`` (bytes that are no image), ``few`` (one image short), ``wrong_seed``, ``noise``
-(random pixels of the right size), and ``error`` (a retryable failure)."""
+(random pixels of the right size), ``blank`` (one grey), ``other_model`` (another model's
+image: the colour drawn from another name), and ``error`` (a retryable failure)."""
 
 from __future__ import annotations
 
@@ -25,10 +26,15 @@ IMAGE_SHA256 = "1a" * 32
 PIL_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
 
 
-def picture(order: ImageOrder, seed: int, size: tuple[int, int] | None = None) -> bytes:
-    """The image an honest scripted worker renders for one seed of an order."""
-    colour = hashlib.sha256(f"{order.model}|{order.prompt}|{seed}".encode()).digest()[:3]
-    image = Image.new("RGB", size or (order.width, order.height), tuple(colour))
+def picture(order: ImageOrder, seed: int, size: tuple[int, int] | None = None,
+            model: str | None = None) -> bytes:
+    """The image an honest scripted worker renders for one seed of an order: a gradient of
+    colours drawn from its model, prompt and seed."""
+    seed_bytes = hashlib.sha256(f"{model or order.model}|{order.prompt}|{seed}".encode()).digest()
+    width, height = size or (order.width, order.height)
+    image = Image.new("RGB", (width, height))
+    image.putdata([(seed_bytes[0] ^ (x * 4 % 256), seed_bytes[1] ^ (y * 4 % 256), seed_bytes[2])
+                   for y in range(height) for x in range(width)])
     out = io.BytesIO()
     options: dict[str, Any] = {}
     if order.output_compression is not None:
@@ -68,6 +74,13 @@ class ImageWorker(ScriptedWorker):
                 raw = picture(order, seed, (order.width * 2, order.height))
             elif behaviour == "garbage":
                 raw = os.urandom(2048)
+            elif behaviour == "blank":
+                blank = io.BytesIO()
+                Image.new("RGB", (order.width, order.height), (128, 128, 128)).save(
+                    blank, PIL_FORMATS[order.output_format])
+                raw = blank.getvalue()
+            elif behaviour == "other_model":
+                raw = picture(order, seed, model="someone-else/tiny-model")
             elif behaviour == "noise":
                 noise = Image.frombytes("RGB", (order.width, order.height),
                                         os.urandom(order.width * order.height * 3))
