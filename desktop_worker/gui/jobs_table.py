@@ -8,7 +8,9 @@ or none since the app opened while the queen has settled earlier ones (the heade
 it points at Start Earning only while the worker is not earning.
 
 A training job (issue 37) shows its progress while it runs: its outcome cell the step, share,
-epoch and loss of its latest report, its prompt-tokens cell the tokens trained so far.
+epoch and loss of its latest report, its prompt-tokens cell the tokens trained so far. An image
+job (issue 38) shows a thumbnail of its first image beside its model once rendered, and its
+images where a text job shows its completion tokens.
 
 Sats come from the queen (``recent_jobs`` in the earnings answer), joined on the job's request
 id once it is settled. Jobs settle in order, so a finished job older than a settled one that the
@@ -17,16 +19,19 @@ queen lists no earnings for earned nothing (a new worker's first job is its proo
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
-from PySide6.QtGui import QColor
+from PySide6.QtGui import QColor, QImage
 
 from desktop_worker.gui.services.worker import JobStart
 from desktop_worker.gui.units import sats_number
+from desktop_worker.image_jobs import RenderedJob
 from desktop_worker.jobs import JobProgress, JobRecord
 
 COLUMNS = ("Started", "Model", "Prompt tokens", "Completion tokens", "Tokens/s", "Duration",
@@ -44,6 +49,7 @@ UNPAID_TIP = ("Nothing earned: a new worker's first job is its proof of work, or
               "failed")
 OUTCOME_COLOURS = {RUNNING: "#1d4ed8", "ok": "#166534"}
 FAILED_COLOUR = "#b91c1c"
+THUMBNAIL_PX = 24  # an image job's thumbnail, this tall, beside its model
 
 Index = QModelIndex | QPersistentModelIndex
 
@@ -85,6 +91,8 @@ class JobRow:
     finished: tuple[str, str, str, str] = ("", "", "", "")  # tokens in, out, tokens/s, time
     sats: str = ""  # empty while running, AWAITING until settled, then the sats
     sats_tip: str | None = None
+    images: int = 0  # an image job's images, once rendered
+    thumbnail: QImage | None = None
 
     def text(self, column: int) -> str:
         if column == 0:
@@ -142,6 +150,8 @@ class JobsTableModel(QAbstractTableModel):
         row, column = self._rows[index.row()], index.column()
         if role == Qt.ItemDataRole.DisplayRole:
             return row.text(column)
+        if role == Qt.ItemDataRole.DecorationRole and column == 1:
+            return row.thumbnail
         if role == Qt.ItemDataRole.TextAlignmentRole and column in NUMBERS:
             return Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter
         if role == Qt.ItemDataRole.ForegroundRole and column == OUTCOME:
@@ -189,10 +199,30 @@ class JobsTableModel(QAbstractTableModel):
                                       dt.datetime.now().timestamp() - record.seconds))
             number = 0
         row = self._rows[number]
-        row.finished = (str(record.prompt_tokens), str(record.completion_tokens),
-                        f"{record.tokens_per_s:.1f}", f"{record.seconds:.2f} s")
+        if record.kind == "image":  # images, not tokens (issue 38)
+            made = f"{row.images} image{'s' if row.images != 1 else ''}" if row.images else ""
+            row.finished = ("", made, "", f"{record.seconds:.2f} s")
+        else:
+            row.finished = (str(record.prompt_tokens), str(record.completion_tokens),
+                            f"{record.tokens_per_s:.1f}", f"{record.seconds:.2f} s")
         row.sats = AWAITING
         row.outcome = record.outcome
+        self._changed(number)
+
+    def job_rendered(self, done: RenderedJob) -> None:
+        """An image job's images are made (issue 38): its row keeps their count and a
+        thumbnail of the first (a picture that will not decode shows none)."""
+        number = self.row_of(done.job_id)
+        if number is None:
+            return
+        row = self._rows[number]
+        row.images = done.images
+        try:
+            picture = QImage.fromData(base64.b64decode(done.first_image_b64, validate=True))
+        except (binascii.Error, ValueError):
+            picture = QImage()
+        row.thumbnail = (None if picture.isNull() else picture.scaledToHeight(
+            THUMBNAIL_PX, Qt.TransformationMode.SmoothTransformation))
         self._changed(number)
 
     def fill_sats(self, earned_for: Callable[[str], int | None]) -> None:

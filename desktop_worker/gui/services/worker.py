@@ -226,6 +226,7 @@ class WorkerController(QObject):
     job_started = Signal(object)  # JobStart
     job_finished = Signal(object)  # JobRecord
     job_progress = Signal(object)  # jobs.JobProgress: a training job's latest report
+    job_rendered = Signal(object)  # image_jobs.RenderedJob: an image job's images are made
     failed = Signal(str)  # something the owner must fix
     hardware_detected = Signal(object)  # HardwareReport
     running_changed = Signal(bool)
@@ -387,6 +388,8 @@ class WorkerController(QObject):
             service.runner.on_started.append(self._on_started)
             service.runner.on_finished.append(self._on_finished)
             service.runner.on_progress.append(self.job_progress.emit)
+            if service.images is not None:
+                service.images.on_rendered.append(self.job_rendered.emit)
             service.demand_listeners.append(self.demand_changed.emit)
             service.pause_listeners.append(self._on_paused)
             service.engines.on_crash.append(self.engine_crashed.emit)
@@ -482,6 +485,9 @@ class WorkerController(QObject):
         model = str(job.openai_req.get("model", ""))
         if kind == "train":  # the base it fine-tunes, said so
             model = f"fine-tuning {model}"
+        elif kind == "image":  # what it makes, said so
+            req = job.openai_req
+            model = f"image {req.get('width')}x{req.get('height')}: {model}"
         self.job_started.emit(JobStart(job.id, model, kind, time.time()))
         self._publish()
 

@@ -69,6 +69,7 @@ class JobsView(QWidget):
         controller.job_started.connect(self.on_started)
         controller.job_finished.connect(self.on_finished)
         controller.job_progress.connect(self.model.job_progress)
+        controller.job_rendered.connect(self.model.job_rendered)
         controller.running_changed.connect(lambda _running: self.show_summary())
         earnings.updated.connect(lambda _e: self.fill_sats())
         earnings.updated.connect(lambda _e: self.show_summary())

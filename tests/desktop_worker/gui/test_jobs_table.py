@@ -172,3 +172,35 @@ def test_a_training_job_shows_its_progress_then_its_end(qtmodeltester) -> None:
     assert model.cell(job, "Prompt tokens") == "4000"
     model.job_progress(JobProgress("train-unknown-1", "smollm2", 1, 2, 1, 1.0, 5))
     assert model.job_ids == [job]
+
+
+def png_b64(width: int, height: int) -> str:
+    import base64
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 120, 40)).save(out, "PNG")
+    return base64.b64encode(out.getvalue()).decode("ascii")
+
+
+def test_an_image_job_shows_a_thumbnail_and_its_images(model) -> None:
+    """Issue 38: the first image, small, beside its model; its images where a text job shows
+    completion tokens; a picture that does not decode shows no thumbnail and breaks nothing."""
+    from desktop_worker.image_jobs import RenderedJob
+
+    model.job_started(JobStart("img-1", "image 128x64: tiny-sd", "image", 0.0))
+    model.job_rendered(RenderedJob("img-1", "tiny-sd", 128, 64, 2, 1.5, png_b64(128, 64)))
+    model.job_finished(JobRecord("img-1", "tiny-sd", "image", 0, 0, 1.7, "ok"))
+    assert model.cell("img-1", "Model") == "image 128x64: tiny-sd"
+    assert model.cell("img-1", "Completion tokens") == "2 images"
+    assert model.cell("img-1", "Prompt tokens") == ""
+    assert model.cell("img-1", "Duration") == "1.70 s"
+    thumbnail = shown(model, 0, 1, Qt.ItemDataRole.DecorationRole)
+    assert (thumbnail.width(), thumbnail.height()) == (48, 24)
+    assert shown(model, 0, 2, Qt.ItemDataRole.DecorationRole) is None
+    model.job_started(JobStart("img-2", "image 64x64: tiny-sd", "image", 0.0))
+    model.job_rendered(RenderedJob("img-2", "tiny-sd", 64, 64, 1, 0.5, "bm90IGFuIGltYWdl"))
+    assert shown(model, 0, 1, Qt.ItemDataRole.DecorationRole) is None
+    model.job_rendered(RenderedJob("gone", "tiny-sd", 64, 64, 1, 0.5, png_b64(64, 64)))
