@@ -42,12 +42,13 @@ from shared_schema.diffusion_family import (
     sd_family,
 )
 from shared_schema.errors import (
+    GgufTruncated,
     InvalidDiffusionModel,
     InvalidGgufFile,
     NotADiffusionModel,
     UnsupportedDiffusionFamily,
 )
-from shared_schema.gguf import GGUF_MAGIC, GgufLimits
+from shared_schema.gguf import GGUF_MAGIC, GgufLimits, parse_gguf_header
 from shared_schema.gguf_check import GGML_TYPES, SeekableReader, check_gguf_file
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "DiffusionLimits",
     "DiffusionShape",
     "ModelKind",
+    "diffusion_shape_of_prefix",
     "model_file_kind",
     "read_diffusion_shape",
 ]
@@ -191,6 +193,26 @@ def _shape(table: _Table, name: str) -> DiffusionShape:
         tensor_count=len(table.names),
         file_size=table.file_size,
     )
+
+
+def diffusion_shape_of_prefix(data: bytes, name: str, file_size: int) -> DiffusionShape:
+    """A GGUF diffusion model's shape from the first bytes of its file (``file_size`` in all),
+    as the queen reads a hub file with a range request (issue 38: priced by its own reading).
+    ``GgufTruncated`` when the header runs past ``data`` (its ``needed`` says how far to
+    read); ``InvalidDiffusionModel`` (and its kinds) otherwise. Only the header is read: the
+    tensors' offsets are the worker's to check against the whole file."""
+    try:
+        header = parse_gguf_header(data, name, file_size, limits=DIFFUSION_GGUF_LIMITS)
+    except GgufTruncated:
+        raise
+    except InvalidGgufFile as exc:
+        raise InvalidDiffusionModel(str(exc)) from exc
+    arch = header.metadata.get("general.architecture")
+    return _shape(_Table(
+        file_format="gguf", names=tuple(t.name for t in header.tensors),
+        shapes=tuple(t.shape for t in header.tensors),
+        counts=tuple(t.n_elements for t in header.tensors), file_size=file_size,
+        llm_architecture=arch if isinstance(arch, str) and arch else None), name)
 
 
 # --- reading the header --------------------------------------------------------------------------

@@ -53,6 +53,7 @@ from queen_server.catalog.facts import (
     ModelFacts,
     RemoteFile,
     RepoFiles,
+    diffusion_facts,
     header_facts,
     hub_name,
     model_facts,
@@ -423,8 +424,13 @@ class ModelCatalog:
                 self.reader.read_prefix, listing.repo_id, listing.commit, remote.path, nbytes)
             file_size = len(data) if len(data) < nbytes else (size or 1 << 62)
             try:
-                facts = header_facts(parse_gguf_header(data, remote.path, file_size),
-                                     size or file_size)
+                try:
+                    facts = header_facts(parse_gguf_header(data, remote.path, file_size),
+                                         size or file_size)
+                except GgufTruncated:
+                    raise
+                except InvalidGgufFile as exc:  # not an LLM's: a diffusion model's (issue 38)?
+                    facts = diffusion_facts(data, remote.path, size or file_size, exc)
             except GgufTruncated as exc:
                 if nbytes >= self.max_header_bytes:
                     raise ModelUnverified(

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from shared_schema.errors import ModelNameError
+from shared_schema.diffusion_check import diffusion_shape_of_prefix
+from shared_schema.errors import (
+    GgufTruncated,
+    InvalidDiffusionModel,
+    InvalidGgufFile,
+    ModelNameError,
+)
 from shared_schema.gguf import GgufHeader, as_int
 from shared_schema.gguf_shape import GgufShape, shape_of
 from shared_schema.model_names import (
@@ -117,6 +123,27 @@ def header_facts(header: GgufHeader, file_size: int) -> HeaderFacts:
         split_count=max(as_int(meta.get("split.count")) or 1, 1),
         shape=shape_of([(header, file_size)]),
     )
+
+
+def diffusion_facts(data: bytes, path: str, file_size: int,
+                    not_llm: InvalidGgufFile) -> HeaderFacts:
+    """A diffusion model's facts from its header's first bytes (issue 38): its parameters (every
+    tensor's), its family as ``architecture`` (``diffusion:sdxs``, say), no layers or context.
+    ``GgufTruncated`` to read on; a file that is no diffusion model either is refused with why
+    it is no LLM (``not_llm``)."""
+    try:
+        shape = diffusion_shape_of_prefix(data, path, file_size)
+    except GgufTruncated:
+        raise
+    except InvalidDiffusionModel as exc:
+        raise not_llm from exc
+    architecture = f"diffusion:{shape.family}"
+    return HeaderFacts(
+        parameter_count=shape.parameter_count, architecture=architecture, context_length=None,
+        split_count=1,
+        shape=GgufShape(architecture=architecture, block_count=0, context_length=None,
+                        embedding_length=None, head_count=None, head_count_kv=None,
+                        layer_bytes=(), other_bytes=file_size, has_chat_template=False))
 
 
 def model_facts(name: str, listing: RepoFiles, remotes: tuple[RemoteFile, ...],
