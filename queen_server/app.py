@@ -131,7 +131,7 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     image_audits = (ImageAudits(audits, registry, dispatcher,
                                 lambda order: ImageMeter.of(
                                     order, settings.image_tokens_per_megapixel_step),
-                                settings.image_audit_max_distance)
+                                settings.image_audit_max_distance, catalog.audit_file)
                     if settings.audits and db is not None else None)
     state = QueenState(
         settings=settings,

@@ -11,10 +11,13 @@ further than ``image_audit_max_distance`` (0.05) from the auditor's fails the jo
 between different backends (CPU and CUDA) is not measured yet: auditors of the worker's own kind
 (with or without an NVIDIA GPU) are asked first.
 
-The verdicts feed the same sequential test, refunds and consequences as text's
-(``AuditService.record_verdict``), with the same defences: one untrusted auditor's failing
-verdict counts only once a second auditor, independent of it and of the worker, agrees (else the
-job says nothing); a flag needs a trusted auditor's evidence or ``MIN_ACCUSERS`` accusers'.
+Only a job whose file the queen can pin is audited (``ModelCatalog.audit_file``: a hub name's file
+the queen read, or a local name's file on the operator's list), as for text: a worker cannot escape
+by naming a file nobody else holds. The verdicts feed the same sequential test, refunds and
+consequences as text's (``AuditService.record_verdict``), with the same defences: one untrusted
+auditor's failing verdict counts only once a second auditor, independent of it and of the worker,
+agrees (else the job says nothing); a flag needs a trusted auditor's evidence or ``MIN_ACCUSERS``
+accusers'.
 Draws follow the worker's audit rate (``AuditService.wants``: every job of a new worker at first).
 """
 
@@ -87,15 +90,22 @@ class ImageAudits:
     """Draws delivered image jobs and audits them in the background."""
 
     def __init__(self, audits: AuditService, registry: Registry, dispatcher: Dispatcher,
-                 meter: Callable[[ImageOrder], Meter], max_distance: float) -> None:
+                 meter: Callable[[ImageOrder], Meter], max_distance: float,
+                 audit_file: Callable[[str, str | None], str | None]) -> None:
         """``meter(order)``: the bill of an order (the audit's own job is billed to no one;
-        ``collect`` needs a meter)."""
+        ``collect`` needs a meter). ``audit_file(model, worker_sha256)``: the file the order
+        must be rendered again from (``ModelCatalog.audit_file``: the hub file the queen read,
+        or a local name's file the operator pinned); None: the job cannot be audited."""
         self.audits = audits
+        self.audit_file = audit_file
         self.registry = registry
         self.dispatcher = dispatcher
         self.meter = meter
         self.max_distance = max_distance
         self._tasks: set[asyncio.Task[None]] = set()
+        # One audit at a time per auditor: a trusted auditor audits only, so audits of jobs
+        # served back to back wait their turn instead of finding its slot busy.
+        self._turns: dict[str, asyncio.Lock] = {}
 
     def consider(self, request_id: str, order: ImageOrder, worker_key: str,
                  images: list[bytes], key_id: int | None, charged_msat: int) -> bool:
@@ -103,12 +113,14 @@ class ImageAudits:
         audited. O(1) when not drawn."""
         worker = self.registry.get(worker_key)
         held = worker.models.get(order.model) if worker is not None else None
-        if worker is None or held is None or held.sha256 is None:
-            return False  # no file to render the same order from: unverifiable
+        sha256 = (self.audit_file(order.model, held.sha256)
+                  if worker is not None and held is not None else None)
+        if worker is None or sha256 is None:
+            return False  # no pinned file to render the same order from: unverifiable
         if not self.audits.wants(worker_key):
             return False
         task = asyncio.create_task(
-            self._audit(request_id, order, worker, held.sha256, images, key_id, charged_msat),
+            self._audit(request_id, order, worker, sha256, images, key_id, charged_msat),
             name=f"image audit {request_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -175,7 +187,8 @@ class ImageAudits:
                 break
             auditor = candidates[0]
             tried.add(auditor.key)
-            rendered = await self._render(auditor, order)
+            async with self._turns.setdefault(auditor.key, asyncio.Lock()):
+                rendered = await self._render(auditor, order)
             if rendered is None:
                 continue
             verdict, distances = image_verdict(images, rendered, self.max_distance)

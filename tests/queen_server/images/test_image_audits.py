@@ -17,10 +17,13 @@ from queen_server.billing import ledger
 from queen_server.images.audits import image_distance, image_verdict
 from shared_schema.capabilities import AUDITOR, IMAGE
 from shared_schema.images import ImageOrder
-from tests.support.image_workers import IMAGE_MODEL, ImageWorker, picture
+from tests.support.image_workers import IMAGE_MODEL, IMAGE_SHA256, ImageWorker, picture
 from tests.support.queen import QueenHarness, running_queen
 
-AUDIT_ALL = {"audit_new_rate": 1.0, "audit_base_rate": 1.0}
+# Every job of a new worker is drawn; the scripted workers' model is on no hub here, so the
+# operator pins its file (else no audit could be made, as for text).
+AUDIT_ALL = {"audit_new_rate": 1.0, "audit_base_rate": 1.0,
+             "local_model_pins": {IMAGE_MODEL: [IMAGE_SHA256]}}
 EXTRA = {"seed": 41, "steps": 4}
 ORDER = ImageOrder(model=IMAGE_MODEL, prompt="x", width=64, height=64, steps=4, guidance=7.0,
                    sampler="euler_a", seed=41, n=1)
@@ -124,7 +127,24 @@ async def test_one_untrusted_auditors_word_never_fails_a_job(queen):
     for worker in (honest, liar):
         standing = queen.state.audits.standing(worker.pubkey)
         assert standing.state != "flagged"
+    rows = await queen.state.audits.store.recent(20)
+    assert not [row for row in rows if row.failed]  # one untrusted word failed nothing
     # Every audit of the honest worker by the liar was inconclusive or confirmed by no one.
     assert queen.state.audits.standing(honest.pubkey).failed == 0
     await honest.stop()
     await liar.stop()
+
+
+async def test_a_model_the_queen_cannot_pin_is_never_audited(tmp_path) -> None:
+    """A worker naming a file the queen did not read and the operator did not pin: its jobs
+    are served but make no audit (an auditor holding "the same" file proves nothing)."""
+    async with running_queen(tmp_path, auth="keys", files_dir=tmp_path / "files",
+                             audit_new_rate=1.0, audit_base_rate=1.0) as queen:
+        auditor = await trusted_image_auditor(queen)
+        worker = await ImageWorker(queen.ws_url).start()
+        client, _ = await funded(queen, 1000)
+        await generate(queen, client)
+        assert auditor.orders == []
+        assert queen.state.audits.standing(worker.pubkey).audited == 0
+        await worker.stop()
+        await auditor.stop()
