@@ -125,11 +125,14 @@ class Fetcher:
         try:
             await asyncio.to_thread(self.store.check_room, fetch.name, fetch.size_bytes,
                                     fetch.paths, protect=protect, evict=evict)
-            await asyncio.to_thread(
+            pulled = await asyncio.to_thread(
                 self.store.pull, fetch.name, progress, entry.cancel,
                 protect=protect, revision=fetch.revision,
                 expect_sha256=fetch.sha256, evict=evict)
-            if fetch.group:  # too big for this worker alone: the group's head process loads it
+            if pulled.info.is_diffusion:  # issue 38: its image child loads it on its first job
+                log.info("fetched %s, a diffusion model (not loaded into llama.cpp)",
+                         fetch.name)
+            elif fetch.group:  # too big for this worker alone: the group's head process loads it
                 log.info("fetched %s to lead a model group with it", fetch.name)
             else:
                 plan = await self.pool.load(fetch.name)

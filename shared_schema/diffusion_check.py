@@ -52,6 +52,7 @@ from shared_schema.gguf import GGUF_MAGIC, GgufLimits, parse_gguf_header
 from shared_schema.gguf_check import GGML_TYPES, SeekableReader, check_gguf_file
 
 __all__ = [
+    "DIFFUSION_ARCHITECTURE",
     "DIFFUSION_GGUF_LIMITS",
     "SAFETENSORS_DTYPES",
     "DiffusionLimits",
@@ -63,6 +64,8 @@ __all__ = [
 ]
 
 FileFormat = Literal["gguf", "safetensors"]
+# The architecture both sides record for a diffusion model, before its family: "diffusion:sdxs".
+DIFFUSION_ARCHITECTURE = "diffusion:"
 ModelKind = Literal["llm", "diffusion"]
 
 DIFFUSION_GGUF_LIMITS = GgufLimits(max_tensor_name_bytes=127)

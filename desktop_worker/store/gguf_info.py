@@ -26,6 +26,7 @@ from gguf.constants import LlamaFileType
 
 from desktop_worker.errors import InvalidModelFile
 from desktop_worker.store.names import quant_tag, split_part
+from shared_schema.diffusion_check import DIFFUSION_ARCHITECTURE
 from shared_schema.errors import InvalidGgufFile
 from shared_schema.gguf import GgufHeader, GgufTensor, as_int
 from shared_schema.gguf_check import check_gguf_file, check_split_parts
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 # The architecture a diffusion model's facts carry: this, then its family ("diffusion:sdxs").
-DIFFUSION_PREFIX = "diffusion:"
+DIFFUSION_PREFIX = DIFFUSION_ARCHITECTURE
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from shared_schema.diffusion_check import diffusion_shape_of_prefix
+from shared_schema.diffusion_check import DIFFUSION_ARCHITECTURE, diffusion_shape_of_prefix
 from shared_schema.errors import (
     GgufTruncated,
     InvalidDiffusionModel,
@@ -137,7 +137,7 @@ def diffusion_facts(data: bytes, path: str, file_size: int,
         raise
     except InvalidDiffusionModel as exc:
         raise not_llm from exc
-    architecture = f"diffusion:{shape.family}"
+    architecture = DIFFUSION_ARCHITECTURE + shape.family
     return HeaderFacts(
         parameter_count=shape.parameter_count, architecture=architecture, context_length=None,
         split_count=1,

@@ -53,6 +53,7 @@ from queen_server.placement.planner import ModelNeed, choose, need_of, repo_allo
 from queen_server.swarm.registry import Registry
 from queen_server.swarm.worker import Worker
 from shared_schema import Demand, DownloadProgress, Fetch, FetchFailed, ModelDemand, encode
+from shared_schema.diffusion_check import DIFFUSION_ARCHITECTURE
 from shared_schema.fitting import MB
 from shared_schema.placement import MAX_DEMAND_MODELS
 
@@ -299,6 +300,13 @@ class PlacementService:
             facts = await self.catalog.resolve(model, settings.price_wait_s)
         except ModelUnverified as exc:
             raise refusal(model, exc) from exc
+        if (facts.architecture or "").startswith(DIFFUSION_ARCHITECTURE):
+            # Issue 38: a diffusion model is served by image workers whose owners gave them
+            # one; the queen does not place one on demand (it would go to a text worker).
+            raise InvalidRequest(
+                f"The model '{model}' makes images: it is served at /v1/images/generations by "
+                "workers that hold it, and image models are not loaded on demand.",
+                param="model", code="model_makes_images")
         size = facts.size_bytes or 0
         limit = settings.max_model_gb
         if limit is not None and size > limit * 1e9:

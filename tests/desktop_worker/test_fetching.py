@@ -19,6 +19,7 @@ from desktop_worker.fetching import Fetcher
 from desktop_worker.store import ModelStore
 from desktop_worker.store.disk import GIB
 from shared_schema import Fetch, FetchFailed
+from tests.support.diffusion_fixture import diffusion_model  # noqa: F401  (a fixture)
 from tests.support.fake_disk import FakeDisk, huge_file
 from tests.support.fake_hub import FakeHub, FakeRepo, make_gguf
 from tests.support.on_demand import ASK, FILE, MODEL, REAL, REPO, repos, worker
@@ -167,3 +168,32 @@ async def test_the_queen_hears_the_room_past_the_headroom_and_plans_no_fetch_bey
                      if FILE in r.path and r.method == "GET" and r.range is None]
         assert downloads == []  # the queen's own header read is a Range request
     assert store.list() == []
+
+
+# --- a diffusion model (issue 38) ----------------------------------------------------------------
+
+
+async def test_a_fetched_diffusion_model_is_kept_but_not_loaded_into_llama_cpp(
+        tmp_path, diffusion_model) -> None:  # noqa: F811
+    """Its image child loads it on its first job; llama.cpp never sees it."""
+    repo, file = "org/tiny-sd-GGUF", "sdxs-512-ds-Q4_0.gguf"
+    with FakeHub([FakeRepo(repo, {file: diffusion_model.path})]) as hub:
+        store = ModelStore(tmp_path / "models", endpoint=hub.url)
+        pool = Pool()
+        changed = asyncio.Event()
+        fetcher = Fetcher(store, pool,  # type: ignore[arg-type]
+                          evict=lambda: False, changed=changed.set)
+        listing = await asyncio.to_thread(store.hub.list_files, repo)
+        failures = Failures()
+        fetcher.start(Fetch(name=f"{repo}:Q4_0", repo_id=repo, revision=listing.commit,
+                            paths=[file], sha256=diffusion_model.sha256,
+                            size_bytes=diffusion_model.size_bytes), failures.report)
+        async with asyncio.timeout(60):
+            while fetcher.downloads():
+                changed.clear()
+                await changed.wait()
+        await fetcher.close()
+    assert failures.sent == []
+    [kept] = store.list()
+    assert kept.info.is_diffusion
+    assert pool.loads == []

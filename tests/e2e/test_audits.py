@@ -23,17 +23,11 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import (
-    Encoding,
-    NoEncryption,
-    PrivateFormat,
-    PublicFormat,
-)
 from sqlalchemy import create_engine
 
 from queen_server.identity import public_id
 from queen_server.storage.tables import WorkerRecord
+from tests.support.admin_keys import worker_key
 from tests.support.cheats import cheat_process
 from tests.support.fake_hub import FakeHub, FakeRepo
 from tests.support.processes import (
@@ -54,14 +48,6 @@ PROMPTS = ["Name three fruits.", "What is the capital of France?", "Say hello to
            "Describe the sea in one sentence.", "Count from one to five."]
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def worker_key(path: Path) -> str:
-    """A worker key file made ahead, so the queen can be told to trust it; its public key."""
-    key = Ed25519PrivateKey.generate()
-    path.write_bytes(key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
-    path.chmod(0o600)
-    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
 
 
 def audits(port: int) -> dict:

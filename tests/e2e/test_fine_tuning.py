@@ -12,6 +12,7 @@ checkpoint and succeeds there.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.resources
 import signal
@@ -20,10 +21,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-import httpx
 import openai
 import pytest
 
+from tests.support import admin_keys
 from tests.support.fake_hub import FakeHub, FakeRepo
 from tests.support.processes import (
     Proc,
@@ -92,20 +93,8 @@ def swarm(tmp: Path, names: tuple[str, ...] = ("trainer",),
             yield port, workers
 
 
-def funded_client(port: int, sats: int = 5000) -> tuple[openai.OpenAI, int]:
-    admin = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10,
-                         headers={"Authorization": f"Bearer {ADMIN}"})
-    made = admin.post("/admin/keys", json={"name": "tuner", "credit_sats": sats})
-    assert made.status_code == 201, made.text
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=made.json()["key"],
-                           max_retries=0, timeout=60)
-    return client, made.json()["id"]
-
-
-def key_available_msat(port: int, key_id: int) -> int:
-    keys = httpx.get(f"http://127.0.0.1:{port}/admin/keys", timeout=10,
-                     headers={"Authorization": f"Bearer {ADMIN}"}).json()
-    return next(k for k in keys if k["id"] == key_id)["available_msat"]
+funded_client = functools.partial(admin_keys.funded_client, admin_token=ADMIN, name="tuner")
+key_available_msat = functools.partial(admin_keys.key_available_msat, admin_token=ADMIN)
 
 
 def finished(client: openai.OpenAI, job_id: str):

@@ -13,22 +13,17 @@ operator's trusted auditor renders its orders again, the victims are refunded.""
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import json
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import (
-    Encoding,
-    NoEncryption,
-    PrivateFormat,
-    PublicFormat,
-)
 from PIL import Image
 
+from tests.support import admin_keys
+from tests.support.admin_keys import worker_key
 from tests.support.cheats import cheat_process
 from tests.support.diffusion_fixture import diffusion_model  # noqa: F401  (a fixture)
 from tests.support.diffusion_models import WrittenModel
@@ -57,20 +52,9 @@ def model_kinds(port: int, key: str) -> dict[str, str]:
     return {m["id"]: m["apiary"]["kind"] for m in listed.get("data", [])}
 
 
-def funded_client(port: int, sats: int) -> tuple[openai.OpenAI, int]:
-    admin = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10,
-                         headers={"Authorization": f"Bearer {ADMIN}"})
-    made = admin.post("/admin/keys", json={"name": "artist", "credit_sats": sats})
-    assert made.status_code == 201, made.text
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=made.json()["key"],
-                           max_retries=0, timeout=300)
-    return client, made.json()["id"]
-
-
-def key_available_msat(port: int, key_id: int) -> int:
-    keys = httpx.get(f"http://127.0.0.1:{port}/admin/keys", timeout=10,
-                     headers={"Authorization": f"Bearer {ADMIN}"}).json()
-    return next(k for k in keys if k["id"] == key_id)["available_msat"]
+funded_client = functools.partial(admin_keys.funded_client, admin_token=ADMIN, name="artist",
+                                  timeout_s=300)
+key_available_msat = functools.partial(admin_keys.key_available_msat, admin_token=ADMIN)
 
 
 def png(b64: str) -> Image.Image:
@@ -135,14 +119,6 @@ def test_a_developer_makes_images_on_a_volunteers_worker(tmp_path, diffusion_mod
         assert "image engine:" in worker.log()  # rendered in its image child
 
 
-def made_key(path: Path) -> str:
-    """A worker key file made ahead, so the queen can be told to trust it; its public key."""
-    key = Ed25519PrivateKey.generate()
-    path.write_bytes(key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
-    path.chmod(0o600)
-    return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
-
-
 def audit_report(port: int) -> dict:
     return httpx.get(f"http://127.0.0.1:{port}/admin/api/audits", timeout=10,
                      headers={"Authorization": f"Bearer {ADMIN}"}).json()
@@ -154,7 +130,7 @@ def test_a_worker_returning_random_pixels_is_flagged_and_its_victims_refunded(
     name = model.path.stem
     auditor_dir = tmp_path / "auditor"
     auditor_dir.mkdir()
-    auditor_key = made_key(auditor_dir / "worker-key.pem")
+    auditor_key = worker_key(auditor_dir / "worker-key.pem")
     port = free_port()
     queen = queen_process(tmp_path, port, auth="keys", admin_token=ADMIN, escrow_jobs="50",
                           heartbeat_interval_s="2", total_timeout_s="300",

@@ -31,6 +31,18 @@ class QueenHarness:
         self.ws_url = f"ws://127.0.0.1:{port}/worker"
         self.clients: list[AsyncOpenAI] = []
 
+    async def funded_key(self, sats: float, name: str = "dev") -> tuple[str, int]:
+        """A new API key (with ``auth="keys"``) credited ``sats``: its secret and its id."""
+        from queen_server.billing import ledger
+
+        billing = self.state.billing
+        secret, record = await billing.keys.create(name)
+        if sats:
+            await billing.ledger.post(ledger.deposit(record.id, round(sats * 1000),
+                                                     f"deposit:test:{record.id}"))
+        await billing.refresh()
+        return secret, record.id
+
     def client(self, api_key: str = "test-key", **kwargs: Any) -> AsyncOpenAI:
         kwargs.setdefault("max_retries", 0)
         kwargs.setdefault("timeout", 20)

@@ -23,13 +23,7 @@ DATA = training_file(40)
 
 
 async def funded_key(queen: QueenHarness, sats: float) -> str:
-    billing = queen.state.billing
-    secret, record = await billing.keys.create("dev")
-    if sats:
-        await billing.ledger.post(ledger.deposit(record.id, round(sats * 1000),
-                                                 f"deposit:test:{record.id}"))
-    await billing.refresh()
-    return secret
+    return (await queen.funded_key(sats))[0]
 
 
 async def available_msat(queen: QueenHarness, secret: str) -> int:

@@ -37,11 +37,8 @@ async def queen(tmp_path, db_url):
 
 
 async def funded(queen: QueenHarness, sats: int) -> tuple[openai.AsyncOpenAI, int]:
-    billing = queen.state.billing
-    secret, record = await billing.keys.create("dev")
-    await billing.ledger.post(ledger.deposit(record.id, sats * 1000, f"deposit:{record.id}"))
-    await billing.refresh()
-    return queen.client(api_key=secret), record.id
+    secret, key_id = await queen.funded_key(sats)
+    return queen.client(api_key=secret), key_id
 
 
 async def trusted_image_auditor(queen: QueenHarness) -> ImageWorker:

@@ -37,13 +37,7 @@ async def queen(tmp_path, db_url):
 
 
 async def funded_key(queen: QueenHarness, sats: float) -> str:
-    billing = queen.state.billing
-    secret, record = await billing.keys.create("dev")
-    if sats:
-        await billing.ledger.post(ledger.deposit(record.id, round(sats * 1000),
-                                                 f"deposit:test:{record.id}"))
-    await billing.refresh()
-    return secret
+    return (await queen.funded_key(sats))[0]
 
 
 async def balance(queen: QueenHarness, account: str) -> int:
@@ -74,8 +68,14 @@ async def test_images_of_the_size_asked_are_billed_by_the_queens_count(queen):
                                                           total_tokens=10**6)).start()
     secret = await funded_key(queen, 1000)
     client = queen.client(api_key=secret)
+    start = await key_available(queen, secret)
     await proven(queen, worker, client)
     before = await key_available(queen, secret)
+    # The first image of a new worker is its unpaid proof of work, as for text: charged to
+    # the client, the whole charge the queen's.
+    assert await balance(queen, ledger.worker_available(worker.pubkey)) == 0
+    assert await balance(queen, ledger.worker_pending(worker.pubkey)) == 0
+    assert await balance(queen, ledger.QUEEN_FEES) == start - before > 0
     earned = await balance(queen, ledger.worker_available(worker.pubkey))
     answer = await client.images.generate(model=IMAGE_MODEL, prompt="a hive at dawn",
                                           size="128x64", n=2, extra_body=EXTRA)
