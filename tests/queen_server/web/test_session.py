@@ -17,7 +17,10 @@ from tests.support.queen import QueenHarness
 
 @pytest.fixture
 async def http(web_queen: QueenHarness) -> httpx.AsyncClient:
-    async with httpx.AsyncClient(base_url=web_queen.base_url, trust_env=False) as client:
+    # httpx's default 5 s read timeout is not the thing tested: a loaded CI machine once took
+    # longer to serve a static file here.
+    async with httpx.AsyncClient(base_url=web_queen.base_url, trust_env=False,
+                                 timeout=30) as client:
         yield client
 
 
