@@ -17,23 +17,20 @@ child before each image of the order (a started image runs to its end).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from desktop_worker.errors import (
-    EngineCrashed,
     EngineError,
     GenerationCancelled,
     ModelLoadError,
     UnsupportedRequest,
 )
 from desktop_worker.sandbox.policy import policy_for
-from desktop_worker.sandbox.process import EngineProcess
+from desktop_worker.sandbox.process import CancelWatch, EngineProcess
 from shared_schema.engine_ipc import Failed, ImageLoaded, LoadImage, Render, Rendered
 from shared_schema.images import ImageOrder, RenderedImage
 
@@ -135,17 +132,9 @@ class SandboxedImages:
         process = child.process
         job = process.link.next_job()
         process.send(process.link.render(Render(job=job, order=order.model_dump(mode="json"))))
-        cancelled_at: float | None = None
+        watch = CancelWatch(process, job, cancel, self.cancel_grace_s)
         while True:
-            if cancel.is_set() and cancelled_at is None:
-                cancelled_at = time.monotonic()
-                frame = process.link.cancel(job)
-                if frame is not None:
-                    with contextlib.suppress(EngineCrashed):
-                        process.send(frame)
-            if (cancelled_at is not None
-                    and time.monotonic() - cancelled_at > self.cancel_grace_s):
-                process.kill()
+            if watch.check():
                 raise GenerationCancelled("the image job was cancelled (its engine did not "
                                           "stop in time and was ended)")
             message = await asyncio.to_thread(process.wait_for, POLL_S)

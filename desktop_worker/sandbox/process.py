@@ -394,3 +394,34 @@ class EngineProcess:
         if process is not None and process.stdout is not None:
             process.stdout.close()
         shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+class CancelWatch:
+    """A long job's cancel as the worker carries it out (a training run, an image order):
+    passed on to the child once, and the child killed if it has not stopped ``grace_s``
+    later. ``check`` between two waits for the child's next message."""
+
+    def __init__(self, process: EngineProcess, job: int, cancel: threading.Event,
+                 grace_s: float) -> None:
+        self.process = process
+        self.job = job
+        self.cancel = cancel
+        self.grace_s = grace_s
+        self.at: float | None = None  # when the cancel was passed on
+
+    @property
+    def cancelled(self) -> bool:
+        return self.at is not None
+
+    def check(self) -> bool:
+        """Pass a new cancel on to the child; True once the grace ran out (the child killed)."""
+        if self.cancel.is_set() and self.at is None:
+            self.at = time.monotonic()
+            frame = self.process.link.cancel(self.job)
+            if frame is not None:
+                with contextlib.suppress(EngineCrashed):
+                    self.process.send(frame)
+        if self.at is not None and time.monotonic() - self.at > self.grace_s:
+            self.process.kill()
+            return True
+        return False

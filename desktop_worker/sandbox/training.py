@@ -18,12 +18,10 @@ that does not stop within ``cancel_grace_s`` is killed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import stat
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -44,7 +42,7 @@ from desktop_worker.errors import (
     TrainingUnsupported,
 )
 from desktop_worker.sandbox.policy import TrainLimits, split_parts, train_policy
-from desktop_worker.sandbox.process import EngineProcess
+from desktop_worker.sandbox.process import CancelWatch, EngineProcess
 from desktop_worker.store.gguf_info import read_gguf_info
 from shared_schema.engine_ipc import Failed, Train, TrainCheckpointed, Trained, TrainStep
 from shared_schema.training import checkpoint_name
@@ -146,22 +144,15 @@ class SandboxedTrainer:
             resume_from=str(spec.resume_from) if spec.resume_from is not None else None,
             resume_step=spec.resume_step, n_threads=self.n_threads)))
         scratch = Path(process.scratch)
-        cancelled_at: float | None = None
+        watch = CancelWatch(process, job, cancel, self.cancel_grace_s)
         while True:
-            if cancel.is_set() and cancelled_at is None:
-                cancelled_at = time.monotonic()
-                frame = process.link.cancel(job)
-                if frame is not None:
-                    with contextlib.suppress(EngineCrashed):
-                        process.send(frame)
-            if cancelled_at is not None and time.monotonic() - cancelled_at > self.cancel_grace_s:
-                process.kill()
+            if watch.check():
                 raise TrainingCancelled("the training run was cancelled (its engine did not "
                                         "stop in time and was ended)")
             try:
                 message = await asyncio.to_thread(process.wait_for, POLL_S)
             except EngineCrashed:
-                if cancelled_at is not None:
+                if watch.cancelled:
                     raise TrainingCancelled("the training run was cancelled") from None
                 raise
             if message is None:

@@ -17,6 +17,7 @@ from queen_server.billing import ledger
 from queen_server.images.audits import image_distance, image_verdict
 from shared_schema.capabilities import AUDITOR, IMAGE
 from shared_schema.images import ImageOrder
+from tests.queen_server.audits.test_independent_auditors import seen
 from tests.support.image_workers import IMAGE_MODEL, IMAGE_SHA256, ImageWorker, picture
 from tests.support.queen import QueenHarness, running_queen
 
@@ -115,12 +116,16 @@ async def test_one_untrusted_auditors_word_never_fails_a_job(queen):
     """A hostile auditor (it renders another model's image) fails an honest worker's job: with
     no second auditor independent of it, the job counts for nothing, and with an honest second
     the two disagree and the job counts for nothing either way."""
-    honest = await ImageWorker(queen.ws_url, source_host="127.0.1.1").start()
-    liar = await ImageWorker(queen.ws_url, behaviour="other_model",
-                             source_host="127.0.2.1").start()
+    # Independent of each other: other /24s, first seen hours apart.
+    honest = await (await seen(queen, ImageWorker(queen.ws_url, source_host="127.0.1.1"),
+                               10)).start()
+    liar = await (await seen(queen, ImageWorker(queen.ws_url, behaviour="other_model",
+                                                source_host="127.0.2.1"), 3)).start()
     client, _ = await funded(queen, 1000)
     for _ in range(6):
         await generate(queen, client)
+    # The audits did run: each of the six jobs was rendered again by the other worker.
+    assert len(honest.orders) + len(liar.orders) == 12
     for worker in (honest, liar):
         standing = queen.state.audits.standing(worker.pubkey)
         assert standing.state != "flagged"
