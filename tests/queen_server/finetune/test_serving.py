@@ -18,7 +18,7 @@ from queen_server.finetune.models import ADAPTER_ROUTE, adapter_url
 from shared_schema.training import ADAPTER_NAME
 from tests.queen_server.finetune import test_training
 from tests.queen_server.finetune.test_jobs_api import available_msat, funded_key
-from tests.queen_server.finetune.test_training import settled, start_job
+from tests.queen_server.finetune.test_training import available_when, cost, settled, start_job
 from tests.support.queen import QueenHarness
 from tests.support.trainers import AdapterServer, ScriptedTrainer
 from tests.support.workers import ECHO_MODEL, ScriptedWorker
@@ -31,11 +31,13 @@ queen = test_training.queen  # the same queen as the training tests (a fixture)
 
 async def trained(queen: QueenHarness) -> tuple[str, Any, str, bytes]:
     """A succeeded job's owner (key and SDK client), its model's name and its adapter's bytes;
-    the trainer is gone again."""
+    the trainer is gone again and the job's money settled (it follows the status)."""
     trainer = await ScriptedTrainer(queen.ws_url).start()
-    secret, client, job, _ = await start_job(queen)
+    secret, client, job, before = await start_job(queen)
     done = await settled(client, job.id)
     assert done.status == "succeeded", done.error
+    charged = before - cost(queen, done.trained_tokens)
+    assert await available_when(queen, secret, charged) == charged
     await trainer.stop()
     await queen.wait_until(lambda: len(queen.state.registry) == 0)
     return secret, client, done.fine_tuned_model, trainer.uploads[ADAPTER_NAME]
