@@ -14,6 +14,12 @@ The volunteer's disk (issue 34): a fetch whose size (``Fetch.size_bytes``) does 
 the quota and in the free disk less its headroom is refused as ``disk_full`` before anything is
 asked of the hub; one whose download would cross the headroom midway stops, its partial file is
 deleted, and it fails as ``disk_full`` too (``ModelStore.pull``).
+
+Image models (issue 38): a fetch of ``kind`` ``image`` is for the image engine, which only a
+worker whose owner turned images on runs; any other worker refuses it as ``no_images`` before
+anything is asked of the hub. Its file must read as a diffusion model (else it is deleted again
+and the fetch fails as ``wrong_kind``: the image child could not load it), and it is kept for
+the image child, which loads it on its first job, never loaded into llama.cpp.
 """
 
 from __future__ import annotations
@@ -52,7 +58,13 @@ def failure_code(exc: BaseException) -> str:
         return "cancelled"
     if isinstance(exc, EngineError):
         return "load_failed"
+    if isinstance(exc, WrongKind):
+        return "wrong_kind"
     return "hub_error"
+
+
+class WrongKind(ModelStoreError):
+    """A fetch for the image engine whose file is no diffusion model."""
 
 
 @dataclass
@@ -72,12 +84,15 @@ class Fetcher:
         *,
         evict: Callable[[], bool],
         changed: Callable[[], None],
+        images: Callable[[], bool] = lambda: False,
     ) -> None:
         """``evict``: whether a fetch may evict models to make room (the owner's
-        ``swarm_models``); ``changed`` is called whenever the status should go out now."""
+        ``swarm_models``); ``changed`` is called whenever the status should go out now;
+        ``images``: whether this worker runs an image engine (fetches of image models)."""
         self.store = store
         self.pool = pool
         self.evict = evict
+        self.images = images
         self.changed = changed
         self._under_way: dict[str, _Fetching] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -97,12 +112,24 @@ class Fetcher:
         if fetch.name in self._under_way:
             log.info("the queen asked for %s again; its fetch is already under way", fetch.name)
             return
+        if fetch.kind == "image" and not self.images():
+            log.warning("the queen asked for %s, an image model, but images are off here",
+                        fetch.name)
+            self._report(report, FetchFailed(
+                name=fetch.name, code="no_images",
+                message="This worker makes no images (its owner has not turned images on)."))
+            return
         entry = _Fetching(fetch, threading.Event())
         self._under_way[fetch.name] = entry
         task = asyncio.get_running_loop().create_task(self._run(entry, report))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         self.changed()
+
+    def _report(self, report: FetchReport, failure: FetchFailed) -> None:
+        task = asyncio.get_running_loop().create_task(report(failure))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
         """Cancel the fetches under way (their partial downloads stay, to resume later)."""
@@ -129,6 +156,10 @@ class Fetcher:
                 self.store.pull, fetch.name, progress, entry.cancel,
                 protect=protect, revision=fetch.revision,
                 expect_sha256=fetch.sha256, evict=evict)
+            if fetch.kind == "image" and not pulled.info.is_diffusion:
+                await asyncio.to_thread(self.store.remove, fetch.name)
+                raise WrongKind(f"{fetch.name} was fetched for the image engine, but its file "
+                                "is no diffusion model; it was deleted again")
             if pulled.info.is_diffusion:  # issue 38: its image child loads it on its first job
                 log.info("fetched %s, a diffusion model (not loaded into llama.cpp)",
                          fetch.name)

@@ -189,7 +189,8 @@ class WorkerService:
             fine_tuned=None if settings.local_group else self.fine_tuned,
             grouped=lambda name: self.group_contexts.binding(name) is not None)
         self.fetcher = Fetcher(self.store, self.pool, evict=lambda: self.settings.swarm_models,
-                               changed=self._status_changed)
+                               changed=self._status_changed,
+                               images=lambda: self.images is not None)
         # What the queen says developers ask for (issue 17), and who wants to hear of it.
         self.demand: Demand | None = None
         self.demand_listeners: list[Callable[[Demand], None]] = []

@@ -131,6 +131,20 @@ def result_chars_bound(order: dict[str, Any]) -> int:
     return n * (4 * image_bytes_bound(width, height) // 3 + 1024) + IMAGE_BYTES_SLACK  # type: ignore[operator]
 
 
+# stable-diffusion.cpp's compute buffers beside the weights: a 1024x1024 SDXL render on the CPU
+# takes about 1.5 GB, the SDXS test model's 512x512 about 560 MB (bench/RESULTS.md); the
+# allowance covers them with room. The worker's image child is confined to this beside its
+# files (``desktop_worker.sandbox.images``), and placement asks an image worker for as much.
+IMAGE_COMPUTE_MB = 3072
+
+
+def diffusion_memory_mb(size_bytes: int) -> int:
+    """The memory a worker's image engine is allowed to serve a diffusion model file of
+    ``size_bytes`` (its weights and ``IMAGE_COMPUTE_MB``): what on-demand placement asks of an
+    image worker's memory budget."""
+    return -(-size_bytes // 2**20) + IMAGE_COMPUTE_MB
+
+
 def megapixel_steps(width: int, height: int, steps: int, n: int = 1) -> float:
     """The work of ``n`` images: megapixels times steps, the unit images are priced and timed
     in."""

@@ -76,7 +76,9 @@ class Demand(WireModel):
 class Fetch(WireModel):
     """Download this model (exactly this file), check it and load it. ``group``: only download
     and check it, for a model group this worker is to lead (the model does not fit it alone;
-    the head process loads it across the group's members)."""
+    the head process loads it across the group's members). ``kind`` ``image`` (issue 38): a
+    diffusion model for the worker's image engine, sent only to workers with the ``image``
+    capability; it is downloaded and checked, and the image child loads it on its first job."""
 
     type: Literal["fetch"] = "fetch"
     name: str = Field(min_length=1, max_length=400)
@@ -86,6 +88,7 @@ class Fetch(WireModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Of the first (or only) file.")
     size_bytes: int = Field(ge=0, le=MAX_MODEL_BYTES)
     group: bool = False
+    kind: Literal["text", "image"] = "text"
 
 
 class FetchFailed(WireModel):

@@ -32,13 +32,10 @@ from desktop_worker.errors import (
 from desktop_worker.sandbox.policy import policy_for
 from desktop_worker.sandbox.process import CancelWatch, EngineProcess
 from shared_schema.engine_ipc import Failed, ImageLoaded, LoadImage, Render, Rendered
-from shared_schema.images import ImageOrder, RenderedImage
+from shared_schema.images import IMAGE_COMPUTE_MB, ImageOrder, RenderedImage
 
 log = logging.getLogger(__name__)
 
-# stable-diffusion.cpp's compute buffers beside the weights: a 1024x1024 SDXL render on the CPU
-# takes about 1.5 GB; the allowance covers it with room.
-IMAGE_COMPUTE_MB = 3072
 LOAD_TIMEOUT_S = 600.0
 POLL_S = 0.25
 CANCEL_GRACE_S = 120.0  # one image of a large model on a slow CPU, then the child is ended

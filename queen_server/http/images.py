@@ -4,7 +4,9 @@ and ``GET /v1/images/files/{name}``, the images of ``url`` answers while they ar
 A request is checked whole before anything runs (``ImageGenerationRequest``: a field the queen
 does not honour is a 400 naming it), resolved into the order a worker renders
 (``images.orders``), held at its price (402 when the key cannot pay), and sent to a worker with
-the ``image`` capability that holds the model as a diffusion model. What the worker sends back is
+the ``image`` capability that holds the model as a diffusion model. A hub name no worker holds is
+placed on an image worker first (``PlacementService.prepare(kind="image")``), with the same
+waits, ``model_loading`` answers and limits as a text model's. What the worker sends back is
 checked image by image (``images.delivery``) before the client sees it: a worker whose images are
 not what the order asked for is passed over and the order goes to another. The client pays the
 queen's own count (``image_tokens``), and the worker that delivered is credited for it.
@@ -22,9 +24,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from queen_server.billing.service import Principal
-from queen_server.errors import ApiError, InvalidRequest, WorkerFailed
+from queen_server.errors import ApiError, InvalidRequest, ModelNotFound, WorkerFailed
 from queen_server.http.deps import json_response, queen
-from queen_server.http.generation import admit_and_hold
+from queen_server.http.generation import admit_and_hold, price_hold
 from queen_server.http.io import ClientGone, DisconnectGuard, parse, read_body
 from queen_server.images.delivery import BadDelivery, check_delivery
 from queen_server.images.links import LINK_PREFIX
@@ -73,11 +75,22 @@ async def generate_images(request: Request) -> Response:
     order = order_of(req, lambda upper: secrets.randbelow(upper + 1))
     tokens = image_tokens(order, state.settings.image_tokens_per_megapixel_step)
     needs = {IMAGE: "model"}
-    state.dispatcher.require_servable(req.model, needs)
+    placing = await to_place(state, req.model, needs)
     job_id = IMAGES_JOB + secrets.token_hex(12)
     billing = state.billing
+    # As for text: the caller is counted and its money held before the hub is read for it.
     admission, hold = await admit_and_hold(state, request, principal, job_id, req.model, [],
-                                           {"max_tokens": tokens}, completion_limit="max_tokens")
+                                           {"max_tokens": tokens}, completion_limit="max_tokens",
+                                           read=not placing)
+    if placing:
+        try:
+            await state.placement.prepare(req.model, admission.caller, kind="image")
+            state.dispatcher.require_servable(req.model, needs)
+            await price_hold(state, principal, hold, req.model)
+        except BaseException:  # not placed (or not yet: model_loading): nothing is charged
+            await billing.finish(hold)
+            admission.leave()
+            raise
     try:
         async with DisconnectGuard(request):
             images, collected = await render(state, job_id, order, principal, admission, tokens)
@@ -99,6 +112,19 @@ async def generate_images(request: Request) -> Response:
                                     hold.key_id if hold is not None else None,
                                     hold.charged_msat if hold is not None else 0)
     return json_response(images_answer(int(time.time()), order, req.quality, data, tokens))
+
+
+async def to_place(state: QueenState, model: str, needs: dict[str, str]) -> bool:
+    """Whether ``model`` is to be placed on an image worker first: no connected worker holds
+    it (nor another replica's), and the queen places models on demand. A 404 when it is
+    neither served nor placeable; a 400 when its holders hold it as a text model."""
+    try:
+        state.dispatcher.require_servable(model, needs)
+    except ModelNotFound:
+        if await state.dispatcher.served_elsewhere(model) or not state.placement.placeable(model):
+            raise
+        return True
+    return False
 
 
 async def render(state: QueenState, job_id: str, order: ImageOrder, principal: Principal,

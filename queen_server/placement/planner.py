@@ -10,6 +10,10 @@ whose owners let the swarm choose their models, workers whose free VRAM holds ev
 model's size class), then the most room. What a worker says about its room and memory is a
 claim: it only decides whom to ask; a worker that lied fails its fetch and is not asked again.
 
+A diffusion model (issue 38, ``image_need``) goes only to workers with the ``image`` capability
+(their owners opted in), and needs its file's room and, in memory, what the worker's image
+child is allowed: its weights and ``IMAGE_COMPUTE_MB`` (``images.diffusion_memory_mb``).
+
 The scan is linear in the workers that take fetches, once per placement (not per request), and
 keeps only the best ``count`` (``heapq.nsmallest``): ``bench/placement.py`` times it on 5,000.
 """
@@ -24,6 +28,7 @@ from fnmatch import fnmatchcase
 from typing import Protocol, TypeVar
 
 from shared_schema import DownloadProgress, ModelDescriptor
+from shared_schema.capabilities import IMAGE
 from shared_schema.fitting import (
     DEFAULT_CONTEXT,
     MB,
@@ -33,12 +38,14 @@ from shared_schema.fitting import (
     safety_margin_mb,
 )
 from shared_schema.gguf_shape import GgufShape
+from shared_schema.images import diffusion_memory_mb
 
 __all__ = [
     "ModelNeed",
     "PlacementView",
     "choose",
     "fit_problem",
+    "image_need",
     "need_of",
     "repo_allowed",
 ]
@@ -53,6 +60,7 @@ class ModelNeed:
     size_bytes: int
     memory_mb: int  # against the worker's memory budget
     full_offload_mb: int  # VRAM for every layer, the rest and the KV cache
+    kind: str = "text"  # or "image": a diffusion model, for workers with ``image``
 
 
 def need_of(name: str, sha256: str, size_bytes: int, shape: GgufShape | None) -> ModelNeed:
@@ -65,6 +73,13 @@ def need_of(name: str, sha256: str, size_bytes: int, shape: GgufShape | None) ->
     full = sum(size + kv for size in shape.layer_bytes) + shape.other_bytes
     return ModelNeed(name, sha256, size_bytes, memory_cost_mb(shape, size_bytes),
                      -(-full // MB))
+
+
+def image_need(name: str, sha256: str, size_bytes: int) -> ModelNeed:
+    """A diffusion model's needs: the file, and its weights and compute allowance in memory
+    (also all it takes of VRAM)."""
+    memory = diffusion_memory_mb(size_bytes)
+    return ModelNeed(name, sha256, size_bytes, memory, memory, kind="image")
 
 
 class PlacementView(Protocol):
@@ -89,6 +104,8 @@ class PlacementView(Protocol):
     @property
     def swarm_models(self) -> bool: ...
     @property
+    def capabilities(self) -> frozenset[str]: ...
+    @property
     def models(self) -> Mapping[str, ModelDescriptor]: ...
     @property
     def downloads(self) -> Mapping[str, DownloadProgress]: ...
@@ -103,6 +120,8 @@ def fit_problem(worker: PlacementView, need: ModelNeed) -> str | None:
         return "takes no fetches"
     if worker.paused or worker.flagged or worker.closed:
         return "paused, flagged or gone"
+    if need.kind == "image" and IMAGE not in worker.capabilities:
+        return "makes no images (its owner has not turned images on)"
     room, memory = worker.model_room_mb, worker.memory_budget_mb
     if room is None or memory is None:
         return "did not say its room for models"

@@ -18,6 +18,14 @@ a ``fetch`` with ``group`` set, which the worker downloads and checks but does n
 same waits, retries and estimates apply (plus the group's load); once the head holds the file
 the group service forms the group.
 
+A diffusion model (issue 38) is placed the same way for an image request (``prepare(model,
+kind="image")``), only on workers with the ``image`` capability (``planner.image_need``), never
+onto a group, with a ``fetch`` of ``kind`` ``image`` (the worker keeps it for its image engine).
+A request of the other kind gets a 400 naming the endpoint before anything is spent: a text
+request for a diffusion model (``model_makes_images``), an image request for a text model
+(``model_not_image``). More copies of an image model for unmet demand are not placed yet: image
+requests do not enter the demand book.
+
 What a placement costs is bounded before it is spent. The serving path calls ``prepare`` only
 after the caller was admitted and its money held (``http.generation.serve``). A new placement is
 counted against the caller's ``placements_per_key_per_hour`` (``budget.PlacementLimits``) before
@@ -49,10 +57,11 @@ from queen_server.errors import (
 )
 from queen_server.placement.budget import PlacementLimits
 from queen_server.placement.demand import DemandBook
-from queen_server.placement.planner import ModelNeed, choose, need_of, repo_allowed
+from queen_server.placement.planner import ModelNeed, choose, image_need, need_of, repo_allowed
 from queen_server.swarm.registry import Registry
 from queen_server.swarm.worker import Worker
 from shared_schema import Demand, DownloadProgress, Fetch, FetchFailed, ModelDemand, encode
+from shared_schema.capabilities import IMAGE
 from shared_schema.diffusion_check import DIFFUSION_ARCHITECTURE
 from shared_schema.fitting import MB
 from shared_schema.placement import MAX_DEMAND_MODELS
@@ -150,6 +159,15 @@ def refusal(model: str, exc: ModelUnverified) -> ApiError:
                           code="model_unusable")
 
 
+def wrong_kind(model: str, found: str) -> InvalidRequest:
+    """The 400 for a request of the other kind than ``model``'s (``found``)."""
+    if found == "image":
+        return InvalidRequest(f"The model '{model}' makes images: use /v1/images/generations.",
+                              param="model", code="model_makes_images")
+    return InvalidRequest(f"The model '{model}' is a text model: /v1/images/generations needs a "
+                          "diffusion model.", param="model", code="model_not_image")
+
+
 class PlacementService:
     def __init__(
         self,
@@ -210,7 +228,8 @@ class PlacementService:
         return (self.settings.on_demand and hub_name(model) is not None
                 and bool(self.registry.takers()))
 
-    async def prepare(self, model: str, caller: str | None = None) -> None:
+    async def prepare(self, model: str, caller: str | None = None, *,
+                      kind: str = "text") -> None:
         """Place ``model`` (or join its placement under way), then wait for it if it will be
         ready within ``model_wait_s``; else ``ModelLoading`` with an estimate. Returns at once
         for a name that is not a hub name or when placement is off (the caller's 404).
@@ -220,14 +239,16 @@ class PlacementService:
         fetch, whatever comes of it; joining a placement under way, and a refusal the queen
         already knows (the operator's lists, a name the hub said it lacks, no worker fits),
         cost nothing and are not counted. The serving path calls this only once the caller
-        was admitted and its money held."""
+        was admitted and its money held. ``kind``: ``image`` for an image request (a diffusion
+        model, on an image worker); a model of the other kind is a 400 naming the endpoint."""
         if not self.placeable(model):
             return  # nobody to place it on: the caller's 404 says no worker serves it
         loading = self.loading.get(model)
         if loading is None and self._held(model):
             return  # placed since the caller looked: routing serves it now
         if loading is None or (loading.ready.is_set() and not loading.asked):
-            loading = await self._placement(model, caller)
+            loading = await self._placement(model, caller, kind)
+        self._check_kind(model, loading, kind)
         estimate = self.estimate_s(loading)
         if estimate > self.settings.model_wait_s:
             self.book.asked(model, met=False)  # a request that starts is counted by ``started``
@@ -243,6 +264,11 @@ class PlacementService:
         if not loading.ready.is_set():
             self.book.asked(model, met=False)
             raise self._loading_error(model, self.estimate_s(loading))
+
+    def _check_kind(self, model: str, loading: Loading, kind: str) -> None:
+        """A 400 for a request of ``kind`` joining the placement of a model of the other."""
+        if loading.need.kind != kind:
+            raise wrong_kind(model, loading.need.kind)
 
     def _held(self, model: str) -> bool:
         """Whether a connected worker holds the file ``model`` is pinned to."""
@@ -262,7 +288,7 @@ class PlacementService:
             f"{seconds} s. Try again then.", code="model_loading",
             headers={"Retry-After": str(seconds)}, extra={"estimated_time": round(estimate, 1)})
 
-    async def _placement(self, model: str, caller: str | None) -> Loading:
+    async def _placement(self, model: str, caller: str | None, kind: str) -> Loading:
         task = self._placing.get(model)
         if task is None:  # one resolution and one first fetch, however many ask at once
             self._known_refusal(model)
@@ -270,7 +296,7 @@ class PlacementService:
                 self.limits.spend_queen(model, check_only=True)
             if caller is not None:
                 self.limits.charge(caller, model)
-            task = asyncio.get_running_loop().create_task(self._place(model))
+            task = asyncio.get_running_loop().create_task(self._place(model, kind))
             self._placing[model] = task
             task.add_done_callback(lambda _t: self._placing.pop(model, None))
         return await asyncio.shield(task)
@@ -294,19 +320,15 @@ class PlacementService:
         if failed is not None:
             raise refusal(model, failed)
 
-    async def _place(self, model: str) -> Loading:
+    async def _place(self, model: str, kind: str) -> Loading:
         settings = self.settings
         try:
             facts = await self.catalog.resolve(model, settings.price_wait_s)
         except ModelUnverified as exc:
             raise refusal(model, exc) from exc
-        if (facts.architecture or "").startswith(DIFFUSION_ARCHITECTURE):
-            # Issue 38: a diffusion model is served by image workers whose owners gave them
-            # one; the queen does not place one on demand (it would go to a text worker).
-            raise InvalidRequest(
-                f"The model '{model}' makes images: it is served at /v1/images/generations by "
-                "workers that hold it, and image models are not loaded on demand.",
-                param="model", code="model_makes_images")
+        found = "image" if (facts.architecture or "").startswith(DIFFUSION_ARCHITECTURE) else "text"
+        if found != kind:  # before any fetch: it would be of no use to the request
+            raise wrong_kind(model, found)
         size = facts.size_bytes or 0
         limit = settings.max_model_gb
         if limit is not None and size > limit * 1e9:
@@ -314,11 +336,14 @@ class PlacementService:
                 f"The model '{model}' is {size / 1e9:.1f} GB; this queen places models up to "
                 f"{limit:g} GB (APIARY_MAX_MODEL_GB).", param="model", code="model_too_large")
         spent = self.limits.spend_queen(model)
-        loading = Loading(need_of(model, facts.sha256, size, facts.shape), facts, self.clock())
+        need = (image_need(model, facts.sha256, size) if kind == "image"
+                else need_of(model, facts.sha256, size, facts.shape))
+        loading = Loading(need, facts, self.clock())
         self.loading[model] = loading
         # A model the group planner finds no one worker can hold goes to a group's head;
         # any other (or one no group can serve either) to the best worker that fits it.
-        loading.group = self.groups is not None
+        # Image models are never split across a group.
+        loading.group = self.groups is not None and kind == "text"
         await self._ask_more(loading, 1)
         if loading.group and not loading.asked and not loading.failed:
             loading.group = False
@@ -348,16 +373,20 @@ class PlacementService:
         return NoCapacity(message, code="no_worker_fits")
 
     def _unplaceable(self, need: ModelNeed) -> str:
-        takers = self.registry.takers()
+        takers: Collection[Worker] = self.registry.takers()
+        what = "models"
+        if need.kind == "image":
+            takers = [w for w in takers if IMAGE in w.capabilities]
+            what = "image models"
         file_mb = -(-need.size_bytes // MB)
         if not takers:
-            return (f"No connected worker takes models on demand, so '{need.name}' "
+            return (f"No connected worker takes {what} on demand, so '{need.name}' "
                     f"({file_mb:,} MB) cannot be placed; try again later.")
         room = max((w.model_room_mb or 0) for w in takers)
         memory = max((w.memory_budget_mb or 0) for w in takers)
         return (f"No connected worker can hold '{need.name}': it needs {file_mb:,} MB of disk and "
                 f"{need.memory_mb:,} MB of memory; the most any of the {len(takers)} workers "
-                f"taking models has is {room:,} MB of room and a {memory:,} MB memory budget.")
+                f"taking {what} has is {room:,} MB of room and a {memory:,} MB memory budget.")
 
     async def _ask_more(self, loading: Loading, count: int) -> None:
         """Send ``fetch`` to up to ``count`` more workers (never one that failed it). A worker
@@ -367,7 +396,8 @@ class PlacementService:
         facts = loading.facts
         frame = encode(Fetch(name=need.name, repo_id=facts.repo_id, revision=facts.commit,
                              paths=list(facts.paths), sha256=need.sha256,
-                             size_bytes=need.size_bytes, group=loading.group))
+                             size_bytes=need.size_bytes, group=loading.group,
+                             kind="image" if need.kind == "image" else "text"))
         while count > 0 and len(loading.failed) < self.settings.max_fetch_attempts:
             exclude = loading.failed.keys() | loading.asked.keys() | loading.done
             if loading.group:
@@ -586,7 +616,7 @@ class PlacementService:
             if row.holders >= self.settings.max_copies_per_model:
                 continue
             facts = self.catalog.pin(row.name)
-            if facts is None:
+            if facts is None or (facts.architecture or "").startswith(DIFFUSION_ARCHITECTURE):
                 continue
             loading = Loading(need_of(row.name, facts.sha256, facts.size_bytes or 0,
                                       facts.shape), facts, self.clock())

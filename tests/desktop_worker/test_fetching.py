@@ -182,12 +182,13 @@ async def test_a_fetched_diffusion_model_is_kept_but_not_loaded_into_llama_cpp(
         pool = Pool()
         changed = asyncio.Event()
         fetcher = Fetcher(store, pool,  # type: ignore[arg-type]
-                          evict=lambda: False, changed=changed.set)
+                          evict=lambda: False, changed=changed.set, images=lambda: True)
         listing = await asyncio.to_thread(store.hub.list_files, repo)
         failures = Failures()
         fetcher.start(Fetch(name=f"{repo}:Q4_0", repo_id=repo, revision=listing.commit,
                             paths=[file], sha256=diffusion_model.sha256,
-                            size_bytes=diffusion_model.size_bytes), failures.report)
+                            size_bytes=diffusion_model.size_bytes, kind="image"),
+                      failures.report)
         async with asyncio.timeout(60):
             while fetcher.downloads():
                 changed.clear()
@@ -196,4 +197,42 @@ async def test_a_fetched_diffusion_model_is_kept_but_not_loaded_into_llama_cpp(
     assert failures.sent == []
     [kept] = store.list()
     assert kept.info.is_diffusion
+    assert pool.loads == []
+
+
+async def test_a_fetch_of_an_image_model_is_refused_by_a_worker_without_images(tmp_path) -> None:
+    """A queen that sends an image model to a worker whose owner never turned images on gets
+    ``no_images``, and nothing is asked of the hub."""
+    with FakeHub(repos()) as hub:
+        store = ModelStore(tmp_path / "models", endpoint=hub.url)
+        sha256 = hashlib.sha256(REAL.read_bytes()).hexdigest()
+        pool, failed = await fetch_and_fail(store, Fetch(
+            name=MODEL, repo_id=REPO, revision="a" * 40, paths=[FILE], sha256=sha256,
+            size_bytes=REAL.stat().st_size, kind="image"))
+        assert hub.count() == 0
+    assert failed.code == "no_images"
+    assert store.list() == []
+    assert pool.loads == []
+
+
+async def test_an_image_fetch_whose_file_is_an_llm_is_deleted_again(tmp_path) -> None:
+    """The image engine could not load it, and llama.cpp is not to: ``wrong_kind``."""
+    with FakeHub(repos()) as hub:
+        store = ModelStore(tmp_path / "models", endpoint=hub.url)
+        listing = await asyncio.to_thread(store.hub.list_files, REPO)
+        pool = Pool()
+        fetcher = Fetcher(store, pool, evict=lambda: False,  # type: ignore[arg-type]
+                          changed=lambda: None, images=lambda: True)
+        failures = Failures()
+        fetcher.start(Fetch(name=MODEL, repo_id=REPO, revision=listing.commit, paths=[FILE],
+                            sha256=hashlib.sha256(REAL.read_bytes()).hexdigest(),
+                            size_bytes=REAL.stat().st_size, kind="image"), failures.report)
+        async with asyncio.timeout(60):
+            await failures.arrived.wait()
+        await fetcher.close()
+        assert hub.count("GET", "/resolve/") >= 1  # it was downloaded, then refused
+    [failed] = failures.sent
+    assert failed.code == "wrong_kind"
+    assert store.list() == []
+    assert list((tmp_path / "models").rglob("*.gguf")) == []
     assert pool.loads == []

@@ -17,9 +17,9 @@ import pytest
 
 from desktop_worker.errors import GenerationCancelled, ModelLoadError
 from desktop_worker.sandbox import landlock
-from desktop_worker.sandbox.images import IMAGE_COMPUTE_MB, SandboxedImages, image_policy
+from desktop_worker.sandbox.images import SandboxedImages, image_policy
 from desktop_worker.sandbox.policy import RUNTIME_ALLOWANCE_MB, policy_for
-from shared_schema.images import ImageOrder
+from shared_schema.images import IMAGE_COMPUTE_MB, ImageOrder
 from tests.desktop_worker.sandbox.test_confinement import DENIED, run_hostile
 from tests.desktop_worker.sandbox.test_confinement import targets as targets
 from tests.support.diffusion_fixture import (  # noqa: F401  (fixtures)

@@ -25,7 +25,7 @@ from shared_schema import (
     Status,
     decode,
 )
-from shared_schema.capabilities import FETCH
+from shared_schema.capabilities import FETCH, IMAGE
 from shared_schema.fitting import MB
 
 MODEL = "org/small-GGUF:Q4_K_M"
@@ -155,10 +155,12 @@ class Swarm:
 
     def add(self, name: str, *, room_mb: int = 50_000, memory_mb: int = 16_000,
             legacy: bool = False, fetch: bool = True, swarm_models: bool = False,
-            models: Iterable[ModelDescriptor] = (), broken: bool = False) -> Worker:
+            models: Iterable[ModelDescriptor] = (), broken: bool = False,
+            images: bool = False) -> Worker:
         key = hashlib.sha256(name.encode()).hexdigest()
+        capabilities = ([FETCH] if fetch else []) + ([IMAGE] if images else [])
         worker = Worker(key=key, public_id=name, session_id="s", legacy=legacy,
-                        capabilities=[FETCH] if fetch else [], models=models)
+                        capabilities=capabilities, models=models)
         worker.model_room_mb, worker.memory_budget_mb = room_mb, memory_mb
         worker.swarm_models = swarm_models
         connection = FakeConnection(name, self.sent, broken)

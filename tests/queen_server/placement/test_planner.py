@@ -11,11 +11,13 @@ from queen_server.placement.planner import (
     ModelNeed,
     choose,
     fit_problem,
+    image_need,
     need_of,
     repo_allowed,
     whole_in_vram,
 )
 from shared_schema import DownloadProgress, ModelDescriptor
+from shared_schema.capabilities import IMAGE
 from shared_schema.fitting import (
     MB,
     choose_context,
@@ -25,6 +27,7 @@ from shared_schema.fitting import (
     safety_margin_mb,
 )
 from shared_schema.gguf_shape import GgufShape
+from shared_schema.images import IMAGE_COMPUTE_MB, diffusion_memory_mb
 
 SHA = "a" * 64
 OTHER_SHA = "b" * 64
@@ -46,6 +49,7 @@ class FakeWorker:
     closed: bool = False
     models: dict[str, ModelDescriptor] = field(default_factory=dict)
     downloads: dict[str, DownloadProgress] = field(default_factory=dict)
+    capabilities: frozenset[str] = frozenset()
 
 
 def need(size_mb: int = 1000, memory_mb: int = 1500, full_mb: int = 1600) -> ModelNeed:
@@ -237,3 +241,26 @@ def test_repo_allowed(repo: str, allow: list[str], deny: list[str], allowed: boo
     if not allowed:
         assert repo in (why or "")
         assert ("deny-list" in (why or "")) == bool(deny and "evil" in repo.lower())
+
+
+# --- diffusion models (issue 38) -------------------------------------------------------------
+
+
+def test_an_image_model_needs_its_weights_and_the_largest_image_s_compute() -> None:
+    made = image_need(NAME, SHA, 500 * MB)
+    assert made.kind == "image"
+    assert made.memory_mb == made.full_offload_mb == diffusion_memory_mb(500 * MB)
+    assert made.memory_mb == 500 + IMAGE_COMPUTE_MB  # what its sandboxed child is allowed
+
+
+def test_an_image_model_goes_only_to_workers_that_make_images() -> None:
+    made = image_need(NAME, SHA, 500 * MB)
+    text = FakeWorker("text", swarm_models=True)
+    image = FakeWorker("image", capabilities=frozenset({IMAGE}))
+    assert fit_problem(text, made) == "makes no images (its owner has not turned images on)"
+    assert fit_problem(image, made) is None
+    assert keys(choose(made, [text, image], {}, 2)) == ["image"]
+    tight = FakeWorker("tight", capabilities=frozenset({IMAGE}),
+                       memory_budget_mb=made.memory_mb - 1)
+    assert "memory budget" in (fit_problem(tight, made) or "")
+    assert fit_problem(text, need()) is None  # a text model still goes anywhere that fits
