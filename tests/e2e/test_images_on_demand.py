@@ -1,7 +1,8 @@
 """An image model placed on demand (issue 38): a developer names a diffusion model on the hub
 (the fake hub serving the tests' random SDXS-512-DS file) that no worker holds. A real queen
 reads its header, prices it, and sends the fetch to the one real worker whose owner turned
-images on (``WorkerService`` with ``images``), never to the text worker beside it; the developer
+images on (``WorkerService`` with ``images``), never to the text worker beside it (a key that
+cannot pay is refused first, before the hub is read); the developer
 hears ``model_loading`` with an estimate while the file downloads, then gets a PNG rendered by
 the worker's sandboxed image child. A chat request to the same name is refused by name, and
 the ledger is clean."""
@@ -39,6 +40,13 @@ async def test_an_image_model_nobody_holds_is_fetched_onto_an_image_worker_and_r
                 worker(tmp_path, queen, hub, "text", memory_budget_mb=16_000) as text, \
                 worker(tmp_path, queen, hub, "artist", images=True, memory_budget_mb=8192,
                        threads=2) as artist:
+            poor, _ = await queen.funded_key(0)
+            with pytest.raises(openai.APIStatusError) as unpaid:
+                await queen.client(api_key=poor).images.generate(
+                    model=NAME, prompt="a hive", size="64x64", extra_body=EXTRA)
+            assert unpaid.value.status_code == 402
+            assert hub.count() == 0  # a key that cannot pay makes the queen read nothing
+
             secret, _ = await queen.funded_key(1000)
             client = queen.client(api_key=secret, timeout=300)
             with pytest.raises(openai.APIStatusError) as loading:
