@@ -83,7 +83,10 @@ _BARE_PREFIX = "model.diffusion_model."
 class DiffusionLimits:
     """Bounds on a safetensors header (GGUF files use ``DIFFUSION_GGUF_LIMITS``)."""
 
-    max_header_bytes: int = 100_000_000  # the safetensors library's own MAX_HEADER_SIZE
+    # The safetensors library allows 100 MB; real headers are far smaller (an entry is about
+    # 120 bytes, and SDXL's single file has about 2,500 tensors: 300 KB), and the worker
+    # parses this JSON in its own process.
+    max_header_bytes: int = 16 << 20
     max_tensor_count: int = 1 << 16
     max_name_bytes: int = 255
 
