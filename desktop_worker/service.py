@@ -181,8 +181,9 @@ class WorkerService:
             max_count=settings.adapter_cache_count, room_bytes=store_room(self.store)),
             self.pool)
         # Image jobs (issue 38), when the owner opted in and the image engine is installed.
-        self.images = (ImageJobs(SandboxedImages(n_threads=settings.threads), self._model_info,
-                                 self._model_path)
+        # Each image child's memory is reserved from the text models' budget (``ModelPool``).
+        self.images = (ImageJobs(SandboxedImages(n_threads=settings.threads, memory=self.pool),
+                                 self._model_info, self._model_path)
                        if capabilities.IMAGE in worker_capabilities(settings) else None)
         self.runner = JobRunner(
             self.pool, has_model=self.has_model, training=training, images=self.images,

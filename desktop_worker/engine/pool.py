@@ -12,7 +12,12 @@ Each context is made by the pool's factory (``contexts``). The worker's is
 the worker's process never loads llama.cpp; the engine's own tests and the benchmarks pass
 ``llama_model.llama_context`` (in this process). A context whose ``alive`` turns false (its
 child crashed, or a group's head ended) is dropped after its job and the next job gets a new
-one."""
+one.
+
+Memory the worker spends outside llama.cpp counts against the same budget: an image child
+(issue 38) ``reserve``s what its sandbox allows it before it starts (idle models are unloaded to
+make room, as for a load) and ``release``s it when it ends; loads count what is reserved as
+in use."""
 
 from __future__ import annotations
 
@@ -189,6 +194,7 @@ class ModelPool:
         self.free_vram_mb = free_vram_mb
         self.budget_mb = budget_mb
         self._loaded: dict[str, _Loaded] = {}
+        self._reserved: dict[str, int] = {}  # memory outside llama.cpp: key -> MB
         self._adapters: dict[str, tuple[str, Adapter]] = {}  # name -> (base name, adapter)
         self._load_locks: dict[str, asyncio.Lock] = {}
         self._freed = asyncio.Condition()
@@ -331,14 +337,31 @@ class ModelPool:
             async with self._freed:
                 self._freed.notify_all()  # waiters look again (also when the load failed)
 
+    def reserved_mb(self) -> int:
+        """Memory reserved outside llama.cpp (image children), in MB."""
+        return sum(self._reserved.values())
+
+    async def reserve(self, key: str, memory_mb: int) -> None:
+        """Count ``memory_mb`` spent outside llama.cpp under ``key`` against the budget,
+        unloading idle models first to make room for it (a busy one stays: then the budget is
+        crossed, and logged, rather than a job cut off)."""
+        self._reserved.pop(key, None)
+        await self._make_room(memory_mb, exclude="")
+        self._reserved[key] = memory_mb
+
+    def release(self, key: str) -> None:
+        """``key``'s reservation is over."""
+        self._reserved.pop(key, None)
+
     async def _make_room(self, need_mb: int, *, exclude: str) -> None:
         residents = [
             Resident(name, entry.cost_mb, entry.last_used, entry.active > 0 or name == exclude)
             for name, entry in self._loaded.items()
         ]
-        for name in choose_evictions(residents, need_mb, self.budget_mb):
+        reserved = self.reserved_mb()
+        for name in choose_evictions(residents, need_mb, self.budget_mb - reserved):
             await self.unload(name)
-        used = sum(entry.cost_mb for entry in self._loaded.values())
+        used = sum(entry.cost_mb for entry in self._loaded.values()) + reserved
         if used + need_mb > self.budget_mb:
             log.warning("loading %d MB more goes over the %d MB model budget (%d MB in use by "
                         "busy models)", need_mb, self.budget_mb, used)

@@ -4,9 +4,11 @@ Each diffusion model is loaded by one child in the ``image`` role, confined like
 child (Landlock: it reads Python, the system's libraries and its model's file, writes only its
 scratch folder; the system call filter with no socket; rlimits), with a memory limit of the
 model's file plus ``IMAGE_COMPUTE_MB`` for stable-diffusion.cpp's buffers plus the runtime's
-allowance. A child stays loaded for the next job of its model; at most ``max_models`` are kept,
-the least recently used ended first. Jobs of one model run one at a time (a child renders one
-order at a time), so ``render`` waits its turn.
+allowance. That memory is reserved from the worker's model budget (``MemoryBudget``: the
+``ModelPool``, which unloads idle text models to make room) before the child starts, and given
+back when it ends. A child stays loaded for the next job of its model; at most ``max_models``
+are kept, the least recently used ended first. Jobs of one model run one at a time (a child
+renders one order at a time), so ``render`` waits its turn.
 
 The child's images come back checked: as many as the order asked for, with its seeds (the
 queen checks every image's format and size again). A child that dies fails the job as an
@@ -22,6 +24,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from desktop_worker.errors import (
     EngineError,
@@ -55,6 +58,23 @@ class Rendering:
     family: str
 
 
+class MemoryBudget(Protocol):
+    """The owner's memory budget that image children count against (``ModelPool``)."""
+
+    async def reserve(self, key: str, memory_mb: int) -> None: ...
+    def release(self, key: str) -> None: ...
+
+
+class NoBudget:
+    """No budget to count against (the engine's own tests, the benchmarks)."""
+
+    async def reserve(self, key: str, memory_mb: int) -> None:
+        return None
+
+    def release(self, key: str) -> None:
+        return None
+
+
 def image_policy(model_path: Path, taesd_path: Path | None) -> tuple[list[str], int]:
     """The files an image child reads, and its memory (MB) before the runtime allowance."""
     files = [str(model_path), *([str(taesd_path)] if taesd_path is not None else [])]
@@ -66,8 +86,10 @@ class SandboxedImages:
     """Diffusion models, each in an image child, rendering ``ImageOrder``s."""
 
     def __init__(self, *, n_threads: int | None = None, max_models: int = 1,
-                 cancel_grace_s: float = CANCEL_GRACE_S) -> None:
+                 cancel_grace_s: float = CANCEL_GRACE_S,
+                 memory: MemoryBudget | None = None) -> None:
         self.n_threads = n_threads
+        self.memory = memory or NoBudget()
         self.max_models = max_models
         self.cancel_grace_s = cancel_grace_s
         self._children: OrderedDict[Path, _Child] = OrderedDict()
@@ -97,12 +119,20 @@ class SandboxedImages:
                 await self._end(model_path)
             while len(self._children) >= self.max_models:
                 await self._end(next(iter(self._children)))
-            child = await asyncio.to_thread(self._open, model_path, taesd_path)
+            files, memory_mb = image_policy(model_path, taesd_path)
+            key = f"image:{model_path}"
+            await self.memory.reserve(key, memory_mb)
+            try:
+                child = await asyncio.to_thread(self._open, model_path, taesd_path, files,
+                                                memory_mb)
+            except BaseException:
+                self.memory.release(key)
+                raise
             self._children[model_path] = child
             return child
 
-    def _open(self, model_path: Path, taesd_path: Path | None) -> _Child:
-        files, memory_mb = image_policy(model_path, taesd_path)
+    def _open(self, model_path: Path, taesd_path: Path | None, files: list[str],
+              memory_mb: int) -> _Child:
         policy = policy_for("image", model_files=files, memory_mb=memory_mb)
         process = EngineProcess("image", policy, label=f"image {model_path.name}")
         try:
@@ -150,6 +180,7 @@ class SandboxedImages:
         child = self._children.pop(model_path, None)
         if child is not None:
             await asyncio.to_thread(child.process.close)
+            self.memory.release(f"image:{model_path}")
 
     async def close(self) -> None:
         for path in list(self._children):

@@ -130,3 +130,39 @@ async def test_unload_idle_frees_every_model_but_the_one_mid_answer() -> None:
     finally:
         factory.gate.set()
         await pool.close()
+
+
+async def test_memory_reserved_outside_llama_cpp_unloads_idle_models_and_counts_for_loads(
+        caplog) -> None:
+    """An image child's reservation (issue 38): idle models make room for it, a busy one
+    stays; while it is held, loads count it as in use."""
+    factory = Factory(expect=2)
+    pool = ModelPool(FakeModel, max_jobs=2, budget_mb=1000, contexts=factory)
+
+    async def chunk(_: dict[str, Any]) -> None:
+        pass
+
+    try:
+        await pool.load("idle")
+        one_mb = pool._loaded["idle"].cost_mb
+        await pool.reserve("image:a", 1000 - one_mb)  # room for one model beside it
+        assert pool.loaded() == {"idle"}  # it still fits
+        await pool.reserve("image:a", 1000)  # again under the same key: replaced, not added
+        assert pool.loaded() == set()  # the idle model made room
+        assert pool.reserved_mb() == 1000
+        busy = asyncio.create_task(pool.chat("busy", {}, threading.Event(), chunk))
+        async with asyncio.timeout(10):
+            await factory.enough.wait()
+        assert "goes over the 1000 MB model budget" in caplog.text  # counted, and said
+        await pool.reserve("image:b", 10)
+        assert pool.loaded() == {"busy"}  # mid-answer: never unloaded for a reservation
+        pool.release("image:a")
+        pool.release("image:b")
+        pool.release("image:unknown")  # harmless
+        assert pool.reserved_mb() == 0
+        factory.gate.set()
+        async with asyncio.timeout(10):
+            await busy
+    finally:
+        factory.gate.set()
+        await pool.close()

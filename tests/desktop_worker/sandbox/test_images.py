@@ -124,3 +124,38 @@ async def test_one_model_at_a_time_and_a_swapped_file_never_loads(
     with pytest.raises(ModelLoadError, match="did not load"):
         await engine.render(swapped, order(n=1), threading.Event())
     assert swapped not in engine.loaded()
+
+
+class Budget:
+    """The owner's memory budget as the image engine sees it (``MemoryBudget``): what is held
+    under each key now, and every call in order."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, int] = {}
+        self.calls: list[tuple[str, str]] = []
+
+    async def reserve(self, key: str, memory_mb: int) -> None:
+        self.calls.append(("reserve", key))
+        self.held[key] = memory_mb
+
+    def release(self, key: str) -> None:
+        self.calls.append(("release", key))
+        self.held.pop(key, None)
+
+
+async def test_a_child_s_memory_is_reserved_from_the_budget_while_it_lives(
+        diffusion_model, other_diffusion_model) -> None:  # noqa: F811
+    budget = Budget()
+    engine = SandboxedImages(n_threads=2, memory=budget)
+    try:
+        await engine.render(diffusion_model.path, order(n=1), threading.Event())
+        ours = f"image:{diffusion_model.path}"
+        assert budget.held == {ours: image_policy(diffusion_model.path, None)[1]}
+        await engine.render(other_diffusion_model.path, order(n=1), threading.Event())
+        theirs = f"image:{other_diffusion_model.path}"
+        assert budget.held == {theirs: image_policy(other_diffusion_model.path, None)[1]}
+        # the first child ended (and gave its memory back) before the second was reserved
+        assert budget.calls == [("reserve", ours), ("release", ours), ("reserve", theirs)]
+    finally:
+        await engine.close()
+    assert budget.held == {}
