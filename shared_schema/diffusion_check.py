@@ -26,6 +26,7 @@ encoders) is read as sd.cpp reads a ``diffusion_model_path`` file, with
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
@@ -117,6 +118,15 @@ class DiffusionShape:
             missing.append("VAE")
         return tuple(missing)
 
+    def incomplete(self, name: str) -> str | None:
+        """Why this file alone cannot render (None: it can): Apiary loads one file a model,
+        so a lone denoiser, or a model without its text encoder or VAE, is of no use."""
+        if not self.missing_parts and not self.diffusion_only:
+            return None
+        return (f"{name} is a {self.family} model without its "
+                f"{' and '.join(self.missing_parts) or 'text encoder and VAE'}: Apiary serves a "
+                "diffusion model from one file that holds all its parts")
+
 
 @dataclass(frozen=True, slots=True)
 class _Table:
@@ -202,11 +212,15 @@ def _shape(table: _Table, name: str) -> DiffusionShape:
 
 
 def diffusion_shape_of_prefix(data: bytes, name: str, file_size: int) -> DiffusionShape:
-    """A GGUF diffusion model's shape from the first bytes of its file (``file_size`` in all),
-    as the queen reads a hub file with a range request (issue 38: priced by its own reading).
-    ``GgufTruncated`` when the header runs past ``data`` (its ``needed`` says how far to
-    read); ``InvalidDiffusionModel`` (and its kinds) otherwise. Only the header is read: the
-    tensors' offsets are the worker's to check against the whole file."""
+    """A diffusion model's shape from the first bytes of its file (``file_size`` in all), as
+    the queen reads a hub file with a range request (issue 38: priced by its own reading): a
+    GGUF file, or else a safetensors file. ``GgufTruncated`` when the header runs past
+    ``data`` (its ``needed`` says how far to read); ``InvalidDiffusionModel`` (and its kinds)
+    otherwise. Only the header is read: a GGUF file's tensors' offsets are the worker's to
+    check against the whole file (a safetensors header's are checked here, against
+    ``file_size``)."""
+    if len(data) < 4 or int.from_bytes(data[:4], "little") != GGUF_MAGIC:
+        return _safetensors_prefix_shape(data, name, file_size)
     try:
         header = parse_gguf_header(data, name, file_size, limits=DIFFUSION_GGUF_LIMITS)
     except GgufTruncated:
@@ -219,6 +233,17 @@ def diffusion_shape_of_prefix(data: bytes, name: str, file_size: int) -> Diffusi
         shapes=tuple(t.shape for t in header.tensors),
         counts=tuple(t.n_elements for t in header.tensors), file_size=file_size,
         llm_architecture=arch if isinstance(arch, str) and arch else None), name)
+
+
+def _safetensors_prefix_shape(data: bytes, name: str, file_size: int) -> DiffusionShape:
+    limits = DiffusionLimits()
+    if len(data) >= 8 and len(data) < file_size:
+        (header_bytes,) = _U64.unpack_from(data)
+        needed = 8 + header_bytes
+        if header_bytes <= limits.max_header_bytes and len(data) < needed <= file_size:
+            raise GgufTruncated(f"{name}: its safetensors header runs past the {len(data):,} "
+                                "bytes read", needed)
+    return _shape(_safetensors_table(io.BytesIO(data), name, file_size, limits), name)
 
 
 # --- reading the header --------------------------------------------------------------------------

@@ -6,7 +6,12 @@ the queen picks the same file to read its header and price the model.
 How a filter picks a file (``resolve_filter``)
 -----------------------------------------------
 The candidates are the repo's ``.gguf`` files (any folder, suffix compared case-insensitively).
-Split files named ``<base>-00001-of-00003.gguf`` ... form one candidate (a *group*). Vision
+A diffusion model's single ``.safetensors`` file (issue 38) is a candidate instead when the filter
+ends in ``.safetensors`` or the repo holds no ``.gguf`` file at all (``stabilityai/sdxl-turbo:
+sd_xl_turbo_1.0_fp16``); sharded ``-0000k-of-0000n.safetensors`` files never are (a model's
+weights in parts are no single-file checkpoint), nor, in a diffusers repo (one with a top-level
+``model_index.json``), the parts in its folders (``unet/``, ``vae/``, ...); and a repo of GGUF
+files keeps its filters' meaning. Split files named ``<base>-00001-of-00003.gguf`` ... form one candidate (a *group*). Vision
 projector files (``mmproj`` in the file name) are candidates only when the filter itself says
 ``mmproj``: they are never a chat model on their own.
 
@@ -65,6 +70,8 @@ _LOCAL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/+@-]*$")
 _WORD_CUT = re.compile(r"[^a-z0-9_]+")
 _SPLIT = re.compile(r"^(?P<base>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 _GGUF_SUFFIX = ".gguf"
+_SAFETENSORS_SUFFIX = ".safetensors"
+_SHARD = re.compile(r"-\d{5}-of-\d{5}\.safetensors$", re.IGNORECASE)
 _QUANT = re.compile(
     r"^(?:i?q\d(?:_[a-z0-9]+)*|tq\d_\d|f16|f32|bf16|fp16|fp32|mxfp4(?:_moe)?)$", re.IGNORECASE
 )
@@ -256,9 +263,12 @@ def resolve_filter(files: Sequence[str], filter: str) -> ResolvedFile:
     candidates = [
         c for c in _candidates(files) if "mmproj" in wanted or "mmproj" not in _name(c.base).lower()
     ]
+    if wanted.endswith(_SAFETENSORS_SUFFIX) or not candidates:
+        candidates = _safetensors_candidates(files)
     labels = [c.label for c in candidates]
     if not candidates:
-        raise NoMatchingFile(f"the repo has no .gguf model files (filter {filter!r})", [])
+        raise NoMatchingFile(f"the repo has no .gguf model files, nor a single-file "
+                             f".safetensors model (filter {filter!r})", [])
     for tier in (_exact_matches, _delimited_matches, _substring_matches):
         matches = tier(candidates, wanted)
         if len(matches) == 1:
@@ -271,7 +281,7 @@ def resolve_filter(files: Sequence[str], filter: str) -> ResolvedFile:
                 found,
             )
     raise NoMatchingFile(
-        f"filter {filter!r} matches none of the repo's GGUF models: {', '.join(labels)}", labels
+        f"filter {filter!r} matches none of the repo's models: {', '.join(labels)}", labels
     )
 
 
@@ -306,6 +316,19 @@ def _candidates(files: Iterable[str]) -> list[_Candidate]:
     return sorted(singles, key=lambda c: c.label.lower())
 
 
+def _safetensors_candidates(files: Iterable[str]) -> list[_Candidate]:
+    """The repo's single-file ``.safetensors`` models (issue 38: diffusion checkpoints)."""
+    paths = set(files)
+    diffusers = "model_index.json" in paths  # its folders hold a pipeline's parts
+
+    def single(path: str) -> bool:
+        return (path.lower().endswith(_SAFETENSORS_SUFFIX) and not _SHARD.search(path)
+                and not (diffusers and "/" in path))
+
+    return sorted((_Candidate((path,), path, path[: -len(_SAFETENSORS_SUFFIX)], 1)
+                   for path in paths if single(path)), key=lambda c: c.label.lower())
+
+
 def _exact_matches(candidates: list[_Candidate], wanted: str) -> list[_Candidate]:
     wanted = _strip_gguf(wanted)
     out = []
@@ -338,7 +361,11 @@ def _words(text: str) -> list[str]:
 
 
 def _strip_gguf(path: str) -> str:
-    return path[: -len(_GGUF_SUFFIX)] if path.lower().endswith(_GGUF_SUFFIX) else path
+    """``path`` without its model file suffix (``.gguf``, or ``.safetensors``)."""
+    for suffix in (_GGUF_SUFFIX, _SAFETENSORS_SUFFIX):
+        if path.lower().endswith(suffix):
+            return path[: -len(suffix)]
+    return path
 
 
 def _base_of(path: str) -> str:

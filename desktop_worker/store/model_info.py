@@ -39,11 +39,9 @@ def read_model_info(path: Path) -> GgufInfo:
             shape = read_diffusion_shape(handle, path.name)
     except InvalidDiffusionModel as exc:
         raise InvalidModelFile(str(exc)) from exc
-    if shape.missing_parts or shape.diffusion_only:
-        raise InvalidModelFile(
-            f"{path.name} is a {shape.family} model without its "
-            f"{' and '.join(shape.missing_parts) or 'text encoder and VAE'}: Apiary serves a "
-            "diffusion model from one file that holds all its parts")
+    incomplete = shape.incomplete(path.name)
+    if incomplete is not None:
+        raise InvalidModelFile(incomplete)
     return GgufInfo(
         architecture=DIFFUSION_PREFIX + shape.family, name=None,
         parameter_count=shape.parameter_count, block_count=None, context_length=None,

@@ -130,13 +130,17 @@ def diffusion_facts(data: bytes, path: str, file_size: int,
     """A diffusion model's facts from its header's first bytes (issue 38): its parameters (every
     tensor's), its family as ``architecture`` (``diffusion:sdxs``, say), no layers or context.
     ``GgufTruncated`` to read on; a file that is no diffusion model either is refused with why
-    it is no LLM (``not_llm``)."""
+    it is no LLM (``not_llm``), and one that cannot render alone (``DiffusionShape.incomplete``:
+    a lone denoiser, say) with why."""
     try:
         shape = diffusion_shape_of_prefix(data, path, file_size)
     except GgufTruncated:
         raise
     except InvalidDiffusionModel as exc:
         raise not_llm from exc
+    incomplete = shape.incomplete(path)
+    if incomplete is not None:  # a worker would download it, then refuse it
+        raise InvalidGgufFile(incomplete)
     architecture = DIFFUSION_ARCHITECTURE + shape.family
     return HeaderFacts(
         parameter_count=shape.parameter_count, architecture=architecture, context_length=None,

@@ -17,11 +17,13 @@ import pytest
 
 from shared_schema.diffusion_check import (
     DiffusionLimits,
+    diffusion_shape_of_prefix,
     model_file_kind,
     read_diffusion_shape,
 )
 from shared_schema.diffusion_family import RENDERED_FAMILIES, sd_family
 from shared_schema.errors import (
+    GgufTruncated,
     InvalidDiffusionModel,
     NotADiffusionModel,
     UnsupportedDiffusionFamily,
@@ -333,3 +335,23 @@ def test_safetensors_names_are_walked_sorted_as_sd_cpp_keeps_them() -> None:
     radiance = (f"{UNET}nerf_final_layer_conv.weight", [4])
     for order in ([sd3, radiance], [radiance, sd3]):
         assert shape_of(safetensors(table(order))).family == "sd3"
+
+
+def test_a_safetensors_prefix_says_how_far_to_read_then_gives_the_shape() -> None:
+    """As the queen reads a hub file: the first bytes, then as far as the header says."""
+    data = safetensors(table(SD1_TABLE))
+    (header_bytes,) = struct.unpack_from("<Q", data)
+    with pytest.raises(GgufTruncated) as caught:
+        diffusion_shape_of_prefix(data[:64], "m.safetensors", len(data))
+    assert caught.value.needed == 8 + header_bytes
+    shape = diffusion_shape_of_prefix(data[:8 + header_bytes], "m.safetensors", len(data))
+    assert (shape.family, shape.file_format, shape.file_size) == ("sd1", "safetensors",
+                                                                  len(data))
+    assert shape.incomplete("m.safetensors") is None
+    lying = struct.pack("<Q", 20 << 20) + data[8:64]  # a 20 MiB header is refused, not read
+    with pytest.raises(InvalidDiffusionModel, match="16,777,216 are allowed"):
+        diffusion_shape_of_prefix(lying, "m.safetensors", 1 << 30)
+    no_vae = table([entry for entry in SD1_TABLE if not entry[0].startswith("first_stage")])
+    short = safetensors(no_vae)
+    assert "without its VAE" in (diffusion_shape_of_prefix(short, "m.safetensors", len(short))
+                                 .incomplete("m.safetensors") or "")

@@ -22,13 +22,17 @@ weights. Deterministic in ``seed``: ``write_sdxs_model(path,
 seed=1)`` is "another model" of the same shape.
 
 Use ``diffusion_fixture.py``'s fixtures (one file per test session), or call
-``write_sdxs_model`` directly.
+``write_sdxs_model`` directly. ``write_sdxs_safetensors`` writes the same model as a single-file
+safetensors checkpoint, as most diffusion models are published (its Q4_0 weights turned into
+F16 ones of the same values: about 880 MB).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +40,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
 
-__all__ = ["TensorSpec", "WrittenModel", "sdxs_tensors", "write_sdxs_model", "write_taesd"]
+__all__ = ["TensorSpec", "WrittenModel", "sdxs_tensors", "write_sdxs_model",
+           "write_sdxs_safetensors", "write_taesd"]
 
 _UNET = "model.diffusion_model."
 _CLIP = "cond_stage_model.transformer.text_model."
@@ -278,6 +283,45 @@ def write_taesd(path: Path, *, seed: int = 0) -> WrittenModel:
     items = [(spec.name.removeprefix("first_stage_model."), array, qtype)
              for spec, array, qtype in _drawn(seed) if spec.name.startswith(_TAESD)]
     return _write_gguf(path, items, f"apiary test TAESD decoder (random weights, seed {seed})")
+
+
+def write_sdxs_safetensors(path: Path, *, seed: int = 0) -> WrittenModel:
+    """The model of ``seed`` as one safetensors file: its tensors under the same names, the
+    Q4_0 ones as F16 of the values their blocks hold (so it renders as the GGUF file does, up
+    to sd.cpp's own handling of the two types)."""
+    items = [(spec.name, _dequantized(array) if qtype is not None else array)
+             for spec, array, qtype in _drawn(seed)]
+    entries: dict[str, object] = {"__metadata__": {"title": f"apiary test SDXS-512-DS "
+                                                            f"(random weights, seed {seed})"}}
+    offset = 0
+    for name, array in items:
+        dtype = {np.dtype(np.float16): "F16", np.dtype(np.float32): "F32"}[array.dtype]
+        entries[name] = {"dtype": dtype, "shape": list(array.shape),
+                         "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+    header = json.dumps(entries).encode()
+    header += b" " * (-len(header) % 8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    digest = hashlib.sha256()
+    with partial.open("wb") as handle:
+        for chunk in (struct.pack("<Q", len(header)), header,
+                      *(np.ascontiguousarray(array).tobytes() for _, array in items)):
+            handle.write(chunk)
+            digest.update(chunk)
+    partial.replace(path)
+    return WrittenModel(path=path, sha256=digest.hexdigest(), size_bytes=path.stat().st_size,
+                        parameter_count=sum(array.size for _, array in items))
+
+
+def _dequantized(blocks: np.ndarray) -> np.ndarray:
+    """Q4_0 rows (``_q4_0``'s layout) as the F16 values they hold."""
+    rows = blocks.shape[0]
+    flat = blocks.reshape(-1, _Q4_BYTES)
+    scale = flat[:, :2].copy().view(np.float16).astype(np.float32)
+    packed = flat[:, 2:]
+    nibbles = np.concatenate([packed & 0x0F, packed >> 4], axis=1).astype(np.float32) - 8
+    return (nibbles * scale).astype(np.float16).reshape(rows, -1)
 
 
 def _write_gguf(path: Path, items: list[tuple[str, np.ndarray, int | None]], title: str

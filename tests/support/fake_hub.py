@@ -3,7 +3,8 @@
 It answers the requests listed in /work/shared/TESTING.md:
 
 * ``GET /api/models/{repo}`` (and ``/revision/{rev}``): ``id``, ``sha``, ``siblings`` with
-  ``rfilename``, ``size`` and, for LFS files (``.gguf``), ``lfs: {sha256, size, pointerSize}``.
+  ``rfilename``, ``size`` and, for LFS files (``.gguf``, ``.safetensors``), ``lfs: {sha256, size,
+  pointerSize}``.
 * ``GET /api/models/{repo}/tree/{rev}[/{folder}]?recursive=...``: a list of
   ``{"type": "file", "path", "size", "oid", "lfs"?}`` and ``{"type": "directory", ...}``.
 * ``HEAD`` / ``GET /{repo}/resolve/{rev}/{path}``: ``X-Repo-Commit`` (40 hex), a quoted ``ETag``
@@ -117,7 +118,8 @@ class _Blob:
             self.data = None
             self.file = Path(source)
             self.size = self.file.stat().st_size
-        self.lfs = path_in_repo.lower().endswith(".gguf")
+        # What the hub's default .gitattributes stores with LFS: model weights.
+        self.lfs = path_in_repo.lower().endswith((".gguf", ".safetensors"))
         self.sha256 = _sha256(self.data, self.file)
         if self.lfs:
             pointer = (

@@ -243,9 +243,47 @@ def test_no_match_lists_every_candidate() -> None:
 
 
 def test_repo_without_gguf_files() -> None:
+    files = ["README.md", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
     with pytest.raises(NoMatchingFile, match=r"no \.gguf") as caught:
-        resolve_filter(["README.md", "model.safetensors"], "Q4")
-    assert caught.value.candidates == []
+        resolve_filter(files, "model")
+    assert caught.value.candidates == []  # shards are no single-file checkpoint
+
+
+# A diffusion repo laid out like stabilityai/sdxl-turbo: single-file checkpoints at the top, the
+# diffusers layout's parts in folders.
+SDXL = [
+    "README.md",
+    "model_index.json",
+    "sd_xl_turbo_1.0.safetensors",
+    "sd_xl_turbo_1.0_fp16.safetensors",
+    "unet/diffusion_pytorch_model.fp16.safetensors",
+    "unet/diffusion_pytorch_model.safetensors",
+    "vae/diffusion_pytorch_model.safetensors",
+    "text_encoder/model-00001-of-00002.safetensors",
+]
+
+
+def test_a_repo_of_no_gguf_files_picks_a_single_safetensors_file() -> None:
+    assert resolve_filter(SDXL, "sd_xl_turbo_1.0_fp16").paths == (
+        "sd_xl_turbo_1.0_fp16.safetensors",)
+    assert resolve_filter(SDXL, "sd_xl_turbo_1.0.safetensors").paths == (
+        "sd_xl_turbo_1.0.safetensors",)
+    assert resolve_filter(SDXL, "fp16").paths == ("sd_xl_turbo_1.0_fp16.safetensors",)
+    with pytest.raises(NoMatchingFile) as missing:  # a diffusers pipeline's parts are not models
+        resolve_filter(SDXL, "diffusion_pytorch_model")
+    assert missing.value.candidates == ["sd_xl_turbo_1.0.safetensors",
+                                        "sd_xl_turbo_1.0_fp16.safetensors"]
+    without_index = [path for path in SDXL if path != "model_index.json"]
+    assert resolve_filter(without_index, "unet/diffusion_pytorch_model.fp16").paths == (
+        "unet/diffusion_pytorch_model.fp16.safetensors",)
+    with pytest.raises(NoMatchingFile):  # shards never are
+        resolve_filter(without_index, "text_encoder/model-00001-of-00002")
+
+
+def test_a_gguf_repo_picks_safetensors_only_when_the_filter_names_the_suffix() -> None:
+    files = ["m-Q8_0.gguf", "m-Q8_0.safetensors"]
+    assert resolve_filter(files, "Q8_0").paths == ("m-Q8_0.gguf",)
+    assert resolve_filter(files, "m-Q8_0.safetensors").paths == ("m-Q8_0.safetensors",)
 
 
 def test_non_gguf_files_never_match() -> None:
