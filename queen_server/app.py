@@ -23,6 +23,7 @@ from queen_server.catalog.hub import HubFiles
 from queen_server.catalog.pins import DatabasePins
 from queen_server.cluster.bus import RedisBus
 from queen_server.cluster.directory import RedisDirectory
+from queen_server.cluster.seal import BusSeal
 from queen_server.errors import ApiError
 from queen_server.files.service import make_files
 from queen_server.finetune.orders import TRANSFER_SECRET
@@ -154,7 +155,9 @@ def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) ->
     replicas = None
     if settings.redis_url:
         replicas = Replicas(settings.replica_id, registry, dispatcher,
-                            RedisBus(settings.redis_url),
+                            RedisBus(settings.redis_url, seal=BusSeal(
+                                settings.cluster_secret.get_secret_value()
+                                if settings.cluster_secret else "")),
                             RedisDirectory(settings.redis_url, client=shared_redis),
                             stats=stats,
                             answer=lambda what, arg: reports.part(state, what, arg),

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
+from queen_server.cluster.seal import MIN_SECRET_CHARS
 from shared_schema import queen_origin
 
 # The database URLs the queen takes, as the messages show them.
@@ -117,6 +118,9 @@ class QueenSettings(BaseSettings):
     # queen on its own, with an in-process bus), and this process's name among them (default:
     # host name, pid and a random suffix, new at each start).
     redis_url: str | None = None
+    # The secret the replicas seal the bus's messages with (issue 40: ``cluster.seal``): the
+    # same on every replica, at least 16 characters; required with ``redis_url``.
+    cluster_secret: SecretStr | None = None
     replica_id: str = Field(default_factory=default_replica_id)
     # Which peers' X-Forwarded-For/-Proto uvicorn believes (comma-separated addresses or
     # networks, or "*"): the TLS proxy in front of the queen. None: uvicorn's own default,
@@ -412,6 +416,19 @@ class QueenSettings(BaseSettings):
     @classmethod
     def _redis(cls, value: str | None) -> str | None:
         return None if value is None or not value.strip() else check_redis_url(value)
+
+    @model_validator(mode="after")
+    def _cluster_secret(self) -> QueenSettings:
+        secret = self.cluster_secret.get_secret_value() if self.cluster_secret else ""
+        if self.redis_url and not secret:
+            raise ValueError("APIARY_CLUSTER_SECRET is required with APIARY_REDIS_URL: the "
+                             "replicas seal the bus's messages with it, so that nobody else "
+                             "with Redis's password can speak on it (the same secret on every "
+                             f"replica, at least {MIN_SECRET_CHARS} characters)")
+        if secret and len(secret) < MIN_SECRET_CHARS:
+            raise ValueError(f"APIARY_CLUSTER_SECRET must be at least {MIN_SECRET_CHARS} "
+                             "characters")
+        return self
 
     @field_validator("replica_id")
     @classmethod

@@ -19,6 +19,10 @@ os.environ.setdefault("PYTHON_KEYRING_BACKEND", "keyring.backends.fail.Keyring")
 # disk is (a CI disk with 25 GB free of 252 GB left them no room). Tests of the default headroom
 # remove it (tests/desktop_worker/gui/test_disk_settings.py) or feed a fake disk.
 os.environ.setdefault("APIARY_DISK_HEADROOM_GB", "1")
+# Replicas seal their bus's messages with a shared secret, required with APIARY_REDIS_URL (issue
+# 40): every queen the tests start, in this process or another, shares this one. The tests of
+# the requirement remove it (tests/queen_server/cluster/test_seal.py).
+os.environ.setdefault("APIARY_CLUSTER_SECRET", "apiary-tests-cluster-secret")
 
 from tests.support.queen import QueenHarness, running_queen
 from tests.support.redis_server import redis_server  # noqa: F401  (a fixture)

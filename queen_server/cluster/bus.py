@@ -10,6 +10,11 @@ whatever was published is gone. ``RedisBus`` reconnects and resubscribes by itse
 backoff), and puts a ``BusGap`` in every subscription when the connection drops, so a
 cross-replica stream fails loudly (``cluster.stream``) rather than arriving shorter.
 
+Only the replicas speak on it (issue 40): ``RedisBus`` seals every message it publishes with the
+replicas' shared secret (``seal.BusSeal``: an HMAC over the channel, the time and the bytes) and
+drops, counted and logged, every message it reads that is not sealed so: a forged job or
+outcome that someone with Redis's password publishes never reaches a reader.
+
 Backpressure: each subscription holds at most ``limit`` messages. When a reader falls that far
 behind, newer messages are dropped (counted) and one ``BusGap`` marks the place, after the
 messages already held: memory stays bounded, and the loss is never silent. Publishing never
@@ -21,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,10 +38,12 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from queen_server.cluster.errors import BusUnavailable
+from queen_server.cluster.seal import BusSeal
 
 log = logging.getLogger(__name__)
 
 DEFAULT_QUEUE_LIMIT = 4096
+REFUSED_LOG_EVERY_S = 60.0  # at most one warning a minute about unsealed messages
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,9 +236,12 @@ class RedisBus:
     reconnect on its own, a connect callback does the same, so no reconnect goes unmarked.
     """
 
-    def __init__(self, url: str, *, reconnect_s: float = 0.05, max_reconnect_s: float = 2.0,
-                 subscribe_timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, *, seal: BusSeal, reconnect_s: float = 0.05,
+                 max_reconnect_s: float = 2.0, subscribe_timeout_s: float = 5.0) -> None:
         self.url = url
+        self.seal = seal
+        self.refused = 0  # messages read that were not sealed with the replicas' secret
+        self._refused_logged_at = float("-inf")
         self.reconnect_s = reconnect_s
         self.max_reconnect_s = max_reconnect_s
         self.subscribe_timeout_s = subscribe_timeout_s
@@ -259,6 +270,7 @@ class RedisBus:
     async def publish(self, channel: str, data: bytes) -> int:
         if self._closed:
             raise BusUnavailable("the bus is closed")
+        data = self.seal.seal(channel, data)
         try:
             return int(await self._publisher.publish(channel, data))
         except (RedisError, OSError) as exc:
@@ -280,7 +292,7 @@ class RedisBus:
             try:
                 pipe = self._publisher.pipeline(transaction=False)
                 for data in items:
-                    pipe.publish(channel, data)
+                    pipe.publish(channel, self.seal.seal(channel, data))
                 return [int(n) for n in await pipe.execute()]
             except (RedisError, OSError) as exc:
                 log.debug("publishing %d to %s failed (%s)", len(items), channel, exc)
@@ -389,13 +401,26 @@ class RedisBus:
             channel = message["channel"]
             channel = channel.decode() if isinstance(channel, bytes) else channel
             if kind == "message":
+                data = self.seal.open(channel, message["data"])
+                if data is None:
+                    self._refuse(channel)
+                    continue
                 for sub in tuple(subs_of.get(channel, ())):
-                    sub.put(message["data"])
+                    sub.put(data)
             elif kind == "subscribe":
                 self._live.add(channel)
                 confirmed = self._confirmed.get(channel)
                 if confirmed is not None and not confirmed.done():
                     confirmed.set_result(None)
+
+    def _refuse(self, channel: str) -> None:
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged_at >= REFUSED_LOG_EVERY_S:
+            self._refused_logged_at = now
+            log.warning("cluster bus: dropped a message on %s that is not sealed with this "
+                        "cluster's secret (forged, altered, stale, or from a replica with "
+                        "another APIARY_CLUSTER_SECRET); %d so far", channel, self.refused)
 
     @property
     def connected(self) -> bool:

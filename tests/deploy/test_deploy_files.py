@@ -104,8 +104,12 @@ def test_several_replicas_share_one_postgres_and_one_redis() -> None:
     [db], [redis] = databases, redises
     assert "@postgres:5432/" in db
     assert "@redis:6379/" in redis
+    # Every replica seals the bus with one secret (issue 40), which the operator must set.
+    secrets_ = {s["environment"]["APIARY_CLUSTER_SECRET"] for s in replicas.values()}
+    assert secrets_ == {"${APIARY_CLUSTER_SECRET:?set APIARY_CLUSTER_SECRET in .env}"}
     # The settings accept them as written, mapped to the async driver, password kept.
-    settings = QueenSettings(db=db, redis_url=redis)
+    settings = QueenSettings(db=db, redis_url=redis,
+                             cluster_secret=interpolate(secrets_.pop()))
     assert settings.db.startswith("postgresql+asyncpg://apiary:")
     assert ENV_EXAMPLE["POSTGRES_PASSWORD"] in settings.db
     ids = [s["environment"]["APIARY_REPLICA_ID"] for s in replicas.values()]

@@ -4,6 +4,7 @@ crash; ``restart`` keeps the port, so clients reconnect to the same URL."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from queen_server.cluster.seal import BusSeal
 from tests.support.processes import free_port
 
 REDIS_SERVER = shutil.which("redis-server")
@@ -82,3 +84,9 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop(kill=True)
+
+
+def bus_seal() -> BusSeal:
+    """The seal of the tests' replicas (``APIARY_CLUSTER_SECRET``, set in ``tests/conftest.py``),
+    for a ``RedisBus`` made by hand."""
+    return BusSeal(os.environ.get("APIARY_CLUSTER_SECRET", "apiary-tests-cluster-secret"))

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from queen_server.cluster.bus import Bus, InProcessBus, RedisBus
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, bus_seal
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -37,7 +37,8 @@ async def bus_factory(redis_or_none: RedisServer | None
     async def make() -> Bus:
         if redis_or_none is None:
             return shared
-        bus = await RedisBus(redis_or_none.url, reconnect_s=0.02, max_reconnect_s=0.2).start()
+        bus = await RedisBus(redis_or_none.url, seal=bus_seal(), reconnect_s=0.02,
+                             max_reconnect_s=0.2).start()
         made.append(bus)
         return bus
 

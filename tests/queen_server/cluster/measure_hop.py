@@ -21,7 +21,7 @@ from queen_server.cluster.bus import RedisBus
 from queen_server.cluster.remote import Emitter, JobServer, RemoteJobClient
 from shared_schema import Chunk, Result, Usage
 from shared_schema.cluster import ClusterEvent, ClusterJob, decode_cluster, encode_cluster
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, bus_seal
 
 
 def token(i: int, t: float = 0.0) -> Chunk:
@@ -44,8 +44,8 @@ def codec_us(n: int = 20000) -> tuple[float, float]:
 
 
 async def hop(url: str, events: int, paced: int) -> tuple[float, float, float, float]:
-    server_bus = await RedisBus(url).start()
-    client_bus = await RedisBus(url).start()
+    server_bus = await RedisBus(url, seal=bus_seal()).start()
+    client_bus = await RedisBus(url, seal=bus_seal()).start()
     go: asyncio.Queue[tuple[int, bool]] = asyncio.Queue()
 
     async def handler(job: ClusterJob, emit: Emitter) -> None:

@@ -10,7 +10,7 @@ import pytest
 from queen_server.cluster.bus import Bus, BusGap, InProcessBus, RedisBus, Subscription
 from queen_server.cluster.errors import BusUnavailable
 from tests.queen_server.cluster.conftest import until
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, bus_seal
 
 BusFactory = Callable[[], Awaitable[Bus]]
 
@@ -102,8 +102,9 @@ async def test_in_process_publish_after_close_refused() -> None:
 
 
 async def test_redis_restart_marks_a_gap_and_resubscribes(redis_server: RedisServer) -> None:
-    reader = await RedisBus(redis_server.url, reconnect_s=0.02, max_reconnect_s=0.2).start()
-    writer = await RedisBus(redis_server.url).start()
+    reader = await RedisBus(redis_server.url, seal=bus_seal(), reconnect_s=0.02,
+                            max_reconnect_s=0.2).start()
+    writer = await RedisBus(redis_server.url, seal=bus_seal()).start()
     try:
         sub = await reader.subscribe("ch")
         await writer.publish("ch", b"before")
@@ -132,12 +133,12 @@ async def test_redis_restart_marks_a_gap_and_resubscribes(redis_server: RedisSer
 async def test_redis_bus_refuses_to_start_without_redis(redis_server: RedisServer) -> None:
     redis_server.stop(kill=True)
     with pytest.raises(BusUnavailable, match="did not answer"):
-        await RedisBus(redis_server.url).start()
+        await RedisBus(redis_server.url, seal=bus_seal()).start()
 
 
 async def test_a_subscription_made_while_redis_is_down_times_out_loudly(
         redis_server: RedisServer) -> None:
-    bus = await RedisBus(redis_server.url, subscribe_timeout_s=0.3).start()
+    bus = await RedisBus(redis_server.url, seal=bus_seal(), subscribe_timeout_s=0.3).start()
     try:
         redis_server.stop(kill=True)
         with pytest.raises(BusUnavailable, match="timed out"):

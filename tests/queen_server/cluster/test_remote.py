@@ -24,7 +24,7 @@ from queen_server.swarm.jobs import JobEvent, WorkerLost
 from shared_schema import Chunk, JobError, Result, Usage
 from shared_schema.cluster import Assigned, ClusterEvent, ClusterJob, Lost, encode_cluster
 from tests.queen_server.cluster.conftest import until
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, bus_seal
 
 BusFactory = Callable[[], Awaitable[Bus]]
 
@@ -282,8 +282,8 @@ async def submit_to_fake(pair: Pair, job_id: str) -> RemoteJob:
 
 async def test_a_redis_restart_mid_stream_fails_loudly(redis_server: RedisServer) -> None:
     from queen_server.cluster.bus import RedisBus
-    server_bus = await RedisBus(redis_server.url, reconnect_s=0.02).start()
-    client_bus = await RedisBus(redis_server.url, reconnect_s=0.02).start()
+    server_bus = await RedisBus(redis_server.url, seal=bus_seal(), reconnect_s=0.02).start()
+    client_bus = await RedisBus(redis_server.url, seal=bus_seal(), reconnect_s=0.02).start()
     client = await RemoteJobClient(client_bus, "B", accept_s=5, idle_s=5, watch_s=0.05).start()
     toy = Toy(chunks=1000, hang_after=5)
     server = await JobServer(server_bus, "A", toy, keepalive_s=0.2).start()
