@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -275,12 +276,14 @@ def admin_sql(server: str, statement: str) -> None:
 
 def start_queens(procs: Processes, redis_url: str, dbs: dict[str, str]) -> dict[str, int]:
     ports = {}
+    secret = secrets.token_hex(16)  # both replicas' (a replica before issue 40 ignores it)
     for name in "AB":
         ports[name] = port = free_port()
         procs.start(f"queen{name}", [
             sys.executable, "-m", "queen_server.cli", "--port", str(port), "--log-level",
             "warning", "--db", dbs[name]], env={
                 "PYTHONPATH": str(ROOT), "APIARY_API_KEYS": API_KEY, "APIARY_REDIS_URL": redis_url,
+                "APIARY_CLUSTER_SECRET": secret,  # the replicas seal their bus (issue 40)
                 "APIARY_REPLICA_ID": f"hop-{name.lower()}", "APIARY_ON_DEMAND": "false",
                 "NO_PROXY": "127.0.0.1,localhost"})
     for port in ports.values():

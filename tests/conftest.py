@@ -26,9 +26,33 @@ os.environ.setdefault("APIARY_CLUSTER_SECRET", "apiary-tests-cluster-secret")
 
 from tests.support.queen import QueenHarness, running_queen
 from tests.support.redis_server import redis_server  # noqa: F401  (a fixture)
+from tests.support.skipped import missing_summary
 
 
 @pytest.fixture
 async def queen(tmp_path: Path) -> AsyncIterator[QueenHarness]:
     async with running_queen(tmp_path) as harness:
         yield harness
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
+                            config: pytest.Config) -> None:
+    """Keep the reasons of the skipped tests, for ``pytest_unconfigure``'s last lines."""
+    reasons = []
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = getattr(report, "longrepr", None)
+        reasons.append(str(longrepr[2]) if isinstance(longrepr, tuple) else str(longrepr))
+    config.stash[SKIP_REASONS] = reasons
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The very last lines: the tests skipped for something this machine lacks, and the one
+    command that brings each."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    for line in missing_summary(config.stash.get(SKIP_REASONS, [])):
+        reporter.write_line(line, yellow=True)
+
+
+SKIP_REASONS = pytest.StashKey[list[str]]()

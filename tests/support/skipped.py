@@ -1,0 +1,31 @@
+"""The last lines of a test run that skipped tests for want of something this machine lacks:
+how many, for what, and the one command that brings it (issue 40: a contributor running the
+README's test command should learn what it did not test, and how to test it)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+__all__ = ["missing_summary"]
+
+# (a phrase of the skip's reason, what is missing, the command that brings it)
+MISSING = (
+    ("redis-server", "redis-server", "bash .ci/packages.sh"),
+    ("chromium", "Debian's chromium", "bash .ci/packages.sh"),
+    ("APIARY_TEST_POSTGRES_URL", "a PostgreSQL server",
+     "APIARY_TEST_POSTGRES_URL=$(bash .ci/postgres.sh) python3 dev.py test"),
+    ("docker compose plugin", "the docker compose plugin", "apt-get install docker-compose"),
+)
+
+
+def missing_summary(reasons: Iterable[str]) -> list[str]:
+    """One line per missing thing that skipped tests, and the command that brings it."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for reason in reasons:
+        for phrase, what, command in MISSING:
+            if phrase.lower() in reason.lower():
+                counts[(what, command)] += 1
+                break
+    return [f"{count} tests skipped: {what} is missing here; `{command}` brings it"
+            for (what, command), count in counts.most_common()]
