@@ -42,3 +42,15 @@ if ($LASTEXITCODE) { throw "pip install failed ($LASTEXITCODE)" }
 if ($LASTEXITCODE) { throw "pip install failed ($LASTEXITCODE)" }
 & $Python -c "import llama_cpp; from llama_cpp import llama_cpp as lib; print('llama-cpp-python', llama_cpp.__version__, 'GPU offload:', bool(lib.llama_supports_gpu_offload()), 'RPC:', bool(lib.llama_supports_rpc()))"
 if ($LASTEXITCODE) { throw "llama_cpp does not import" }
+
+# The image engine (issue 38): stable-diffusion-cpp-python for the same variant (SD_CUDA /
+# SD_VULKAN); the cpu variant keeps the CPU build the worker's extra installs.
+$sdCmake = switch ($Variant) { "cuda" { "-DSD_CUDA=ON" } "vulkan" { "-DSD_VULKAN=ON" } default { "" } }
+if ($sdCmake) {
+    $sdVersion = & $Python -c "from importlib.metadata import version`ntry: print(version('stable-diffusion-cpp-python'))`nexcept Exception: print('')"
+    $sdSpec = if ($sdVersion) { "stable-diffusion-cpp-python==$sdVersion" } else { "stable-diffusion-cpp-python" }
+    Write-Host "==> $sdSpec for ${Variant}: CMAKE_ARGS='$sdCmake'"
+    $env:CMAKE_ARGS = $sdCmake
+    & $Python -m pip install --force-reinstall --no-deps --no-cache-dir --no-binary stable-diffusion-cpp-python $sdSpec
+    if ($LASTEXITCODE) { throw "pip install failed ($LASTEXITCODE)" }
+}

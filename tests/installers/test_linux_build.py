@@ -1,7 +1,8 @@
 """The Linux installers as a user gets them: ``installers/linux/build.sh`` builds the one-folder
 app, its tarball and the .deb (about 3 minutes here), then the frozen binary runs ``--version``,
-``detect``, and serves one real chat completion headless against a real queen; the app ships
-the small SmolLM2 model in its resources, and its first-run wizard offers that file.
+``detect``, and serves one real chat completion headless against a real queen, and, with
+``--images``, one real image (issue 38: the image engine is bundled); the app ships the small
+SmolLM2 model in its resources, and its first-run wizard offers that file.
 
 Set ``APIARY_SKIP_INSTALLER_BUILD=1`` to skip these tests (for quick local runs), or
 ``APIARY_INSTALLER_DIST=DIR`` to check the artefacts already built in DIR by build.sh (the
@@ -10,6 +11,7 @@ release workflow does) instead of building them again.
 
 from __future__ import annotations
 
+import base64
 import configparser
 import filecmp
 import importlib.resources
@@ -25,7 +27,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from PIL import Image
 
+from tests.support.diffusion_fixture import diffusion_model  # noqa: F401  (a fixture)
 from tests.support.processes import (
     Proc,
     base_env,
@@ -129,6 +133,7 @@ def test_the_app_holds_llama_cpp_and_only_the_qt_plugins_it_uses(build):
     internal = build.app / "_internal"
     libs = {p.name for p in (internal / "llama_cpp/lib").iterdir()}
     assert {"libllama.so", "libggml.so.0", "libggml-base.so.0", "libggml-cpu.so.0"} <= libs
+    assert (internal / "stable_diffusion_cpp/lib/libstable-diffusion.so").is_file()
     assert not [name for name in libs if name.count(".") > 2]  # no libX.so.0.25.3 copies
     plugins = internal / "PySide6/Qt/plugins"
     found = {f"{p.parent.name}/{p.name}" for p in plugins.glob("*/*")}
@@ -195,6 +200,45 @@ def test_the_frozen_binary_serves_a_chat_completion_headless(build, tmp_path):
         loaded = set().union(*(llama_libraries(engine.pid) for engine in engines))
         assert str(lib_dir / "libllama.so") in loaded
         assert all(path.startswith(str(lib_dir)) for path in loaded), loaded
+
+
+def test_the_frozen_binary_renders_an_image_headless(build, tmp_path, diffusion_model):  # noqa: F811
+    """The bundled image engine: a frozen worker that opted in to images offers ``image``,
+    and renders a PNG in its image child from the app's own stable-diffusion.cpp."""
+    port = free_port()
+    queen = queen_process(tmp_path, port)
+    worker = Proc([str(build.binary), "--headless", "--queen", f"ws://127.0.0.1:{port}/worker",
+                   "--images", "--model", str(diffusion_model.path), "--threads", "2"],
+                  tmp_path / "frozen-image-worker.log", frozen_env(tmp_path))
+    name = diffusion_model.path.stem
+    with running(queen, worker):
+        queen.start()
+        worker.start()
+
+        def image_model_listed() -> bool:
+            if not worker.alive():
+                raise AssertionError(f"the frozen worker exited:\n{worker.log()[-3000:]}")
+            try:
+                listed = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).json()
+            except (httpx.HTTPError, ValueError):
+                return False
+            return any(m["id"] == name and m["apiary"]["kind"] == "image"
+                       for m in listed.get("data", []))
+
+        wait_for(image_model_listed, 120, "the frozen worker to offer its diffusion model")
+        response = httpx.post(
+            f"http://127.0.0.1:{port}/v1/images/generations",
+            json={"model": name, "prompt": "a beehive", "size": "64x64", "seed": 3,
+                  "steps": 2, "guidance": 1.0}, timeout=300)
+        assert response.status_code == 200, f"{response.text}\n{worker.log()[-3000:]}"
+        image = Image.open(io.BytesIO(base64.b64decode(response.json()["data"][0]["b64_json"])))
+        image.load()
+        assert (image.format, image.size) == ("PNG", (64, 64))
+        assert worker.popen is not None
+        lib = (build.app / "_internal/stable_diffusion_cpp/lib/libstable-diffusion.so").resolve()
+        engines = engine_children(worker.popen.pid)
+        assert any(str(lib) in Path(f"/proc/{engine.pid}/maps").read_text()
+                   for engine in engines), worker.log()[-3000:]
 
 
 def llama_libraries(pid: int) -> set[str]:
