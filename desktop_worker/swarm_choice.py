@@ -117,7 +117,8 @@ def choose(
     asked = {d.name for d in demand.models if is_wanted(d)}
     candidates = [
         d for d in demand.models
-        if is_wanted(d) and (d.unmet_per_min > 0 or d.queued > 0 or d.holders == 0)
+        if d.kind == "text"  # image models are the queen's to place (a fetch of kind image)
+        and is_wanted(d) and (d.unmet_per_min > 0 or d.queued > 0 or d.holders == 0)
         and d.size_bytes is not None and d.name not in skip
         and (d.name not in by_name or not _matches(d, by_name[d.name]))
         and fits(d)

@@ -65,6 +65,9 @@ class ModelDemand(WireModel):
     earn_msat_per_1k_tokens: int = Field(
         default=0, ge=0, description="What a worker earns per 1,000 completion tokens of it, "
         "after the queen's fee (0: the queen does not pay).")
+    kind: Literal["text", "image"] = Field(
+        default="text", description="A text model, or a diffusion model for the workers that "
+        "make images (issue 38): only the queen places those, with a fetch of kind image.")
 
 
 class Demand(WireModel):

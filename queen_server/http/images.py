@@ -75,6 +75,7 @@ async def generate_images(request: Request) -> Response:
     order = order_of(req, lambda upper: secrets.randbelow(upper + 1))
     tokens = image_tokens(order, state.settings.image_tokens_per_megapixel_step)
     needs = {IMAGE: "model"}
+    arrived = time.monotonic()
     placing = await to_place(state, req.model, needs)
     job_id = IMAGES_JOB + secrets.token_hex(12)
     billing = state.billing
@@ -93,7 +94,8 @@ async def generate_images(request: Request) -> Response:
             raise
     try:
         async with DisconnectGuard(request):
-            images, collected = await render(state, job_id, order, principal, admission, tokens)
+            images, collected = await render(state, job_id, order, principal, admission, tokens,
+                                             arrived)
             data = await answer_data(state, order, images, req.response_format,
                                      link_base(state, request))
     except ClientGone:
@@ -128,10 +130,13 @@ async def to_place(state: QueenState, model: str, needs: dict[str, str]) -> bool
 
 
 async def render(state: QueenState, job_id: str, order: ImageOrder, principal: Principal,
-                 admission: Admission, tokens: int) -> tuple[list[bytes], Collected]:
+                 admission: Admission, tokens: int, arrived: float
+                 ) -> tuple[list[bytes], Collected]:
     """The order's images from the first worker whose delivery holds up, with what
     ``collect`` gathered of it; a worker that fails is retried elsewhere by the dispatcher, and
-    one whose images are not what the order asked for is passed over here."""
+    one whose images are not what the order asked for is passed over here. How long the
+    request waited for its first worker is the model's demand (``PlacementService.started``:
+    one that keeps finding every holder busy gets another copy placed)."""
     passed_over: set[str] = set()
     body = order.model_dump(mode="json")
     for _ in range(MAX_BAD_DELIVERIES + 1):
@@ -143,6 +148,8 @@ async def render(state: QueenState, job_id: str, order: ImageOrder, principal: P
             if not passed_over:
                 raise
             raise bad_images() from exc
+        if not passed_over:
+            state.placement.started(order.model, time.monotonic() - arrived)
         worker = run.worker
         collected = await collect(run, state.dispatcher, ImageMeter(0, 0, 0, tokens))
         try:

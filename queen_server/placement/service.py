@@ -23,8 +23,10 @@ kind="image")``), only on workers with the ``image`` capability (``planner.image
 onto a group, with a ``fetch`` of ``kind`` ``image`` (the worker keeps it for its image engine).
 A request of the other kind gets a 400 naming the endpoint before anything is spent: a text
 request for a diffusion model (``model_makes_images``), an image request for a text model
-(``model_not_image``). More copies of an image model for unmet demand are not placed yet: image
-requests do not enter the demand book.
+(``model_not_image``). Image requests enter the demand book like text ones, and more copies of
+an image model for unmet demand go to image workers (``add_copies``); the demand told to
+workers marks image models (``ModelDemand.kind``), which workers following demand leave to the
+queen.
 
 What a placement costs is bounded before it is spent. The serving path calls ``prepare`` only
 after the caller was admitted and its money held (``http.generation.serve``). A new placement is
@@ -157,6 +159,15 @@ def refusal(model: str, exc: ModelUnverified) -> ApiError:
                           code="hub_unreachable", headers={"Retry-After": "30"})
     return InvalidRequest(f"The model '{model}' cannot be served: {exc}", param="model",
                           code="model_unusable")
+
+
+def need_for(model: str, facts: ModelFacts) -> ModelNeed:
+    """What serving the pinned file takes: a diffusion model's (an image worker's) or an
+    LLM's."""
+    size = facts.size_bytes or 0
+    if (facts.architecture or "").startswith(DIFFUSION_ARCHITECTURE):
+        return image_need(model, facts.sha256, size)
+    return need_of(model, facts.sha256, size, facts.shape)
 
 
 def wrong_kind(model: str, found: str) -> InvalidRequest:
@@ -326,18 +337,16 @@ class PlacementService:
             facts = await self.catalog.resolve(model, settings.price_wait_s)
         except ModelUnverified as exc:
             raise refusal(model, exc) from exc
-        found = "image" if (facts.architecture or "").startswith(DIFFUSION_ARCHITECTURE) else "text"
-        if found != kind:  # before any fetch: it would be of no use to the request
-            raise wrong_kind(model, found)
-        size = facts.size_bytes or 0
+        need = need_for(model, facts)
+        if need.kind != kind:  # before any fetch: it would be of no use to the request
+            raise wrong_kind(model, need.kind)
+        size = need.size_bytes
         limit = settings.max_model_gb
         if limit is not None and size > limit * 1e9:
             raise InvalidRequest(
                 f"The model '{model}' is {size / 1e9:.1f} GB; this queen places models up to "
                 f"{limit:g} GB (APIARY_MAX_MODEL_GB).", param="model", code="model_too_large")
         spent = self.limits.spend_queen(model)
-        need = (image_need(model, facts.sha256, size) if kind == "image"
-                else need_of(model, facts.sha256, size, facts.shape))
         loading = Loading(need, facts, self.clock())
         self.loading[model] = loading
         # A model the group planner finds no one worker can hold goes to a group's head;
@@ -576,8 +585,7 @@ class PlacementService:
         rows = []
         for row in self.book.rows()[:MAX_DEMAND_MODELS]:
             facts = self.catalog.pin(row.name)
-            need = (need_of(row.name, facts.sha256, facts.size_bytes or 0, facts.shape)
-                    if facts is not None else None)
+            need = need_for(row.name, facts) if facts is not None else None
             loading = self.loading.get(row.name)
             rows.append(ModelDemand(
                 name=row.name, requests_per_min=row.requests_per_min,
@@ -589,7 +597,8 @@ class PlacementService:
                 memory_mb=need.memory_mb if need is not None else None,
                 sha256=facts.sha256 if facts is not None else None,
                 revision=facts.commit if facts is not None else None,
-                earn_msat_per_1k_tokens=self.earn_msat_per_1k(row.name)))
+                earn_msat_per_1k_tokens=self.earn_msat_per_1k(row.name),
+                kind="image" if need is not None and need.kind == "image" else "text"))
         return rows
 
     async def tell_demand(self) -> None:
@@ -616,10 +625,9 @@ class PlacementService:
             if row.holders >= self.settings.max_copies_per_model:
                 continue
             facts = self.catalog.pin(row.name)
-            if facts is None or (facts.architecture or "").startswith(DIFFUSION_ARCHITECTURE):
+            if facts is None:
                 continue
-            loading = Loading(need_of(row.name, facts.sha256, facts.size_bytes or 0,
-                                      facts.shape), facts, self.clock())
+            loading = Loading(need_for(row.name, facts), facts, self.clock())
             loading.ready.set()  # requests do not wait for a copy: the model is served
             await self._ask_more(loading, 1)
             if loading.asked:

@@ -47,6 +47,15 @@ def test_the_best_paid_model_that_fits_is_pulled_alone():
     assert choice.evict == []
 
 
+def test_image_models_are_left_to_the_queen():
+    """A diffusion model in demand (issue 38) is placed by the queen on image workers with a
+    fetch of kind image; a worker following demand never pulls one on its own."""
+    demand = Demand(models=[md("sd/x:Q8_0", earn_msat_per_1k_tokens=900, kind="image"),
+                            md("c/d:Q4", earn_msat_per_1k_tokens=100)])
+    choice = choose(demand, [], room_bytes=100 * GB, fits=fits_all)
+    assert choice.pull == ["c/d:Q4"]
+
+
 def test_smaller_files_rank_higher_at_the_same_price():
     """Token rate is memory-bandwidth bound: half the bytes, twice the tokens, twice the pay."""
     small, big = md("s/s:Q4", size_bytes=GB), md("b/b:Q4", size_bytes=4 * GB)

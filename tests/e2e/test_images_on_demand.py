@@ -79,6 +79,8 @@ async def test_an_image_model_nobody_holds_is_fetched_onto_an_image_worker_and_r
             image.load()
             assert (image.format, image.size) == ("PNG", (64, 64))
             assert len(set(image.tobytes())) > 1  # not a blank image
+            # the request counts as the model's demand (a busy one gets another copy placed)
+            assert name in {row.name for row in queen.state.placement.book.rows()}
 
             with pytest.raises(openai.BadRequestError) as refused:
                 await client.chat.completions.create(

@@ -108,3 +108,24 @@ async def test_an_image_worker_without_the_memory_for_the_largest_image_is_passe
     assert (name, fetch.kind) == ("big", "image")
     task.cancel()
     await settle(task)
+
+
+async def test_unmet_image_demand_places_another_copy_on_another_image_worker(swarm) -> None:
+    first = swarm.add("first", images=True, room_mb=900_000)
+    swarm.add("text", memory_mb=64_000, swarm_models=True)
+    swarm.add("second", images=True)
+    task = asyncio.create_task(swarm.service.prepare(MODEL, kind="image"))
+    name, fetch = await swarm.next_frame()
+    assert name == "first"
+    swarm.report(first, models=[ModelDescriptor(name=MODEL, sha256=fetch.sha256, loaded=False,
+                                                kind="image")])
+    await asyncio.wait_for(task, 5)
+    swarm.service.started(MODEL, 3.0)  # image requests that waited for a busy holder
+    await swarm.service.tell_demand()
+    [row] = swarm.service.demand.models
+    assert (row.name, row.kind) == (MODEL, "image")
+    assert row.memory_mb == diffusion_memory_mb(fetch.size_bytes)
+    await swarm.service.add_copies()
+    name, copy = await swarm.next_frame()
+    assert (name, copy.kind) == ("second", "image")  # never the text worker
+    assert swarm.connections["text"].fetches() == []
