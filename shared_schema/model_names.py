@@ -11,9 +11,9 @@ ends in ``.safetensors`` or the repo holds no ``.gguf`` file at all (``stability
 sd_xl_turbo_1.0_fp16``); sharded ``-0000k-of-0000n.safetensors`` files never are (a model's
 weights in parts are no single-file checkpoint), nor, in a diffusers repo (one with a top-level
 ``model_index.json``), the parts in its folders (``unet/``, ``vae/``, ...); and a repo of GGUF
-files keeps its filters' meaning. Split files named ``<base>-00001-of-00003.gguf`` ... form one candidate (a *group*). Vision
-projector files (``mmproj`` in the file name) are candidates only when the filter itself says
-``mmproj``: they are never a chat model on their own.
+files keeps its filters' meaning. Split files named ``<base>-00001-of-00003.gguf`` ... form one
+candidate (a *group*). Vision projector files (``mmproj`` in the file name) are candidates only
+when the filter itself says ``mmproj``: they are never a chat model on their own.
 
 The filter is compared case-insensitively, in three tiers; the first tier with any match decides:
 
