@@ -243,7 +243,7 @@ async def test_a_trainer_whose_adapters_do_not_learn_gets_no_more_jobs_even_afte
         trainer = await ScriptedTrainer(queen.ws_url, key=key).start()
         fresh = await ScriptedTrainer(queen.ws_url).start()
         _, client, job, _ = await start(queen)
-        await queen.wait_until(lambda: len(fresh.orders) == 1, 10, "the other trainer's job")
+        await queen.wait_until(lambda: len(fresh.orders) == 1, 30, "the other trainer's job")
         assert trainer.orders == []
         await trainer.stop()
         await fresh.stop()
