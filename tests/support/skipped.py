@@ -13,7 +13,8 @@ __all__ = ["missing_summary"]
 MISSING = (
     ("redis-server", "redis-server", "bash .ci/packages.sh"),
     ("chromium", "Debian's chromium", "bash .ci/packages.sh"),
-    ("APIARY_TEST_POSTGRES_URL", "a PostgreSQL server",
+    # (not a test's SQLite variant skipping what only PostgreSQL has: "... (APIARY_TEST_...)")
+    ("APIARY_TEST_POSTGRES_URL is not set", "a PostgreSQL server",
      "APIARY_TEST_POSTGRES_URL=$(bash .ci/postgres.sh) python3 dev.py test"),
     ("docker compose plugin", "the docker compose plugin", "apt-get install docker-compose"),
 )
