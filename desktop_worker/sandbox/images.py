@@ -35,7 +35,7 @@ from desktop_worker.errors import (
 from desktop_worker.sandbox.policy import policy_for
 from desktop_worker.sandbox.process import CancelWatch, EngineProcess
 from shared_schema.engine_ipc import Failed, ImageLoaded, LoadImage, Render, Rendered
-from shared_schema.images import IMAGE_COMPUTE_MB, ImageOrder, RenderedImage
+from shared_schema.images import ImageOrder, RenderedImage, diffusion_memory_mb
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,7 @@ class NoBudget:
 def image_policy(model_path: Path, taesd_path: Path | None) -> tuple[list[str], int]:
     """The files an image child reads, and its memory (MB) before the runtime allowance."""
     files = [str(model_path), *([str(taesd_path)] if taesd_path is not None else [])]
-    size_mb = sum(-(-Path(path).stat().st_size // 2**20) for path in files)
-    return files, size_mb + IMAGE_COMPUTE_MB
+    return files, diffusion_memory_mb(sum(Path(path).stat().st_size for path in files))
 
 
 class SandboxedImages:

@@ -288,11 +288,12 @@ class RedisBus:
         if self._closed:
             raise BusUnavailable("the bus is closed")
         failure: Exception | None = None
+        sealed = [self.seal.seal(channel, data) for data in items]
         for _attempt in range(2):
             try:
                 pipe = self._publisher.pipeline(transaction=False)
-                for data in items:
-                    pipe.publish(channel, self.seal.seal(channel, data))
+                for data in sealed:
+                    pipe.publish(channel, data)
                 return [int(n) for n in await pipe.execute()]
             except (RedisError, OSError) as exc:
                 log.debug("publishing %d to %s failed (%s)", len(items), channel, exc)

@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 from shared_schema import DownloadProgress, ModelDescriptor
 from shared_schema.capabilities import IMAGE
@@ -60,7 +60,7 @@ class ModelNeed:
     size_bytes: int
     memory_mb: int  # against the worker's memory budget
     full_offload_mb: int  # VRAM for every layer, the rest and the KV cache
-    kind: str = "text"  # or "image": a diffusion model, for workers with ``image``
+    kind: Literal["text", "image"] = "text"  # image: a diffusion model, for image workers
 
 
 def need_of(name: str, sha256: str, size_bytes: int, shape: GgufShape | None) -> ModelNeed:

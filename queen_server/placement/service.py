@@ -406,7 +406,7 @@ class PlacementService:
         frame = encode(Fetch(name=need.name, repo_id=facts.repo_id, revision=facts.commit,
                              paths=list(facts.paths), sha256=need.sha256,
                              size_bytes=need.size_bytes, group=loading.group,
-                             kind="image" if need.kind == "image" else "text"))
+                             kind=need.kind))
         while count > 0 and len(loading.failed) < self.settings.max_fetch_attempts:
             exclude = loading.failed.keys() | loading.asked.keys() | loading.done
             if loading.group:
@@ -598,7 +598,7 @@ class PlacementService:
                 sha256=facts.sha256 if facts is not None else None,
                 revision=facts.commit if facts is not None else None,
                 earn_msat_per_1k_tokens=self.earn_msat_per_1k(row.name),
-                kind="image" if need is not None and need.kind == "image" else "text"))
+                kind=need.kind if need is not None else "text"))
         return rows
 
     async def tell_demand(self) -> None:
