@@ -14,15 +14,19 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # No test reads or writes the developer's real settings.json, key file or keyring.
 os.environ.setdefault("APIARY_CONFIG_DIR", tempfile.mkdtemp(prefix="apiary-test-config-"))
 os.environ.setdefault("PYTHON_KEYRING_BACKEND", "keyring.backends.fail.Keyring")
-# Workers in tests keep 1 GB of the disk free, not the default max(10 GB, 10 % of the disk): the
-# models they write are small, and whether they fit must not depend on how full this machine's
-# disk is (a CI disk with 25 GB free of 252 GB left them no room). Tests of the default headroom
-# remove it (tests/desktop_worker/gui/test_disk_settings.py) or feed a fake disk.
-os.environ.setdefault("APIARY_DISK_HEADROOM_GB", "1")
 # Replicas seal their bus's messages with a shared secret, required with APIARY_REDIS_URL (issue
 # 40): every queen the tests start, in this process or another, shares this one. The tests of
 # the requirement remove it (tests/queen_server/cluster/test_seal.py).
 os.environ.setdefault("APIARY_CLUSTER_SECRET", "apiary-tests-cluster-secret")
+
+# Workers in tests keep 1 GB of the disk free, whatever this machine's disk holds (see there).
+from tests.support.disk_headroom import (
+    HEADROOM_ENV,
+    TEST_HEADROOM_GB,
+    real_disk_headroom,  # noqa: F401  (autouse)
+)
+
+os.environ.setdefault(HEADROOM_ENV, TEST_HEADROOM_GB)
 
 from tests.support.queen import QueenHarness, running_queen
 from tests.support.redis_server import redis_server  # noqa: F401  (a fixture)

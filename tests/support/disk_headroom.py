@@ -1,0 +1,35 @@
+"""The disk headroom of the test run: 1 GB, not the default max(10 GB, 10 % of the disk).
+
+The models the tests write are small, and whether they fit must not depend on how full the
+machine's disk is: a CI disk with 25 GB free of 252 GB left the default headroom (25.2 GB) no
+room at all. ``APIARY_DISK_HEADROOM_GB`` carries it to every worker built from settings (in this
+process or another); ``real_disk_headroom`` carries it to stores built straight from
+``ModelStore(...)`` on the real disk. Tests of the default headroom remove the variable
+(tests/desktop_worker/gui/test_disk_settings.py) or feed a fake disk (``FakeDisk``), which keeps
+the default."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from desktop_worker.store.disk import DiskGuard, DiskUsage, LocalDisk
+
+HEADROOM_ENV = "APIARY_DISK_HEADROOM_GB"
+TEST_HEADROOM_GB = "1"
+
+
+@pytest.fixture(autouse=True)
+def real_disk_headroom(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store on the real disk with no headroom of its own keeps the run's headroom (the
+    environment's, read when it is asked: a test that removes the variable gets the default)."""
+    default = DiskGuard.headroom_for
+
+    def headroom_for(guard: DiskGuard, usage: DiskUsage) -> int:
+        gb = os.environ.get(HEADROOM_ENV)
+        if guard.headroom_bytes is None and isinstance(guard.probe, LocalDisk) and gb:
+            return int(float(gb) * 1024**3)
+        return default(guard, usage)
+
+    monkeypatch.setattr(DiskGuard, "headroom_for", headroom_for)
