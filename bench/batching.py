@@ -73,10 +73,12 @@ def raw_batched(streams: int, max_tokens: int, threads: int, model_path: Path,
 
     # The prompt's tokens from a CPU copy of the model: a vocab_only Llama still makes a
     # context, which a CUDA build cannot make without weights (the bench crashed on an H200).
+    _stage("raw: the prompt's tokens from a CPU copy")
     reader = Llama(model_path=str(model_path), n_ctx=512, n_gpu_layers=0, verbose=False)
     tokens = reader.tokenize(_chat_prompt(reader).encode(), add_bos=False, special=True)
     eos = reader.token_eos()
     reader.close()
+    _stage(f"raw: loading the model, gpu_layers {gpu_layers}")
     model_params = llama_cpp.llama_model_default_params()
     model_params.n_gpu_layers = gpu_layers
     model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), model_params)
@@ -86,11 +88,13 @@ def raw_batched(streams: int, max_tokens: int, threads: int, model_path: Path,
     params.n_ubatch = params.n_batch
     params.n_seq_max = streams
     params.n_threads = params.n_threads_batch = threads
+    _stage(f"raw: a context of {params.n_ctx} tokens, {streams} sequences")
     ctx = llama_cpp.llama_init_from_model(model, params)
     vocab = llama_cpp.llama_model_get_vocab(model)
     n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
     batch = llama_cpp.llama_batch_init(params.n_batch, 0, streams)
     try:
+        _stage("raw: prefill, then decoding")
         started = time.perf_counter()
         _fill(batch, [(token, position, seq, position == len(tokens) - 1)
                       for seq in range(streams) for position, token in enumerate(tokens)])
@@ -123,6 +127,10 @@ def raw_batched(streams: int, max_tokens: int, threads: int, model_path: Path,
         llama_cpp.llama_batch_free(batch)
         llama_cpp.llama_free(ctx)
         llama_cpp.llama_model_free(model)
+
+
+def _stage(what: str) -> None:
+    print(what, file=sys.stderr, flush=True)
 
 
 def _fill(batch: object, entries: list[tuple[int, int, int, bool]]) -> None:
@@ -189,6 +197,7 @@ def main() -> int:
     worker_url = server_url = None
     try:
         if "worker" in args.modes:
+            _stage("starting a queen and a worker")
             port = free_port()
             queen = queen_process(tmp, port).start()
             worker = worker_process(tmp, port, [str(model)], "--max-jobs", str(top),
@@ -198,6 +207,7 @@ def main() -> int:
             wait_for(lambda: name in health(port).get("models", []), 180, "the worker")
             worker_url = f"http://127.0.0.1:{port}/v1/chat/completions"
         if "server" in args.modes and args.llama_server is not None:
+            _stage(f"starting {args.llama_server}")
             port = free_port()
             server = subprocess.Popen(
                 [str(args.llama_server), "-m", str(model), "--port", str(port), "-np", str(top),
@@ -209,7 +219,7 @@ def main() -> int:
             server_url = f"http://127.0.0.1:{port}/v1/chat/completions"
         results: dict[tuple[str, int], tuple[int, float]] = {}
         for streams in args.streams:
-            print(f"streams {streams}: {', '.join(args.modes)}", file=sys.stderr, flush=True)
+            _stage(f"streams {streams}: {', '.join(args.modes)}")
             if "raw" in args.modes:
                 results["raw", streams] = raw_batched(streams, args.max_tokens, args.threads,
                                                       model, layers)

@@ -32,9 +32,17 @@ step_batching() {
     else
         echo "llama-server: not built (no LLAMA_BUILD_ROOT or no tools in the build)"
     fi
-    "$PY" "$PROJ/bench/batching.py" --model "$M_BIGQ" --gpu-layers auto \
-        --threads "$THREADS" --streams 1 2 4 8 --max-tokens "$BENCH_TOKENS" \
-        --json "$W/batching.json" "${args[@]}"
+    # One process a mode: a crash in one (raw llama.cpp segfaulted on an H200, twice, with no
+    # word) leaves the others' figures; the raw mode last, under faulthandler.
+    local mode rc=0
+    for mode in server worker raw; do
+        [[ $mode == server && -z $server ]] && continue
+        echo "batching: mode $mode"
+        "$PY" -X faulthandler "$PROJ/bench/batching.py" --model "$M_BIGQ" --gpu-layers auto \
+            --threads "$THREADS" --streams 1 2 4 8 --max-tokens "$BENCH_TOKENS" --modes "$mode" \
+            --json "$W/batching-$mode.json" "${args[@]}" || { rc=$?; echo "batching: mode $mode rc=$rc"; }
+    done
+    return "$rc"
 }
 
 "step_$1" "${@:2}"
