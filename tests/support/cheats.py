@@ -518,7 +518,8 @@ def cheat_service(settings: WorkerSettings, kind: str, *, seed: int = 0,
         quota = int(settings.disk_quota_gb * 1024**3) if settings.disk_quota_gb else None
         store = SwappedStore(settings.models_dir,
                              requant_dir or settings.models_dir.parent / "requant-cache",
-                             quota_bytes=quota, endpoint=settings.hf_endpoint)
+                             quota_bytes=quota, headroom_bytes=settings.disk_headroom_bytes,
+                             endpoint=settings.hf_endpoint)
     if kind == "image_noise":
         settings = settings.model_copy(update={"images": True})
     service = WorkerService(settings, store=store, detector=detector)
