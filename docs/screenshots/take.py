@@ -1,4 +1,4 @@
-"""Screenshots of the desktop app for the README, with realistic state.
+"""Screenshots of the desktop app for the docs (docs/hobbyists/app.md), with realistic state.
 
     xvfb-run -s "-screen 0 1280x1024x24" .venv/bin/python docs/screenshots/take.py
 

@@ -1,9 +1,9 @@
-"""The README's "From launch to your first sat", as ONE test: a real queen with billing on and a
-funded key, the real app window, the wizard driven by clicks and typing (payout address, the
-queen's address as its landing page shows it, "Use the small model that comes with Apiary",
-offered first since nothing downloads here), Start Earning, two requests with the key through
-the openai SDK, then the Jobs tab shows the jobs and the Earnings tab the unpaid proof-of-work
-job and real sats."""
+"""docs/hobbyists/first-sat.md, from launch to the first sat, as ONE test: a real queen with
+billing on and a funded key, the real app window, the wizard driven by clicks and typing (payout
+address, the queen's address as its landing page shows it, "Use the small model that comes with
+Apiary", offered first since nothing downloads here), Start Earning, two requests with the key
+through the openai SDK, then the Jobs tab shows the jobs and the Earnings tab the unpaid
+proof-of-work job and real sats."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def click_next(wizard: QWizard) -> None:
 @pytest.mark.timeout(300)
 async def test_from_launch_to_the_first_sat(tmp_path, settings_for, qtbot):
     # escrow_jobs=0: after the unpaid first job, earnings are available at once (the default
-    # holds the next 10 in escrow as pending; the README says so).
+    # holds the next 10 in escrow as pending; docs/hobbyists/first-sat.md says so).
     async with (running_queen(tmp_path, auth="keys", escrow_jobs=0, **SLOW_MACHINE) as queen,
                 open_app(settings_for(first_run_done=False), earnings_interval_s=3600) as app):
         app.launch()
@@ -66,7 +66,7 @@ async def test_from_launch_to_the_first_sat(tmp_path, settings_for, qtbot):
         await until(lambda: app.controller.link_state == "connected", 30, "connected")
         await queen.wait_until(lambda: queen.state.registry.model_names(), 10)
         [model] = queen.state.registry.model_names()
-        assert model == MODEL.stem  # "SmolLM2-135M-Instruct.Q4_1", as the README's curl says
+        assert model == MODEL.stem  # "SmolLM2-135M-Instruct.Q4_1", as the docs' curl says
         assert app.earnings.pays is True  # the welcome said so
         # 6. A developer's request with a funded key (the landing page's openai snippet).
         secret, _ = await funded_key(queen, 10)
