@@ -3,8 +3,9 @@
 
     python3 dev.py run     set up .venv and start a local swarm: a queen on SQLite and a
                            worker serving the bundled SmolLM2-135M model
-    python3 dev.py test    set up .venv, run ruff, check the import contracts (lint-imports)
-                           and run the whole test suite
+    python3 dev.py test    set up .venv, run ruff, check the import contracts (lint-imports),
+                           build the documentation site (mkdocs --strict) and run the whole
+                           test suite
 
 Setting up means: create ``.venv`` with this interpreter (Python 3.11+), then
 ``pip install -e .[dev]`` (everything: the queen, the worker and its app, and the test tools)
@@ -24,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import venv
@@ -112,7 +114,8 @@ def main(argv: list[str]) -> int:
 
 
 def run_tests(py: Path, pytest_args: list[str]) -> int:
-    """ruff, then the import contracts in pyproject.toml, then pytest; the first failure stops."""
+    """ruff, then the import contracts in pyproject.toml, then the documentation site, then
+    pytest; the first failure stops."""
     checks = [
         [str(py), "-m", "ruff", "check", "."],
         # --no-cache: a fresh import graph every run (it takes about a second).
@@ -122,7 +125,26 @@ def run_tests(py: Path, pytest_args: list[str]) -> int:
         code = subprocess.run(check, cwd=ROOT).returncode
         if code:
             return code
+    code = build_docs()
+    if code:
+        return code
     return subprocess.run([str(py), "-m", "pytest", *pytest_args], cwd=ROOT).returncode
+
+
+def build_docs() -> int:
+    """``mkdocs build --strict`` of mkdocs.yml into a throwaway folder: any warning (a broken
+    link or anchor, a page outside the nav, a link out of docs/) fails the run."""
+    with tempfile.TemporaryDirectory(prefix="apiary-site-") as site:
+        # NO_MKDOCS_2_WARNING: the Material theme's banner about MkDocs 2.0, not a warning
+        # about these pages.
+        env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+        code = subprocess.run(
+            [str(venv_script("mkdocs")), "build", "--strict", "--site-dir", site],
+            cwd=ROOT, env=env).returncode
+    if code:
+        print("==> the documentation site does not build (mkdocs build --strict, above): fix "
+              "the pages in docs/ or the nav in mkdocs.yml", file=sys.stderr, flush=True)
+    return code
 
 
 BUNDLED = "SmolLM2-135M-Instruct.Q4_1"
