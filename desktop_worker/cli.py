@@ -62,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", dest="models", action="append", metavar="NAME_OR_PATH",
                         help="a model to serve: hf-user/hf-repo:filter or a local .gguf file "
                         "(a diffusion model: .gguf or .safetensors, with --images; repeatable)")
-    parser.add_argument("--max-jobs", type=int, help="jobs served at once (default 1)")
+    parser.add_argument("--max-jobs", type=int,
+                        help="jobs served at once (default: automatic, as many as memory "
+                             "allows, up to 8)")
     parser.add_argument("--gpu-layers", type=gpu_layers, help="'auto' (default) or a number")
     parser.add_argument("--ctx", dest="n_ctx", type=int, help="context size (default 4096)")
     parser.add_argument("--threads", type=int, help="CPU threads for llama.cpp")

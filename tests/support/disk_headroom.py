@@ -11,6 +11,7 @@ the default."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -20,10 +21,11 @@ HEADROOM_ENV = "APIARY_DISK_HEADROOM_GB"
 TEST_HEADROOM_GB = "1"
 
 
-@pytest.fixture(autouse=True)
-def real_disk_headroom(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(autouse=True, scope="session")
+def real_disk_headroom() -> Iterator[None]:
     """A store on the real disk with no headroom of its own keeps the run's headroom (the
-    environment's, read when it is asked: a test that removes the variable gets the default)."""
+    environment's, read when it is asked: a test that removes the variable gets the default).
+    For the whole session, so that module-scoped fixtures' stores have it too."""
     default = DiskGuard.headroom_for
 
     def headroom_for(guard: DiskGuard, usage: DiskUsage) -> int:
@@ -32,4 +34,6 @@ def real_disk_headroom(monkeypatch: pytest.MonkeyPatch) -> None:
             return int(float(gb) * 1024**3)
         return default(guard, usage)
 
-    monkeypatch.setattr(DiskGuard, "headroom_for", headroom_for)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DiskGuard, "headroom_for", headroom_for)
+        yield

@@ -35,6 +35,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal
@@ -223,7 +224,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 @dataclass
 class IssuedInvoice:
-    """An invoice the fake LNURL server issued (``preimage`` is the payee's secret)."""
+    """An invoice the fake LNURL server issued (``preimage`` is the payee's secret; "" when
+    the invoice came from ``invoices_from``, whose wallet keeps it)."""
 
     name: str
     bolt11: str
@@ -256,9 +258,13 @@ class FakeLnurlServer(_FakeServer):
         max_sendable: int = 1_000_000_000,
         comment_allowed: int = 0,
         node_key: str = TEST_NODE_KEY,
+        invoices_from: Callable[[str, int], tuple[str, str]] | None = None,
     ) -> None:
+        """``invoices_from(name, amount_msat) -> (bolt11, payment_hash)``: a real wallet's
+        invoices instead of the server's own (``next_invoice``'s tweaks then do not apply)."""
         super().__init__()
         self.names = set(names)
+        self.invoices_from = invoices_from
         self.min_sendable = min_sendable
         self.max_sendable = max_sendable
         self.comment_allowed = comment_allowed
@@ -413,6 +419,12 @@ class FakeLnurlServer(_FakeServer):
         comment = query.get("comment", [None])[0]
         if comment is not None and len(comment) > self.comment_allowed:
             return _Reply(200, {"status": "ERROR", "reason": "comment too long"})
+        if self.invoices_from is not None:
+            pr, payment_hash = self.invoices_from(name, amount)
+            with self._lock:
+                self._invoices[payment_hash] = IssuedInvoice(name, pr, payment_hash, "", amount,
+                                                             comment)
+            return _Reply(200, {"pr": pr, "routes": []})
         with self._lock:
             tweak = self._tweaks.pop(0) if self._tweaks else _Tweak()
         preimage = os.urandom(32).hex()

@@ -17,6 +17,7 @@ MISSING = (
     ("APIARY_TEST_POSTGRES_URL is not set", "a PostgreSQL server",
      "APIARY_TEST_POSTGRES_URL=$(bash .ci/postgres.sh) python3 dev.py test"),
     ("docker compose plugin", "the docker compose plugin", "apt-get install docker-compose"),
+    ("LNbits is not installed", "LNbits", "python3 -m tests.support.lnbits_server install"),
 )
 
 
