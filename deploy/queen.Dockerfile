@@ -7,22 +7,32 @@
 # APIARY_FORWARDED_ALLOW_IPS (the TLS proxy's network). `docker run ... apiary-queen db upgrade`
 # runs the migrations once (compose.yaml does it in its one-shot `migrate` service).
 
+#
+# BASE_IMAGE: any Debian bookworm image with python3 (3.11) and its venv module; by default
+# Docker Hub's official python image. Where Docker Hub is out of reach, deploy/offline/ makes one
+# from Debian's packages (compose.offline.yaml passes it). The dependencies come from the package
+# index, or from deploy/wheels/ when it holds wheels (deploy/offline/wheels.sh fills it).
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+
 # --- build: a virtualenv with the queen's dependencies and the apiary package -----------------
-FROM python:3.11-slim-bookworm AS build
+FROM ${BASE_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
-RUN python -m venv /opt/apiary
+RUN python3 -m venv /opt/apiary
 WORKDIR /src
 # Only what the queen's wheel holds: the worker's package stays out of the image.
 COPY pyproject.toml README.md ./
 COPY shared_schema ./shared_schema
 COPY queen_server ./queen_server
-RUN /opt/apiary/bin/pip install ".[queen]" \
+COPY deploy/wheels/ /wheels/
+RUN if ls /wheels/*.whl > /dev/null 2>&1; \
+    then /opt/apiary/bin/pip install --no-index --find-links /wheels ".[queen]"; \
+    else /opt/apiary/bin/pip install ".[queen]"; fi \
     && /opt/apiary/bin/python -c "import queen_server.app, asyncpg, redis.asyncio"
 
 # --- run: the virtualenv on a clean slim image, as an unprivileged user -----------------------
-FROM python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
 RUN groupadd --system --gid 10001 apiary \
     && useradd --system --uid 10001 --gid apiary --home-dir /var/lib/apiary --create-home \
        --shell /usr/sbin/nologin apiary

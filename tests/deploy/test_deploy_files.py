@@ -7,7 +7,6 @@ healthy replicas; the public URL and forwarded-header settings match the proxy."
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from queen_server.settings import QueenSettings
+from tests.support.compose import compose_command
 
 yaml = pytest.importorskip("yaml")
 
@@ -74,7 +74,7 @@ def test_the_image_installs_the_queen_alone() -> None:
         assert extra not in everything
     copied = [args for word, args in instructions if word == "COPY" and "--from" not in args]
     assert not any("desktop_worker" in args or args.startswith(". ") for args in copied)
-    assert "**" in (DEPLOY / "queen.Dockerfile.dockerignore").read_text().splitlines()
+    assert "**" in (DEPLOY.parent / ".dockerignore").read_text().splitlines()
 
 
 def test_the_image_runs_as_a_non_root_user_with_a_health_check() -> None:
@@ -169,15 +169,28 @@ def test_the_proxy_terminates_tls_and_balances_every_path_over_healthy_replicas(
         assert directive in code
 
 
-@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker client")
 def test_docker_compose_parses_the_file(tmp_path: Path) -> None:
-    probe = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True,
-                           check=False)
-    if probe.returncode != 0:
-        pytest.skip("the docker compose plugin is not installed")
+    compose = compose_command()
     env = tmp_path / ".env"
     env.write_text((DEPLOY / ".env.example").read_text())
-    result = subprocess.run(["docker", "compose", "--env-file", str(env), "-f",
-                             str(DEPLOY / "compose.yaml"), "config", "-q"],
-                            capture_output=True, text=True, check=False, timeout=60)
-    assert result.returncode == 0, result.stderr
+    for files in (["compose.yaml"], ["compose.yaml", "compose.offline.yaml"]):
+        result = subprocess.run([*compose, "--env-file", str(env),
+                                 *(arg for name in files for arg in ("-f", str(DEPLOY / name))),
+                                 "config", "-q"],
+                                capture_output=True, text=True, check=False, timeout=60)
+        assert result.returncode == 0, result.stderr
+
+
+def test_operators_keep_the_official_images_and_an_offline_build_takes_its_own_base() -> None:
+    instructions = dockerfile_instructions()
+    assert ("ARG", "BASE_IMAGE=python:3.11-slim-bookworm") in instructions
+    froms = [args for word, args in instructions if word == "FROM"]
+    assert froms == ["${BASE_IMAGE} AS build", "${BASE_IMAGE}"]
+    spec = compose()
+    images = {name: spec["services"][name]["image"] for name in ("postgres", "redis", "caddy")}
+    assert images == {"postgres": "postgres:16-bookworm", "redis": "redis:7-bookworm",
+                      "caddy": "caddy:2"}
+    offline = yaml.safe_load((DEPLOY / "compose.offline.yaml").read_text())["services"]
+    assert set(offline) == {"migrate", *queens(spec), "postgres", "redis", "caddy"}
+    for service in offline.values():  # everything built on the one base image
+        assert service["build"]["args"]["BASE_IMAGE"].startswith("${APIARY_BASE_IMAGE:-")

@@ -17,6 +17,9 @@ MISSING = (
     ("APIARY_TEST_POSTGRES_URL is not set", "a PostgreSQL server",
      "APIARY_TEST_POSTGRES_URL=$(bash .ci/postgres.sh) python3 dev.py test"),
     ("docker compose plugin", "the docker compose plugin", "apt-get install docker-compose"),
+    ("built and run only when asked", "Docker, for the compose stack test,",
+     "APIARY_TEST_COMPOSE=1 python3 dev.py test tests/deploy/test_compose_up.py"),
+    ("no Docker daemon", "a Docker daemon", "bash .ci/docker.sh"),
     ("LNbits is not installed", "LNbits", "python3 -m tests.support.lnbits_server install"),
 )
 
