@@ -162,7 +162,16 @@ class GroupRoles:
             return
         if isinstance(message, GroupEnd):
             why = "the queen ended it" + (f" ({message.reason})" if message.reason else "")
-            self._spawn(self.end(message.group, why))
+            part = self.part
+            if part is None or part.group != message.group:
+                log.info("group %s: an end for a group this worker is not in; ignored",
+                         message.group)
+                return
+            # Let go of the part at once: the queen forms the next group right after an end,
+            # and its command (next on this link) must not find this one and answer "busy".
+            # The next part's setup waits for this one to be down (``_run``).
+            self.part, self._previous = None, part
+            self._spawn(self._end(part, why))
             return
         current = self.part
         if current is not None:

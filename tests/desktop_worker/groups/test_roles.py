@@ -294,3 +294,22 @@ async def test_an_end_during_setup_stops_what_was_started(sides) -> None:
     assert member.reports.sent == []
     assert children() <= before
     assert member.roles.part is None
+
+
+@pytest.mark.timeout(120)
+async def test_the_next_group_sent_right_after_an_end_is_served_not_busy(sides) -> None:
+    """The queen ends a group and forms the next at once (a member left mid-answer): the new
+    command comes on the link right after the end, before this worker has torn the old part
+    down. It is taken, and served once the old part is down, never refused as "busy"."""
+    member = sides("member")
+    await member_ready(member)
+    old = member.roles.part
+    assert old is not None
+    nxt = "e" * 16
+    member.send(GroupEnd(group=GROUP, reason="a member left"))  # the same tick as the next
+    member.send(serve_frame(group=nxt))
+    report = await member.reports.next()
+    assert (report.type, report.group) == ("group_member_ready", nxt), report
+    assert old.down.is_set()  # the old part's server was gone before the new one started
+    assert member.roles.part is not None
+    assert member.roles.part.group == nxt
