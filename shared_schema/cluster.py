@@ -116,6 +116,21 @@ class ClusterEvent(WireModel):
         return isinstance(self.frame, TERMINAL_FRAMES)
 
 
+MAX_BATCH_EVENTS = 256  # events of one job in one ``ClusterEvents``
+
+
+class ClusterEvents(WireModel):
+    """Several consecutive events of one job in one bus message (issue 40): ``frames[i]`` is
+    the event of sequence number ``first_seq + i``. What the serving replica sends: the
+    events queued while its last message was on its way go together, so a fast stream costs
+    one publish, one pub/sub message and one decode per batch, not per event."""
+
+    type: Literal["events"] = "events"
+    job_id: str
+    first_seq: int = Field(ge=0)
+    frames: list[Frame] = Field(min_length=1, max_length=MAX_BATCH_EVENTS)
+
+
 class ClusterCancel(WireModel):
     """The origin's client went away, or the origin gave up on the job."""
 
@@ -167,11 +182,12 @@ class ClusterAnswer(WireModel):
 
 
 ClusterMessage = Annotated[
-    ClusterJob | ClusterEvent | ClusterCancel | ClusterOutcome | ClusterQuery | ClusterAnswer,
+    ClusterJob | ClusterEvent | ClusterEvents | ClusterCancel | ClusterOutcome | ClusterQuery
+    | ClusterAnswer,
     Field(discriminator="type")]
 CLUSTER_ADAPTER: TypeAdapter[ClusterMessage] = TypeAdapter(ClusterMessage)
-AnyClusterMessage = (ClusterJob | ClusterEvent | ClusterCancel | ClusterOutcome | ClusterQuery
-                     | ClusterAnswer)
+AnyClusterMessage = (ClusterJob | ClusterEvent | ClusterEvents | ClusterCancel | ClusterOutcome
+                     | ClusterQuery | ClusterAnswer)
 
 
 def encode_cluster(message: AnyClusterMessage) -> bytes:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from queen_server.cluster.bus import Bus, BusGap, Subscription
@@ -36,12 +36,14 @@ from queen_server.cluster.stream import Gap, ReplyStream, Sequencer
 from queen_server.swarm.jobs import JobEvent, Mailbox, WorkerLost
 from shared_schema import Chunk, JobError, ProtocolError, Result
 from shared_schema.cluster import (
+    MAX_BATCH_EVENTS,
     TERMINAL_FRAMES,
     Accepted,
     AnyClusterMessage,
     Assigned,
     ClusterCancel,
     ClusterEvent,
+    ClusterEvents,
     ClusterJob,
     ClusterOutcome,
     Frame,
@@ -254,32 +256,39 @@ class RemoteJobClient:
                                     f"({item.reason})")
                 continue
             message = _decoded(item, self.reply_to)
-            if not isinstance(message, ClusterEvent):
+            if isinstance(message, ClusterEvents):
+                events: Iterable[tuple[int, Frame]] = enumerate(message.frames,
+                                                                message.first_seq)
+            elif isinstance(message, ClusterEvent):  # one event (a replica before batches)
+                events = ((message.seq, message.frame),)
+            else:
                 continue
             job = self.jobs.get(message.job_id)
             if job is None:
                 continue  # a late event of a job that ended here
-            self._take(job, message, loop.time())
+            self._take(job, events, loop.time())
 
-    def _take(self, job: RemoteJob, message: ClusterEvent, now: float) -> None:
+    def _take(self, job: RemoteJob, events: Iterable[tuple[int, Frame]], now: float) -> None:
         stream = job.stream
-        frames = stream.feed(message.seq, message.frame, now,
-                             final=isinstance(message.frame, TERMINAL_FRAMES))
-        for frame in frames:
-            if isinstance(frame, Accepted):
-                stream.set_idle(self.idle_s, now)
-                continue
-            if isinstance(frame, Assigned):
-                job.assigned = frame
-                continue
-            event = _event_of(frame, job.replica_id)
-            if event is not None:
-                job.deliver(event)
-        if stream.done:
-            self.jobs.pop(job.job_id, None)
-        elif isinstance(stream.failed, Gap):
-            self._lose(job, f"the events from replica {job.replica_id} have a gap: "
-                            f"{stream.failed.reason}")
+        for seq, given in events:
+            frames = stream.feed(seq, given, now, final=isinstance(given, TERMINAL_FRAMES))
+            for frame in frames:
+                if isinstance(frame, Accepted):
+                    stream.set_idle(self.idle_s, now)
+                    continue
+                if isinstance(frame, Assigned):
+                    job.assigned = frame
+                    continue
+                event = _event_of(frame, job.replica_id)
+                if event is not None:
+                    job.deliver(event)
+            if stream.done:
+                self.jobs.pop(job.job_id, None)
+                return
+            if isinstance(stream.failed, Gap):
+                self._lose(job, f"the events from replica {job.replica_id} have a gap: "
+                                f"{stream.failed.reason}")
+                return
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
@@ -326,13 +335,14 @@ class Emitter:
     after the terminal one are refused (``RuntimeError``): a handler bug, never sent.
 
     The handler does not wait on the bus for each frame: frames queue in order, and one
-    sender per job publishes everything queued in one round trip (``Bus.publish_many``), so
-    a burst of tokens costs one trip and the first token never waits behind ``Accepted``'s.
+    sender per job publishes everything queued as one ``ClusterEvents`` message (up to
+    ``MAX_BATCH_EVENTS`` a message, issue 40), so a burst of tokens costs one publish and one
+    decode, and the first token never waits behind ``Accepted``'s.
     Only the terminal frame (and a backlog past ``MAX_QUEUED``) waits for the sending; an
     origin found gone (no receiver) or a bus that failed is raised at the next frame."""
 
-    __slots__ = ("_bus", "_error", "_out", "_sender", "_seq", "cancel_reason", "ended", "job",
-                 "last_at")
+    __slots__ = ("_bus", "_error", "_first", "_out", "_sender", "_seq", "cancel_reason", "ended",
+                 "job", "last_at")
 
     MAX_QUEUED = 256  # frames queued before the handler waits for the sender (backpressure)
 
@@ -343,7 +353,8 @@ class Emitter:
         self.ended = False
         self.last_at = now
         self.cancel_reason: str | None = None  # set when the origin cancelled the job
-        self._out: list[bytes] = []
+        self._out: list[Frame] = []
+        self._first = 0  # the sequence number of ``_out[0]``
         self._sender: asyncio.Task[None] | None = None
         self._error: Exception | None = None
 
@@ -356,8 +367,10 @@ class Emitter:
         if terminal:
             self.ended = True
         self.last_at = asyncio.get_running_loop().time()
-        self._out.append(encode_cluster(ClusterEvent(job_id=self.job.job_id,
-                                                     seq=self._seq.take(), frame=frame)))
+        seq = self._seq.take()
+        if not self._out:
+            self._first = seq
+        self._out.append(frame)
         if self._sender is None or self._sender.done():
             self._sender = asyncio.create_task(self._send(), name=f"emit-{self.job.job_id}")
         if terminal or len(self._out) > self.MAX_QUEUED:
@@ -367,9 +380,13 @@ class Emitter:
 
     async def _send(self) -> None:
         while self._out and self._error is None:
-            batch, self._out = self._out, []
+            batch, first, self._out = self._out, self._first, []
+            messages = [encode_cluster(ClusterEvents(
+                job_id=self.job.job_id, first_seq=first + start,
+                frames=batch[start:start + MAX_BATCH_EVENTS]))
+                for start in range(0, len(batch), MAX_BATCH_EVENTS)]
             try:
-                counts = await self._bus.publish_many(self.job.reply_to, batch)
+                counts = await self._bus.publish_many(self.job.reply_to, messages)
             except BusUnavailable as exc:
                 self._error = exc
                 self.ended = True
