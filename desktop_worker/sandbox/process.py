@@ -127,6 +127,8 @@ class _ScratchWatch(threading.Thread):
 
     def run(self) -> None:
         while not self.done.wait(SCRATCH_CHECK_S):
+            if not self.process.alive:  # a child that ended writes no more (closed or not)
+                return
             problem = scratch_problem(self.process.scratch, self.quota_bytes)
             if problem is not None:
                 log.error("%s was stopped: %s", self.process.label, problem)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from desktop_worker.engine.pool import ModelPool
-from desktop_worker.errors import EngineCrashed, EngineProtocolError, ModelLoadError
+from desktop_worker.errors import EngineCrashed, EngineProtocolError, ModelLoadError, SandboxError
 from desktop_worker.jobs import JobRunner
 from desktop_worker.sandbox import process as process_module
 from desktop_worker.sandbox.context import SandboxedContexts
@@ -209,3 +209,24 @@ def test_the_scratch_check_counts_what_is_on_disk_and_the_number_of_files(tmp_pa
     for i in range(5):
         (tmp_path / f"f{i}").touch()
     assert "more than 5 files" in (scratch_problem(str(tmp_path), 4 << 20, max_entries=5) or "")
+
+
+@pytest.mark.timeout(60)
+def test_a_child_that_ended_leaves_no_scratch_watch_behind_even_unclosed(
+        monkeypatch, tmp_path) -> None:
+    """The scratch folder's watch ends with the child, closed or not: an engine process
+    dropped without ``close`` (a probe nobody closed) must not leave a thread scanning a
+    folder forever."""
+    script = tmp_path / "quitter.py"
+    script.write_text("raise SystemExit(3)\n")
+    monkeypatch.setattr(process_module, "child_command", lambda: [sys.executable, str(script)])
+    monkeypatch.setattr(process_module, "SCRATCH_CHECK_S", 0.05)
+    from desktop_worker.sandbox.policy import policy_for
+
+    engine = process_module.EngineProcess("context", policy_for("context"), label="quitter")
+    with pytest.raises((EngineCrashed, SandboxError)):
+        engine.start()
+    watch = engine._watch  # the thread under test
+    watch.join(timeout=10)
+    assert not watch.is_alive()
+    engine.close()
