@@ -20,8 +20,10 @@ wallet's: ``FakeLnurlServer``'s LNURL-pay service with ``invoices_from=``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -107,9 +109,12 @@ class LnbitsServer:
         folder = venv_dir()
         log = (self.workdir / "lnbits.log").open("wb")
         # LNbits serves its static files from the relative folder lnbits/static.
+        # Its own process group: the lnbits command runs the server in a child of its own,
+        # which outlives a SIGTERM to the command alone.
         self.popen = subprocess.Popen(
             [str(folder / "bin" / "lnbits"), "--host", "127.0.0.1", "--port", str(self.port)],
-            cwd=_site_packages(folder), env=env, stdout=log, stderr=subprocess.STDOUT)
+            cwd=_site_packages(folder), env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
         log.close()
         try:
             self._wait_up(90)
@@ -124,14 +129,19 @@ class LnbitsServer:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.terminate()
-            try:
+        if self.popen is not None:
+            self._signal_group(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(20)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
+            self._signal_group(signal.SIGKILL)  # whatever of the group is left
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(10)
         self.http.close()
+
+    def _signal_group(self, signum: int) -> None:
+        assert self.popen is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signum)
 
     def log(self) -> str:
         path = self.workdir / "lnbits.log"
