@@ -34,6 +34,11 @@ async def queen(tmp_path, db_url):
         yield queen
 
 
+def holds(registry: Any, trainer: ScriptedTrainer) -> bool:
+    """Whether the queen routes ``trainer`` for the scripted base model."""
+    return any(worker.key == trainer.pubkey for worker in registry.holders(ECHO_MODEL))
+
+
 async def settled(client: Any, job_id: str, timeout_s: float = 15) -> Any:
     """Poll the job as the SDK's users do, until it has finished."""
     async with asyncio.timeout(timeout_s):
@@ -284,15 +289,22 @@ async def test_a_trainer_without_the_memory_for_the_base_is_never_given_the_job(
     from shared_schema.training import train_memory_mb
 
     need = train_memory_mb(135_000_000)  # the scripted workers' base
+    registry = queen.state.registry
     small = await ScriptedTrainer(queen.ws_url).start()
-    queen.state.registry.get(small.pubkey).memory_budget_mb = need - 1
+    registry.get(small.pubkey).memory_budget_mb = need - 1
+    # Twice in full CI runs (never alone) a trainer just welcomed was not among the model's
+    # holders yet: wait for the queen's own view instead of assuming it.
+    await queen.wait_until(lambda: holds(registry, small), timeout_s=20,
+                           what="the small trainer among the model's holders")
     _, client, job, _ = await start_job(queen)
     runner = queen.state.fine_tuning.runner
     assert await runner.dispatch() == 0
     assert small.orders == []
     big = await ScriptedTrainer(queen.ws_url).start()
-    queen.state.registry.get(big.pubkey).memory_budget_mb = need
-    done = await settled(client, job.id)
+    registry.get(big.pubkey).memory_budget_mb = need
+    await queen.wait_until(lambda: holds(registry, big), timeout_s=20,
+                           what="the big trainer among the model's holders")
+    done = await settled(client, job.id, timeout_s=30)
     assert done.status == "succeeded", done.error
     assert (len(small.orders), len(big.orders)) == (0, 1)
     await small.stop()
