@@ -70,6 +70,12 @@ async def running_queen(
     values: dict[str, Any] = {
         "db": f"sqlite+aiosqlite:///{tmp_path / 'queen.sqlite3'}",
         "heartbeat_interval_s": 0.5,
+        # A worker is dropped after 5 s of silence, not 1.5: the queen shares its event loop
+        # with the test and its scripted workers, and late in a full run (a large heap, a
+        # loaded CI machine) one pause of that loop can outlast three pings. Two tests failed
+        # so in full runs and never alone: a trainer gone right after its welcome, a worker
+        # gone mid-flood. The test of the drop itself asks for 3 misses.
+        "heartbeat_misses": 10,
         "queue_timeout_s": 1.0,
         "first_token_timeout_s": 5.0,
         "total_timeout_s": 10.0,

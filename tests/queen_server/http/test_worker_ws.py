@@ -135,17 +135,18 @@ async def test_same_key_twice_closes_the_older_session(queen):
         await newer.stop()
 
 
-async def test_worker_missing_heartbeats_leaves_the_registry(queen):
-    silent = await ScriptedWorker(queen.ws_url, answer_pongs=False).start()
-    chatty = await ScriptedWorker(queen.ws_url).start()
-    try:
-        await asyncio.wait_for(silent.closed.wait(), 5)
-        assert silent.close_code == 4001
-        assert [s.key for s in queen.state.registry] == [chatty.pubkey]
-        # The answering worker, connected as long, outlived the same missed intervals.
-        assert not chatty.closed.is_set()
-    finally:
-        await chatty.stop()
+async def test_worker_missing_heartbeats_leaves_the_registry(tmp_path):
+    async with running_queen(tmp_path, heartbeat_misses=3) as queen:  # the default's misses
+        silent = await ScriptedWorker(queen.ws_url, answer_pongs=False).start()
+        chatty = await ScriptedWorker(queen.ws_url).start()
+        try:
+            await asyncio.wait_for(silent.closed.wait(), 5)
+            assert silent.close_code == 4001
+            assert [s.key for s in queen.state.registry] == [chatty.pubkey]
+            # The answering worker, connected as long, outlived the same missed intervals.
+            assert not chatty.closed.is_set()
+        finally:
+            await chatty.stop()
 
 
 async def test_disconnect_leaves_the_registry_at_once(queen):
