@@ -74,7 +74,7 @@ def _site_packages(folder: Path) -> Path:
     found = subprocess.run(
         [str(folder / "bin" / "python"), "-c", "import lnbits, pathlib; "
          "print(pathlib.Path(lnbits.__file__).parent.parent)"],
-        capture_output=True, text=True, check=True)
+        capture_output=True, text=True, check=True, cwd=folder)  # importing lnbits writes ./data
     return Path(found.stdout.strip())
 
 
