@@ -440,7 +440,11 @@ class GroupRoles:
         try:
             previous = self._previous
             if previous is not None:
-                await previous.down.wait()  # the last group's processes are gone first
+                try:
+                    await previous.down.wait()  # the last group's processes are gone first
+                except BaseException:
+                    setup.close()  # cancelled before it began: never left un-awaited
+                    raise
             await setup
         except GroupPartFailed as exc:
             await self._fail(part, exc.code, str(exc), member=exc.member)

@@ -218,10 +218,16 @@ async def crowd(world, lnurl, honest_2, evil):
     return world
 
 
+# The honest services must answer inside the LNURL timeout even on a loaded CI machine (0.5 s
+# once timed out an honest one there); only the plays that hang wait it out, with a short one.
+HANGING = {"no answer (timeout)", "callback never answers"}
+
+
 def crowd_runner(world, lnbits, **settings):
     database, store, http = world
+    settings = {"lnurl_timeout_s": 30.0, **settings}
     settings = QueenSettings(lnurl_insecure_hosts="127.0.0.1", payout_threshold_sats=1000,
-                             lnurl_timeout_s=0.5, **settings)
+                             **settings)
     return PayoutRunner(settings, database.engine, store,
                         LnbitsBackend(lnbits.url, lnbits.admin_key, http), http)
 
@@ -230,10 +236,11 @@ async def balance(world, account: str) -> int:
     return (await world[1].balances()).get(account, 0)
 
 
-@pytest.mark.parametrize("play", HOSTILE_SERVICES.values(), ids=HOSTILE_SERVICES.keys())
-async def test_a_hostile_service_fails_only_its_own_payout(crowd, crowd_lnbits, evil, play):
-    play(evil)
-    report = await crowd_runner(crowd, crowd_lnbits).run_once()
+@pytest.mark.parametrize("name", HOSTILE_SERVICES)
+async def test_a_hostile_service_fails_only_its_own_payout(crowd, crowd_lnbits, evil, name):
+    HOSTILE_SERVICES[name](evil)
+    timeout = {"lnurl_timeout_s": 2.0} if name in HANGING else {}
+    report = await crowd_runner(crowd, crowd_lnbits, **timeout).run_once()
 
     assert (report.paid, report.failed) == (2, 1)
     assert len(crowd_lnbits.sent) == 2
