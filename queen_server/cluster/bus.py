@@ -32,12 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
-
 from queen_server.cluster.errors import BusUnavailable
+from queen_server.cluster.resp import Publisher, RespConnection
 from queen_server.cluster.seal import BusSeal
 
 log = logging.getLogger(__name__)
@@ -229,11 +225,12 @@ class InProcessBus:
 class RedisBus:
     """The bus over Redis pub/sub: one connection publishes, one reads every channel this
     process subscribes to and hands each message to the local subscriptions of its channel.
+    Both are ``resp.RespConnection``s (issue 40): a message is parsed by hiredis and handed on
+    in the transport's own callback, with no task or await per message.
 
     The reading connection has no retries of its own: when it breaks, the reader puts a
     ``BusGap`` in every subscription, reconnects with backoff (``reconnect_s`` up to
-    ``max_reconnect_s``) and resubscribes every channel. Should the client library ever
-    reconnect on its own, a connect callback does the same, so no reconnect goes unmarked.
+    ``max_reconnect_s``) and resubscribes every channel, so no reconnect goes unmarked.
     """
 
     def __init__(self, url: str, *, seal: BusSeal, reconnect_s: float = 0.05,
@@ -245,16 +242,13 @@ class RedisBus:
         self.reconnect_s = reconnect_s
         self.max_reconnect_s = max_reconnect_s
         self.subscribe_timeout_s = subscribe_timeout_s
-        self._publisher = aioredis.from_url(url)
-        self._reader_client = aioredis.from_url(url, retry=Retry(NoBackoff(), 0),
-                                                socket_timeout=None)
+        self._publisher = Publisher(url)  # the hot path: every publish, coalesced
         self._subs: dict[str, set[Subscription]] = {}
         self._confirmed: dict[str, asyncio.Future[None]] = {}
-        self._pubsub: Any = None
+        self._reader: RespConnection | None = None  # the subscribed connection, while up
         self._live: set[str] = set()  # channels Redis confirmed on the current connection
         self._wanted = asyncio.Event()  # set when some channel is wanted
         self._task: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[Any]] = set()
         self._closed = False
         self.reconnects = 0  # connections made after the first (for logs and tests)
 
@@ -262,40 +256,27 @@ class RedisBus:
         """Check Redis answers and start the reader. ``BusUnavailable`` if it does not."""
         try:
             await self._publisher.ping()
-        except (RedisError, OSError) as exc:
+        except (OSError, ValueError) as exc:
             raise BusUnavailable(f"Redis at {self.url} did not answer: {exc}") from exc
         self._task = asyncio.create_task(self._read_forever(), name="redis-bus-reader")
         return self
 
     async def publish(self, channel: str, data: bytes) -> int:
-        if self._closed:
-            raise BusUnavailable("the bus is closed")
-        data = self.seal.seal(channel, data)
-        try:
-            return int(await self._publisher.publish(channel, data))
-        except (RedisError, OSError) as exc:
-            # A pooled connection that died with a Redis restart fails once; the retry takes a
-            # fresh one. (A message sent twice is harmless: jobs and events are deduplicated.)
-            log.debug("publishing to %s failed (%s); retrying once", channel, exc)
-        try:
-            return int(await self._publisher.publish(channel, data))
-        except (RedisError, OSError) as exc:
-            raise BusUnavailable(f"publishing to {channel} failed: {exc}") from exc
+        return (await self.publish_many(channel, (data,)))[0]
 
     async def publish_many(self, channel: str, items: Sequence[bytes]) -> list[int]:
-        """One pipeline, one round trip. Retried once as ``publish`` is (a message that then
-        arrives twice is dropped by its reader: events carry sequence numbers)."""
+        """In order, coalesced with every other publish of this process into one write
+        (``resp.Publisher``). A connection that died with a Redis restart fails once; the retry
+        takes a fresh one (a message that then arrives twice is harmless: its reader drops it,
+        jobs by id and events by sequence number)."""
         if self._closed:
             raise BusUnavailable("the bus is closed")
-        failure: Exception | None = None
         sealed = [self.seal.seal(channel, data) for data in items]
+        failure: Exception | None = None
         for _attempt in range(2):
             try:
-                pipe = self._publisher.pipeline(transaction=False)
-                for data in sealed:
-                    pipe.publish(channel, data)
-                return [int(n) for n in await pipe.execute()]
-            except (RedisError, OSError) as exc:
+                return await self._publisher.publish(channel, sealed)
+            except OSError as exc:
                 log.debug("publishing %d to %s failed (%s)", len(items), channel, exc)
                 failure = exc
         raise BusUnavailable(f"publishing to {channel} failed: {failure}") from failure
@@ -310,10 +291,8 @@ class RedisBus:
         if confirmed is None:
             confirmed = asyncio.get_running_loop().create_future()
             self._confirmed[channel] = confirmed
-            pubsub = self._pubsub
-            if pubsub is not None:
-                with contextlib.suppress(RedisError, OSError):  # the reader will redo it
-                    await pubsub.subscribe(channel)
+            if self._reader is not None:  # else the reader subscribes it when it connects
+                self._reader.subscribe(channel)
             self._wanted.set()
         try:
             await asyncio.wait_for(asyncio.shield(confirmed), self.subscribe_timeout_s)
@@ -333,27 +312,13 @@ class RedisBus:
         confirmed = self._confirmed.pop(sub.channel, None)
         if confirmed is not None and not confirmed.done():
             confirmed.cancel()
-        pubsub = self._pubsub
-        if pubsub is not None:
-            task = asyncio.get_running_loop().create_task(self._unsubscribe(pubsub, sub.channel))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-
-    async def _unsubscribe(self, pubsub: Any, channel: str) -> None:
-        if channel in self._subs:
-            return  # subscribed again meanwhile
-        with contextlib.suppress(RedisError, OSError):
-            await pubsub.unsubscribe(channel)
+        if self._reader is not None:
+            self._reader.unsubscribe(sub.channel)
 
     def _gap_all(self, reason: str) -> None:
         for subs in self._subs.values():
             for sub in subs:
                 sub.put_gap(reason)
-
-    def _on_reconnect(self, _connection: Any) -> None:
-        """The client library reconnected the reading connection by itself."""
-        self.reconnects += 1
-        self._gap_all("the Redis connection was re-established; messages may have been lost")
 
     async def _read_forever(self) -> None:
         delay = self.reconnect_s
@@ -363,56 +328,56 @@ class RedisBus:
                 self._wanted.clear()
                 await self._wanted.wait()
                 continue
-            pubsub = self._reader_client.pubsub()
             self._live = set()
+            reader: RespConnection | None = None
             try:
-                await pubsub.subscribe(*self._subs)
-                pubsub.connection.register_connect_callback(self._on_reconnect)
-                self._pubsub = pubsub
+                reader = await RespConnection.open(self.url, on_push=self._on_push)
+                reader.subscribe(*self._subs)
+                self._reader = reader
                 if connected_before:
                     self.reconnects += 1
                     log.info("cluster bus reconnected to Redis; %d channels resubscribed",
                              len(self._subs))
                 connected_before = True
                 delay = self.reconnect_s
-                await self._pump(pubsub)
+                raise await reader.wait_closed()
             except asyncio.CancelledError:
                 raise
-            except (RedisError, OSError, RuntimeError) as exc:
+            except (OSError, ValueError) as exc:
                 if self._closed:
                     break
                 log.warning("cluster bus lost Redis (%s); reconnecting in %.2f s", exc, delay)
                 self._gap_all(f"the Redis connection was lost ({exc}); messages may have "
                               "been lost")
             finally:
-                self._pubsub = None
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+                self._reader = None
+                if reader is not None:
+                    reader.close()
             if not self._closed:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.max_reconnect_s)
 
-    async def _pump(self, pubsub: Any) -> None:
-        subs_of = self._subs
-        while not self._closed:
-            message = await pubsub.get_message(timeout=1.0)
-            if message is None:
-                continue
-            kind = message["type"]
-            channel = message["channel"]
-            channel = channel.decode() if isinstance(channel, bytes) else channel
-            if kind == "message":
-                data = self.seal.open(channel, message["data"])
-                if data is None:
-                    self._refuse(channel)
-                    continue
-                for sub in tuple(subs_of.get(channel, ())):
-                    sub.put(data)
-            elif kind == "subscribe":
-                self._live.add(channel)
-                confirmed = self._confirmed.get(channel)
-                if confirmed is not None and not confirmed.done():
-                    confirmed.set_result(None)
+    def _on_push(self, reply: Any) -> None:
+        """One push on the reading connection, as hiredis parsed it: a message
+        (``[b"message", channel, data]``) or Redis confirming a subscription."""
+        if not isinstance(reply, list) or len(reply) < 3:
+            return
+        kind, channel = reply[0], reply[1]
+        channel = channel.decode() if isinstance(channel, bytes) else str(channel)
+        if kind == b"message":
+            data = self.seal.open(channel, reply[2])
+            if data is None:
+                self._refuse(channel)
+                return
+            for sub in tuple(self._subs.get(channel, ())):
+                sub.put(data)
+        elif kind == b"subscribe":
+            self._live.add(channel)
+            confirmed = self._confirmed.get(channel)
+            if confirmed is not None and not confirmed.done():
+                confirmed.set_result(None)
+        elif kind == b"unsubscribe":
+            self._live.discard(channel)
 
     def _refuse(self, channel: str) -> None:
         self.refused += 1
@@ -427,7 +392,7 @@ class RedisBus:
     def connected(self) -> bool:
         """Whether every channel wanted here is subscribed on a live connection (after a
         reconnect, False until Redis confirmed them all again)."""
-        return self._pubsub is not None and self._live >= self._subs.keys()
+        return self._reader is not None and self._live >= self._subs.keys()
 
     async def close(self) -> None:
         self._closed = True
@@ -438,7 +403,6 @@ class RedisBus:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-        for task in list(self._background):
-            task.cancel()
-        await self._publisher.aclose()
-        await self._reader_client.aclose()
+        await self._publisher.close()
+        if self._reader is not None:
+            self._reader.close()

@@ -1,0 +1,158 @@
+"""The bus's own Redis connection (``cluster.resp``), against real ``redis-server`` processes:
+coalesced publishes in order, passwords, a Unix socket, a restart, and a server that answers
+out of step."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from queen_server.cluster.bus import RedisBus
+from queen_server.cluster.errors import BusUnavailable
+from queen_server.cluster.resp import Publisher, RespConnection, pack
+from tests.support.processes import free_port
+from tests.support.redis_server import REDIS_SERVER, RedisServer, bus_seal
+
+pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
+
+
+@contextlib.contextmanager
+def redis_process(tmp_path: Path, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A redis-server with extra arguments (a password, a Unix socket), ready when yielded."""
+    port = free_port()
+    proc = subprocess.Popen([str(REDIS_SERVER), "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no", "--dir", str(tmp_path), *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    proc.port = port  # type: ignore[attr-defined]
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+async def opened(url: str) -> RespConnection:
+    """Connect, retrying while the server starts (a real process takes a moment)."""
+    for _ in range(200):
+        try:
+            return await RespConnection.open(url, timeout_s=1.0)
+        except OSError:
+            await asyncio.sleep(0.02)
+    return await RespConnection.open(url, timeout_s=1.0)
+
+
+def test_pack_writes_the_redis_protocol() -> None:
+    assert pack("PUBLISH", "ch", b"a\r\nb") == b"*3\r\n$7\r\nPUBLISH\r\n$2\r\nch\r\n$4\r\na\r\nb\r\n"
+    assert pack("SELECT", 3) == b"*2\r\n$6\r\nSELECT\r\n$1\r\n3\r\n"
+
+
+async def test_publishes_of_many_jobs_are_coalesced_and_each_channel_keeps_its_order(
+        redis_server: RedisServer) -> None:
+    reader = await RedisBus(redis_server.url, seal=bus_seal()).start()
+    writer = await RedisBus(redis_server.url, seal=bus_seal()).start()
+    try:
+        channels = [f"job-{n}" for n in range(20)]
+        subs = [await reader.subscribe(channel) for channel in channels]
+
+        async def job(channel: str) -> list[int]:
+            counts = []
+            for k in range(25):
+                counts += await writer.publish_many(channel, [b"%d" % (2 * k),
+                                                              b"%d" % (2 * k + 1)])
+            return counts
+
+        counts = await asyncio.gather(*(job(channel) for channel in channels))
+        assert all(c == [1] * 50 for c in counts)
+        for sub in subs:
+            got = [await sub.get(timeout=5) for _ in range(50)]
+            assert got == [b"%d" % k for k in range(50)]
+        # 500 publishes from 20 jobs at once went out in far fewer writes.
+        assert writer._publisher.writes < 250
+    finally:
+        await reader.close()
+        await writer.close()
+
+
+async def test_a_password_is_sent_and_a_wrong_one_refused_without_showing_it(
+        tmp_path: Path) -> None:
+    with redis_process(tmp_path, "--requirepass", "s3cret-pass") as proc:
+        url = f"redis://:s3cret-pass@127.0.0.1:{proc.port}/0"  # type: ignore[attr-defined]
+        connection = await opened(url)
+        assert await connection.send([pack("PING")])[0] == b"PONG"
+        connection.close()
+        publisher = Publisher(url)
+        assert await publisher.publish("ch", [b"x"]) == [0]
+        await publisher.close()
+        bad = f"redis://:wrong-pass@127.0.0.1:{proc.port}/0"  # type: ignore[attr-defined]
+        with pytest.raises(ConnectionError, match="refused the credentials") as caught:
+            await RespConnection.open(bad)
+        assert "wrong-pass" not in str(caught.value)
+        with pytest.raises(BusUnavailable):
+            await RedisBus(bad, seal=bus_seal()).start()
+
+
+async def test_a_bus_over_a_unix_socket(tmp_path: Path) -> None:
+    socket = tmp_path / "redis.sock"
+    with redis_process(tmp_path, "--unixsocket", str(socket), "--unixsocketperm", "700"):
+        url = f"unix://{socket}"
+        (await opened(url)).close()
+        a = await RedisBus(url, seal=bus_seal()).start()
+        b = await RedisBus(url, seal=bus_seal()).start()
+        try:
+            sub = await a.subscribe("ch")
+            assert await b.publish("ch", b"over the socket") == 1
+            assert await sub.get(timeout=5) == b"over the socket"
+        finally:
+            await a.close()
+            await b.close()
+
+
+async def test_a_publish_after_redis_restarted_goes_out_on_a_fresh_connection(
+        redis_server: RedisServer) -> None:
+    bus = await RedisBus(redis_server.url, seal=bus_seal()).start()
+    try:
+        assert await bus.publish("ch", b"before") == 0
+        await asyncio.to_thread(redis_server.restart)
+        assert await bus.publish("ch", b"after") == 0  # the dead connection failed once
+    finally:
+        await bus.close()
+
+
+@pytest.fixture
+async def out_of_step_server() -> AsyncIterator[str]:
+    """A server speaking the Redis protocol that answers every command twice."""
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while await reader.read(65536):
+                writer.write(b":1\r\n:1\r\n")
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    yield f"redis://127.0.0.1:{port}/0"
+    server.close()
+
+
+async def test_a_reply_nobody_asked_for_drops_the_connection_and_fails_loudly(
+        out_of_step_server: str) -> None:
+    publisher = Publisher(out_of_step_server)
+    try:
+        assert await publisher.publish("ch", [b"x"]) == [1]
+        # The extra reply broke the stream: the connection is dropped, not trusted again.
+        await asyncio.wait_for(_until_dropped(publisher), 5)
+        assert await publisher.publish("ch", [b"y"]) == [1]  # a fresh one
+    finally:
+        await publisher.close()
+    with pytest.raises(ConnectionError):
+        await publisher.publish("ch", [b"z"])
+
+
+async def _until_dropped(publisher: Publisher) -> None:
+    while publisher._connection is not None and publisher._connection.usable:
+        await asyncio.sleep(0.01)
