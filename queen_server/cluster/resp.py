@@ -85,7 +85,9 @@ class _Replies(asyncio.Protocol):
         self._fail(ConnectionError(f"the connection to Redis was lost ({exc or 'closed'})"))
 
     def _fail(self, error: Exception) -> None:
-        self.lost = error
+        if self.lost is None:  # the first reason is the one that says why
+            self.lost = error
+        error = self.lost
         if not self.closed.done():
             self.closed.set_result(None)
         while self.waiting:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import ssl
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -47,7 +49,8 @@ async def opened(url: str) -> RespConnection:
 
 
 def test_pack_writes_the_redis_protocol() -> None:
-    assert pack("PUBLISH", "ch", b"a\r\nb") == b"*3\r\n$7\r\nPUBLISH\r\n$2\r\nch\r\n$4\r\na\r\nb\r\n"
+    assert pack("PUBLISH", "ch", b"a\r\nb") == (
+        b"*3\r\n$7\r\nPUBLISH\r\n$2\r\nch\r\n$4\r\na\r\nb\r\n")
     assert pack("SELECT", 3) == b"*2\r\n$6\r\nSELECT\r\n$1\r\n3\r\n"
 
 
@@ -144,8 +147,11 @@ async def test_a_reply_nobody_asked_for_drops_the_connection_and_fails_loudly(
     publisher = Publisher(out_of_step_server)
     try:
         assert await publisher.publish("ch", [b"x"]) == [1]
+        first = publisher._connection
+        assert first is not None
         # The extra reply broke the stream: the connection is dropped, not trusted again.
-        await asyncio.wait_for(_until_dropped(publisher), 5)
+        reason = await asyncio.wait_for(first.wait_closed(), 5)
+        assert "no command asked for" in str(reason)
         assert await publisher.publish("ch", [b"y"]) == [1]  # a fresh one
     finally:
         await publisher.close()
@@ -153,6 +159,38 @@ async def test_a_reply_nobody_asked_for_drops_the_connection_and_fails_loudly(
         await publisher.publish("ch", [b"z"])
 
 
-async def _until_dropped(publisher: Publisher) -> None:
-    while publisher._connection is not None and publisher._connection.usable:
-        await asyncio.sleep(0.01)
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key (the operator's own CA)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is not installed")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+                    "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    return key, cert
+
+
+async def test_a_bus_over_tls_trusting_the_operators_ca(
+        tmp_path: Path, certificate: tuple[Path, Path]) -> None:
+    """``rediss://`` with redis-py's own TLS options (here ``ssl_ca_certs``): the same URL
+    both clients read. A server whose certificate is not trusted is refused."""
+    key, cert = certificate
+    tls_port = free_port()
+    with redis_process(tmp_path, "--tls-port", str(tls_port), "--tls-cert-file", str(cert),
+                       "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert),
+                       "--tls-auth-clients", "no"):
+        url = f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={cert}"
+        (await opened(url)).close()
+        a = await RedisBus(url, seal=bus_seal()).start()
+        b = await RedisBus(url, seal=bus_seal()).start()
+        try:
+            sub = await a.subscribe("ch")
+            assert await b.publish("ch", b"sealed, over TLS") == 1
+            assert await sub.get(timeout=5) == b"sealed, over TLS"
+        finally:
+            await a.close()
+            await b.close()
+        with pytest.raises(ssl.SSLError):  # the system's CAs do not know this certificate
+            await RespConnection.open(f"rediss://127.0.0.1:{tls_port}/0")
