@@ -48,6 +48,19 @@ async def opened(url: str) -> RespConnection:
     return await RespConnection.open(url, timeout_s=1.0)
 
 
+async def assert_carried(url: str, message: bytes) -> None:
+    """Two buses on ``url`` (two replicas): one's message reaches the other's subscriber."""
+    a = await RedisBus(url, seal=bus_seal()).start()
+    b = await RedisBus(url, seal=bus_seal()).start()
+    try:
+        sub = await a.subscribe("ch")
+        assert await b.publish("ch", message) == 1
+        assert await sub.get(timeout=5) == message
+    finally:
+        await a.close()
+        await b.close()
+
+
 def test_pack_writes_the_redis_protocol() -> None:
     assert pack("PUBLISH", "ch", b"a\r\nb") == (
         b"*3\r\n$7\r\nPUBLISH\r\n$2\r\nch\r\n$4\r\na\r\nb\r\n")
@@ -104,15 +117,7 @@ async def test_a_bus_over_a_unix_socket(tmp_path: Path) -> None:
     with redis_process(tmp_path, "--unixsocket", str(socket), "--unixsocketperm", "700"):
         url = f"unix://{socket}"
         (await opened(url)).close()
-        a = await RedisBus(url, seal=bus_seal()).start()
-        b = await RedisBus(url, seal=bus_seal()).start()
-        try:
-            sub = await a.subscribe("ch")
-            assert await b.publish("ch", b"over the socket") == 1
-            assert await sub.get(timeout=5) == b"over the socket"
-        finally:
-            await a.close()
-            await b.close()
+        await assert_carried(url, b"over the socket")
 
 
 async def test_a_publish_after_redis_restarted_goes_out_on_a_fresh_connection(
@@ -183,14 +188,6 @@ async def test_a_bus_over_tls_trusting_the_operators_ca(
                        "--tls-auth-clients", "no"):
         url = f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={cert}"
         (await opened(url)).close()
-        a = await RedisBus(url, seal=bus_seal()).start()
-        b = await RedisBus(url, seal=bus_seal()).start()
-        try:
-            sub = await a.subscribe("ch")
-            assert await b.publish("ch", b"sealed, over TLS") == 1
-            assert await sub.get(timeout=5) == b"sealed, over TLS"
-        finally:
-            await a.close()
-            await b.close()
+        await assert_carried(url, b"sealed, over TLS")
         with pytest.raises(ssl.SSLError):  # the system's CAs do not know this certificate
             await RespConnection.open(f"rediss://127.0.0.1:{tls_port}/0")
