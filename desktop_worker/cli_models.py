@@ -1,7 +1,7 @@
 """``apiary-worker models ...``: pull (with a progress bar), list, rm and import.
 
 A pull keeps to the same limits as the queen's placements: the quota (``disk_quota_gb``) and the
-disk's headroom (``disk_headroom_gb``, by default max(10 GB, 10 % of the disk)). One that would
+disk's headroom (``disk_headroom_gb``, by default 10 % of the disk, 10-50 GB). One that would
 cross either is refused before its first byte, in plain words (``apiary-worker: ...``, exit 1).
 """
 

@@ -155,7 +155,7 @@ class WorkerSettings(BaseSettings):
     disk_headroom_gb: float | None = Field(default=None, ge=1, description=(
         "what the model store always leaves free on its disk, in GB: a pull that would cross "
         "it is refused before its first byte, and a download that would is stopped and "
-        "deleted; None: max(10 GB, 10 % of the disk)"))
+        "deleted; None: 10 % of the disk, at least 10 GB and at most 50 GB"))
     memory_budget_mb: int | None = Field(default=None, ge=256)
     hf_endpoint: str | None = None
     status_interval_s: float = Field(default=30.0, gt=0)

@@ -10,7 +10,7 @@ that fails holds Next until the address changes or a test passes.
 
 The disk (issue 34): the hardware page shows the quota for models, by default half the free disk
 (``default_quota_gb``, filled in once the hardware is known), which the owner may change; Finish
-saves it (``WizardChoices.disk_settings``). Apiary always leaves max(10 GB, 10 % of the disk)
+saves it (``WizardChoices.disk_settings``). Apiary always leaves 10 % of the disk, 10-50 GB
 free besides.
 
 After the queen step the wizard asks that queen what its developers ask for (``GET

@@ -1,7 +1,7 @@
 """The volunteer's disk: how much of it the model store may fill (issue 34).
 
-The store never fills a disk past its **headroom**: by default it keeps max(10 GB, 10 % of the
-disk) free (``default_headroom_bytes``), or what the owner set (``disk_headroom_gb``). A pull is
+The store never fills a disk past its **headroom**: by default it keeps 10 % of the disk
+free, 10-50 GB (``default_headroom_bytes``), or what the owner set (``disk_headroom_gb``). A pull is
 checked against it before the first byte, and while it runs the free space is read again every
 ``CHECK_STEP_BYTES`` or ``CHECK_INTERVAL_S`` (``CheckPacer``): a download that would end inside
 the headroom stops (``ModelStore`` deletes its partial file and raises ``InsufficientDisk``).
@@ -31,6 +31,7 @@ __all__ = [
     "CHECK_INTERVAL_S",
     "CHECK_STEP_BYTES",
     "GIB",
+    "MAX_HEADROOM_BYTES",
     "MIN_HEADROOM_BYTES",
     "CheckPacer",
     "DiskGuard",
@@ -47,7 +48,9 @@ logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
 MIN_HEADROOM_BYTES = 10 * GIB  # the headroom's floor: 10 GB ...
-HEADROOM_SHARE = 10  # ... or one tenth of the disk, the larger
+HEADROOM_SHARE = 10  # ... or one tenth of the disk, the larger ...
+MAX_HEADROOM_BYTES = 50 * GIB  # ... but never more than 50 GB (a tenth of a 2 TB disk would
+# keep 200 GB from an owner who has 150 GB free there)
 # How often a download re-reads the free disk: after this many bytes or this long, the first.
 CHECK_STEP_BYTES = 32 << 20
 CHECK_INTERVAL_S = 1.0
@@ -86,8 +89,8 @@ class LocalDisk:
 
 def default_headroom_bytes(total_bytes: int) -> int:
     """What the store keeps free on a disk of ``total_bytes`` unless the owner says otherwise:
-    max(10 GB, 10 % of the disk)."""
-    return max(MIN_HEADROOM_BYTES, total_bytes // HEADROOM_SHARE)
+    10 % of the disk, 10-50 GB."""
+    return min(MAX_HEADROOM_BYTES, max(MIN_HEADROOM_BYTES, total_bytes // HEADROOM_SHARE))
 
 
 def default_quota_gb(free_bytes: int) -> float:

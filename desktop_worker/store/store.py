@@ -118,8 +118,8 @@ class ModelStore:
     filling the disk past its headroom.
 
     ``endpoint`` and ``token`` go to the hub client (defaults: ``HF_ENDPOINT``, ``HF_TOKEN``).
-    ``headroom_bytes`` is what the store leaves free on its disk (None: max(10 GB, 10 % of the
-    disk), ``disk.default_headroom_bytes``). A download re-reads the free disk every
+    ``headroom_bytes`` is what the store leaves free on its disk (None: 10 % of the disk,
+    10-50 GB, ``disk.default_headroom_bytes``). A download re-reads the free disk every
     ``disk_check_bytes`` or ``disk_check_s``, whichever comes first (``self.disk``, a
     ``DiskGuard``, keeps that account). ``hub``, ``disk`` (a ``DiskProbe``) and ``clock``
     replace the hub client, the disk readings and the time source (tests).

@@ -265,8 +265,8 @@ async def test_a_model_without_a_memory_figure_or_over_the_budget_is_not_chosen(
 
 
 async def test_the_swarm_never_fills_the_disk_past_its_headroom(tmp_path, hub):
-    """Issue 34: the room the swarm plans with is the free disk less the headroom (max(10 GB,
-    10 % of the disk)); nothing is downloaded into the headroom, and once the owner frees
+    """Issue 34: the room the swarm plans with is the free disk less the headroom (10 % of
+    the disk, 10-50 GB); nothing is downloaded into the headroom, and once the owner frees
     space, the same demand is followed."""
     settings = WorkerSettings(queen_url="ws://127.0.0.1:9/worker", models_dir=tmp_path / "m",
                               key_path=tmp_path / "key.pem", key_store="file",

@@ -1,4 +1,4 @@
-"""The disk headroom of the test run: 1 GB, not the default max(10 GB, 10 % of the disk).
+"""The disk headroom of the test run: 1 GB, not the default 10 % of the disk, 10-50 GB.
 
 The models the tests write are small, and whether they fit must not depend on how full the
 machine's disk is: a CI disk with 25 GB free of 252 GB left the default headroom (25.2 GB) no

@@ -11,8 +11,8 @@ do the model-group switches (issue 19, ``join_groups`` and ``lan_groups``): the 
 
 The volunteer's disk (issue 34): a save with no quota chosen yet (``disk_quota_gb`` None) saves
 the default, half the free space of the models folder's disk (``default_quota_gb``), so the quota
-is chosen once and does not drift; 0 is "no quota". ``disk_headroom_gb`` (None: max(10 GB, 10 %
-of the disk)) is saved beside the app's fields. ``quota_gb`` and ``headroom_gb`` are what the
+is chosen once and does not drift; 0 is "no quota". ``disk_headroom_gb`` (None: 10 % of the disk,
+10-50 GB) is saved beside the app's fields. ``quota_gb`` and ``headroom_gb`` are what the
 wizard and the Settings tab show.
 
 Jobs at once (issue 36, ``max_jobs``): None is automatic (each model's batch holds as many jobs
@@ -153,7 +153,7 @@ class SettingsService(QObject):
 
     def headroom_gb(self, settings: WorkerSettings | None = None) -> float:
         """The space always left free on the models folder's disk: the owner's, else the
-        default for that disk (max(10 GB, 10 %)), in GB."""
+        default for that disk (10 % of the disk, 10-50 GB), in GB."""
         current = settings or self.settings
         if current.disk_headroom_gb is not None:
             return current.disk_headroom_gb

@@ -8,7 +8,7 @@ reason when this build's llama.cpp cannot join groups, ``show_rpc``).
 
 The disk (issue 34): the quota shows the one chosen, or the default a save chooses (half the
 free disk); 0 is "no quota". Under it, the space always left free on the disk ("automatic" shows
-the default for this disk, max(10 GB, 10 %)).
+the default for this disk, 10 % of the disk, 10-50 GB).
 
 The queen URL goes through the same normaliser as the wizard, and one it cannot read is refused
 at Save, with the expected form. While the worker earns, a new queen or payout address applies

@@ -56,7 +56,7 @@ def test_settings_show_and_save_the_quota_and_the_space_left_free(settings_for, 
     qtbot.addWidget(view)
     assert view.quota.value() == 15.0  # half the free disk, before any save
     assert view.headroom.value() == 0
-    assert view.headroom.specialValueText() == "automatic (10 GB)"  # max(10 GB, 10 % of 50)
+    assert view.headroom.specialValueText() == "automatic (10 GB)"  # 10 % of 50 GB, at least 10
     assert "last 10 GB" in view.disk_note.text()
     view.headroom.setValue(20)
     view.quota.setValue(12)

@@ -45,10 +45,13 @@ def incomplete(root: Path) -> list[Path]:
 # --- the rules, with plain numbers ---------------------------------------------------------------
 
 
-def test_the_default_headroom_is_ten_gb_or_a_tenth_of_the_disk():
+def test_the_default_headroom_is_a_tenth_of_the_disk_from_10_to_50_gb():
     assert default_headroom_bytes(50 * GIB) == 10 * GIB
     assert default_headroom_bytes(100 * GIB) == 10 * GIB
-    assert default_headroom_bytes(2000 * GIB) == 200 * GIB
+    assert default_headroom_bytes(300 * GIB) == 30 * GIB
+    # A big disk keeps 50 GB, not a tenth: an owner with 150 GB free on 2 TB can still store.
+    assert default_headroom_bytes(500 * GIB) == 50 * GIB
+    assert default_headroom_bytes(2000 * GIB) == 50 * GIB
 
 
 def test_the_default_quota_is_half_the_free_disk_in_whole_gb():
