@@ -70,7 +70,7 @@ log = logging.getLogger(__name__)
 def create_app(settings: QueenSettings | None = None, *, use_db: bool = True) -> FastAPI:
     settings = settings or QueenSettings()
     registry = Registry()
-    db = Database(settings.db) if use_db else None
+    db = Database(settings.db, lock_timeout_s=settings.db_lock_timeout_s) if use_db else None
     # Replicas share one Redis (issue 18): keys' rate limits, the directory, the job bus.
     shared_redis = (aioredis.Redis.from_url(settings.redis_url, socket_timeout=2,
                                             socket_connect_timeout=2)

@@ -114,6 +114,8 @@ class QueenSettings(BaseSettings):
     # postgresql://user:password@host/db (postgres:// too); mapped to the async drivers
     # (aiosqlite, asyncpg). Held as the async URL, password included (never logged).
     db: str = Field(default_factory=default_db_url, description="database URL")
+    # PostgreSQL: how long a statement waits on a lock before it fails (0: for ever).
+    db_lock_timeout_s: float = Field(default=30.0, ge=0)
     # Replicas (issue 18): the Redis the queens share (redis://, rediss://, unix://; None: one
     # queen on its own, with an in-process bus), and this process's name among them (default:
     # host name, pid and a random suffix, new at each start).

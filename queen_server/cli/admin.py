@@ -70,7 +70,7 @@ def run_command(settings: QueenSettings, args: argparse.Namespace, out: TextIO) 
 
 
 async def _run(settings: QueenSettings, args: argparse.Namespace, out: TextIO) -> int:
-    db = Database(settings.db)
+    db = Database(settings.db, lock_timeout_s=settings.db_lock_timeout_s)
     try:
         revision = await db.upgrade()
         if args.command == "db":

@@ -41,11 +41,23 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyp
     cursor.close()
 
 
+def postgres_server_settings(lock_timeout_s: float) -> dict[str, str]:
+    """What every PostgreSQL session of the queen sets: how long a statement may wait on a lock
+    (then it fails with a clear error instead of holding a client's request for as long as the
+    lock lasts; 0: for ever), and how long a session may sit idle inside a transaction before
+    the server ends it (its locks with it: a queen that froze mid-transaction blocks no one)."""
+    settings = {"idle_in_transaction_session_timeout": "120s"}
+    if lock_timeout_s > 0:
+        settings["lock_timeout"] = f"{round(lock_timeout_s * 1000)}ms"
+    return settings
+
+
 class Database:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, lock_timeout_s: float = 30.0) -> None:
         """``url`` in any form ``settings.async_database_url`` takes (``sqlite:///queen.db``,
         ``postgresql://…``); a form the queen cannot open is a ``DatabaseError`` that names the
-        one to write, without the password."""
+        one to write, without the password. On PostgreSQL a statement waits ``lock_timeout_s``
+        at most on a lock (``postgres_server_settings``)."""
         try:
             parsed = make_url(async_database_url(url))
         except ValueError as exc:
@@ -54,7 +66,9 @@ class Database:
         if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
             Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.engine: AsyncEngine = create_async_engine(parsed)
+            connect_args = ({"server_settings": postgres_server_settings(lock_timeout_s)}
+                            if parsed.get_backend_name() == "postgresql" else {})
+            self.engine: AsyncEngine = create_async_engine(parsed, connect_args=connect_args)
         except Exception as exc:  # unknown dialect or driver
             raise DatabaseError(f"cannot open database {parsed!r}: {exc}") from exc
         if parsed.get_backend_name() == "sqlite":
