@@ -159,9 +159,15 @@ def test_a_cheat_is_flagged_stops_getting_jobs_and_its_victims_are_refunded(tmp_
             # The refunds went through the ledger, and it balances.
             keys = admin.get("/admin/keys").json()
             assert next(k for k in keys if k["id"] == key_id)["available_msat"] > 0
-            txns = _ledger(tmp_path, "SELECT id FROM ledger_txns WHERE kind = 'refund'")
-            refunded = {row[0].removeprefix("refund:") for row in txns}
-            assert {row["request_id"] for row in evidence()} <= refunded
+
+            def refunds_in_ledger() -> set[str]:
+                txns = _ledger(tmp_path, "SELECT id FROM ledger_txns WHERE kind = 'refund'")
+                return {row[0].removeprefix("refund:") for row in txns}
+
+            # The cheat's queued answers are still being audited (one at a time), and the
+            # ledger's writer batches: wait until every failed job's refund is in the books.
+            wait_for(lambda: {row["request_id"] for row in evidence()} <= refunds_in_ledger(),
+                     60, "every audited failure's refund in the ledger")
             check = queen_cli(tmp_path, "ledger", "check")
             assert check.returncode == 0, check.stdout + check.stderr
             assert served >= 2
