@@ -6,7 +6,9 @@ The relay sends every token a worker streams to another replica's client across 
 cost of one ``PUBLISH`` is paid thousands of times a second. redis-py's command path (a pool,
 retries, a timeout and an await per reply) costs about 54 µs of CPU a message in a pipeline of
 8 on the development VM; this connection costs about 12 (``bench/RESULTS.md``, "The relay's
-own Redis writer"). Everything else (the directory, the pub/sub reader) stays on redis-py.
+own Redis connections"). The bus publishes (``Publisher``) and reads its pub/sub messages
+(``RespConnection.subscribe``, each message handed on from the transport's callback) this way;
+everything else (the directory, the queries) stays on redis-py.
 
 ``RespConnection.open(url)`` understands what ``APIARY_REDIS_URL`` may be (``redis://``,
 ``rediss://`` with redis-py's TLS options, ``unix://``): the URL is read by redis-py itself
