@@ -4,6 +4,7 @@
 #   desktop-file-utils  desktop-file-validate, for the Linux autostart entry and the .deb's entry
 #   binutils            objdump, which PyInstaller needs for the installer build test
 #   redis-server        the queen's cluster tests (replicas sharing Redis)
+#   openssl             a certificate for the cluster bus's TLS test (a rediss:// bus)
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 as_root=()
@@ -15,6 +16,7 @@ missing=()
 command -v desktop-file-validate >/dev/null || missing+=(desktop-file-utils)
 command -v objdump >/dev/null || missing+=(binutils)
 command -v redis-server >/dev/null || missing+=(redis-server)
+command -v openssl >/dev/null || missing+=(openssl)
 if [ ${#missing[@]} -gt 0 ]; then
     ("${as_root[@]}" apt-get install -y -q "${missing[@]}" \
         || ("${as_root[@]}" apt-get update -q && "${as_root[@]}" apt-get install -y -q "${missing[@]}")) >&2

@@ -225,10 +225,10 @@ HANGING = {"no answer (timeout)", "callback never answers"}
 
 def crowd_runner(world, lnbits, **settings):
     database, store, http = world
-    settings = {"lnurl_timeout_s": 30.0, **settings}
-    settings = QueenSettings(lnurl_insecure_hosts="127.0.0.1", payout_threshold_sats=1000,
-                             **settings)
-    return PayoutRunner(settings, database.engine, store,
+    settings.setdefault("lnurl_timeout_s", 30.0)
+    queen = QueenSettings(lnurl_insecure_hosts="127.0.0.1", payout_threshold_sats=1000,
+                          **settings)
+    return PayoutRunner(queen, database.engine, store,
                         LnbitsBackend(lnbits.url, lnbits.admin_key, http), http)
 
 
