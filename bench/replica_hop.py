@@ -58,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from cpu_quota import CpuQuotas  # noqa: E402
 from queen_overhead import (  # noqa: E402
     API_KEY,
     DEFAULT_JOIN,
@@ -92,11 +93,13 @@ class SseConnection(Connection):
         super().__init__()
         self.sent = 0.0
         self.first = 0.0
+        self.pieces = 0  # body pieces read (about one per write of the queen's SSE body)
 
     def on_body(self, body: bytes) -> None:
         if not self.first and FIRST_CONTENT in b"".join((*self.body[-1:], body)):
             self.first = time.perf_counter()
         self.body.append(body)
+        self.pieces += 1
 
     def on_message_complete(self) -> None:
         done = time.perf_counter()
@@ -147,6 +150,10 @@ class Phase:
     ttft_ms: list[float] = field(repr=False)
     total_ms: list[float] = field(repr=False)
     cpu_s: dict[str, float]
+    pieces: int = 0  # SSE body pieces the client read over the measured answers
+    # With ``--cpus-each``: the share of scheduler periods in which each queen used its whole
+    # quota (near 1: that queen was the bottleneck; near 0: it waited on something else).
+    capped: dict[str, float] = field(default_factory=dict)
 
     @property
     def rps(self) -> float:
@@ -169,7 +176,8 @@ class Phase:
 async def drive(kind: str, target: str, port: int, *, tokens: int, join: int, concurrency: int,
                 warmup: float, duration: float, pids: dict[str, int],
                 on_start: Callable[[], None] | None = None,
-                on_stop: Callable[[], None] | None = None) -> Phase:
+                on_stop: Callable[[], None] | None = None,
+                quotas: CpuQuotas | None = None) -> Phase:
     """Closed-loop load: each connection sends its next request when its answer is complete."""
     loop = asyncio.get_running_loop()
     request = stream_request(port, tokens)
@@ -185,12 +193,15 @@ async def drive(kind: str, target: str, port: int, *, tokens: int, join: int, co
     ttft: list[float] = []
     total: list[float] = []
     errors = 0
+    pieces = 0
 
     async def client(conn: SseConnection) -> None:
-        nonlocal errors
+        nonlocal errors, pieces
         while not stopping:
+            conn.pieces = 0
             status, body, first, end = await conn.request(request)
             if measuring:
+                pieces += conn.pieces
                 ttft.append(1e3 * first)
                 total.append(1e3 * end)
                 if status != 200 or not whole(body, tokens):
@@ -201,12 +212,14 @@ async def drive(kind: str, target: str, port: int, *, tokens: int, join: int, co
     if on_start is not None:
         on_start()
     cpu0 = cpu_snapshot(pids)
+    throttle0 = quotas.stats() if quotas is not None else {}
     t0 = time.perf_counter()
     measuring = True
     await asyncio.sleep(duration)
     measuring = False
     seconds = time.perf_counter() - t0
     cpu1 = cpu_snapshot(pids)
+    capped = quotas.throttled_since(throttle0) if quotas is not None else {}
     if on_stop is not None:
         on_stop()
     stopping = True
@@ -216,11 +229,14 @@ async def drive(kind: str, target: str, port: int, *, tokens: int, join: int, co
         conn.transport.close()
     return Phase(kind=kind, target=target, tokens=tokens, join=join, concurrency=concurrency,
                  seconds=seconds, requests=len(total), errors=errors, ttft_ms=sorted(ttft),
-                 total_ms=sorted(total), cpu_s={k: cpu1[k] - cpu0[k] for k in cpu0})
+                 total_ms=sorted(total), cpu_s={k: cpu1[k] - cpu0[k] for k in cpu0},
+                 capped=capped, pieces=pieces)
 
 
 def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
-    snap = {name: proc_cpu_s(pid)[0] for name, pid in pids.items()}
+    snap = {}
+    for name, pid in pids.items():
+        snap[name], snap[f"{name} (kernel)"] = proc_cpu_s(pid)
     user, system = os.times()[:2]
     snap["client"] = user + system
     return snap
@@ -338,15 +354,22 @@ def run(args: argparse.Namespace) -> list[Phase]:
     procs = Processes(workdir)
     redis = RedisServer(workdir / "redis")
     spies: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+    quotas = CpuQuotas.open("replica-hop") if args.cpus_each else None
     try:
         redis.start()
         assert redis.popen is not None
         with database(args, workdir) as dbs:
             ports = start_queens(procs, redis.url, dbs)
+            if quotas is not None:
+                for name in "AB":
+                    quotas.limit(name, procs.pids()[f"queen{name}"], args.cpus_each)
+                args.quotas = quotas
             print(f"# {machine()}; load average {os.getloadavg()[0]:.1f} at start; database: "
                   f"{args.db_used}; {args.workers} stub workers x {args.max_jobs} slots on A "
                   f"only; {args.duration:g} s (+{args.warmup:g} s warm-up) per row"
-                  f"{f', best of {args.repeat}' if args.repeat > 1 else ''}", flush=True)
+                  f"{f', best of {args.repeat}' if args.repeat > 1 else ''}"
+                  f"{f'; each queen capped at {args.cpus_each:g} CPU' if quotas else ''}",
+                  flush=True)
             phases: list[Phase] = []
             profiled_conc = max(args.concurrency if args.profile_load == "ttft"
                                 else args.stream_concurrency)
@@ -361,8 +384,9 @@ def run(args: argparse.Namespace) -> list[Phase]:
                 for kind, tokens, conc in plan:
                     for target in "AB":
                         hooks = (None, None)
-                        if args.profile and kind == args.profile_load and target == "B" \
-                                and conc == profiled_conc and join == args.join_tokens[0]:
+                        if args.profile and kind == args.profile_load \
+                                and target == args.profile_via and conc == profiled_conc \
+                                and join == args.join_tokens[0]:
                             hooks = spy_hooks(args, pids, spies)
                         tries = [run_phase(kind, target, ports[target], tokens=tokens, join=join,
                                            concurrency=conc, args=args, pids=pids, hooks=hooks
@@ -379,7 +403,9 @@ def run(args: argparse.Namespace) -> list[Phase]:
             for name, spy, stacks in spies:
                 spy.communicate(timeout=60)
                 tokens = args.ttft_tokens if args.profile_load == "ttft" else args.tokens
-                print(f"\n## py-spy of queen {name} while B relayed {tokens}-token streams "
+                verb = "relayed" if args.profile_via == "B" else "served"
+                print(f"\n## py-spy of queen {name} while {args.profile_via} {verb} "
+                      f"{tokens}-token streams "
                       f"({args.join_tokens[0]} tokens a frame) at c={profiled_conc}: {stacks}")
                 print_stack_summary(stacks, args.profile_top)
             return phases
@@ -392,6 +418,8 @@ def run(args: argparse.Namespace) -> list[Phase]:
             if spy.poll() is None:
                 spy.kill()
         procs.stop_all()
+        if quotas is not None:
+            quotas.close()
         redis.stop(kill=True)
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -403,7 +431,7 @@ def run_phase(kind: str, target: str, port: int, *, tokens: int, join: int, conc
         return runner.run(drive(kind, target, port, tokens=tokens, join=join,
                                 concurrency=concurrency, warmup=args.warmup,
                                 duration=args.duration, pids=pids, on_start=hooks[0],
-                                on_stop=hooks[1]))
+                                on_stop=hooks[1], quotas=getattr(args, "quotas", None)))
 
 
 def spy_hooks(args: argparse.Namespace, pids: dict[str, int],
@@ -462,11 +490,14 @@ def tables(args: argparse.Namespace, phases: list[Phase]) -> tuple[str, dict[str
         lines += ["", "Added by the hop (B less A):", "",
                   f"| conc | added TTFT p50 ms | added TTFT p95 ms | goal p50 <= {TTFT_GOAL_MS:g}"
                   " ms |", "|---|---|---|---|", *added_rows]
+    capped = bool(args.cpus_each)
     lines += ["", f"Long streams ({args.tokens} tokens an answer, the stub emitting at once; "
-              "CPU µs per token over the measured window):", "",
+              "CPU µs per token over the measured window"
+              f"{f'; each queen capped at {args.cpus_each:g} CPU' if capped else ''}):", "",
               "| tokens a frame | conc | via | tokens/s | B/A | queen A µs/tok | "
-              "queen B µs/tok | worker µs/tok | redis µs/tok | errors |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "queen B µs/tok | worker µs/tok | redis µs/tok | per-queen bound | "
+              f"{'capped A / B | ' if capped else ''}SSE reads an answer | errors |",
+              f"|---|---|---|---|---|---|---|---|---|---|{'---|' if capped else ''}---|---|"]
     for join in args.join_tokens:
         frames = text_frames(args.tokens, join)
         for conc in args.stream_concurrency:
@@ -476,17 +507,27 @@ def tables(args: argparse.Namespace, phases: list[Phase]) -> tuple[str, dict[str
                     continue
                 ratio = f"{p.tokens_per_s / a.tokens_per_s:.2f}" if a is not None else "-"
                 via = "A (local)" if p.target == "A" else "B (relayed)"
+                bound = "-"
+                if p.target == "B" and a is not None:
+                    busier = max(p.cpu_us_per_token("A"), p.cpu_us_per_token("B"))
+                    bound = f"{a.cpu_us_per_token('A') / busier:.2f}" if busier else "-"
+                caps = (f"{p.capped.get('A', 0):.2f} / {p.capped.get('B', 0):.2f} | "
+                        if capped else "")
                 lines.append(
                     f"| {join} ({args.tokens / frames:.1f}) | {conc} | {via} | "
                     f"{p.tokens_per_s:,.0f} | {ratio} | {p.cpu_us_per_token('A'):.1f} | "
                     f"{p.cpu_us_per_token('B'):.1f} | {p.cpu_us_per_token('worker'):.1f} | "
-                    f"{p.cpu_us_per_token('redis'):.1f} | {p.errors} |")
+                    f"{p.cpu_us_per_token('redis'):.1f} | {bound} | {caps}"
+                    f"{p.pieces / max(p.requests, 1):.1f} | {p.errors} |")
                 summary["streams"][f"{join}/{conc}/{p.target}"] = {  # type: ignore[index]
                     "tokens_per_s": p.tokens_per_s, "cpu_us_per_token": {
                         who: p.cpu_us_per_token(who) for who in p.cpu_s}}
     lines.append(f"\n(tokens a frame: the most the stub joins, and in brackets the mean over a "
                  f"{args.tokens}-token answer's text frames; the first, with the role, goes "
-                 "alone)")
+                 "alone. Per-queen bound: A's CPU a token serving locally over the busier "
+                 "queen's when relaying, the B/A each queen's CPU allows were it alone on its "
+                 "CPU" + (". Capped: the share of scheduler periods the queen spent at its quota"
+                          if capped else "") + ")")
     return "\n".join(lines), summary
 
 
@@ -524,6 +565,13 @@ def main(argv: list[str] | None = None) -> int:
                         "prints their summaries")
     parser.add_argument("--profile-load", choices=["ttft", "stream"], default="stream",
                         help="the relayed row to profile (default: the long streams)")
+    parser.add_argument("--cpus-each", type=float, default=None, metavar="CPUS",
+                        help="cap each queen at this many CPUs (a cgroup quota each; needs root): "
+                             "each replica gets a CPU of its own, as on separate machines, and "
+                             "neither takes the other's time (e.g. 0.5 on a 2-core machine)")
+    parser.add_argument("--profile-via", choices=["A", "B"], default="B",
+                        help="profile while the load goes to B (relayed; default) or to A (its "
+                             "own workers: the baseline)")
     parser.add_argument("--profile-rate", type=int, default=250)
     parser.add_argument("--profile-top", type=int, default=20)
     args = parser.parse_args(argv)

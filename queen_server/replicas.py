@@ -101,7 +101,6 @@ class Replicas:
         # jobs its worker ran as it started: ``JobHandle.load``).
         self._served: dict[str, tuple[str, str, str, int]] = {}
         self._reports: dict[tuple[str, str | None], tuple[float, asyncio.Future[Any]]] = {}
-        self._background: set[asyncio.Task[Any]] = set()
         self._alive: dict[str, ReplicaInfo] = {}
         self._alive_error: Exception | None = None
         self.beats = 0  # heartbeats done (tests wait on it)
@@ -166,9 +165,7 @@ class Replicas:
                                  prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                                  total_s=max(0.0, total_s),
                                  ttft_s=max(0.0, ttft_s) if ttft_s is not None else None)
-        task = asyncio.get_running_loop().create_task(self.client.send_outcome(replica, message))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self.client.send_outcome(replica, message)
 
     # --- other replicas' jobs, served here ---------------------------------------------------
 

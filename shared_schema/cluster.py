@@ -19,8 +19,10 @@ costs a few microseconds of CPU on each side (measured by
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import Field, TypeAdapter, ValidationError
 
 from shared_schema.base import WireModel
@@ -192,7 +194,20 @@ AnyClusterMessage = (ClusterJob | ClusterEvent | ClusterEvents | ClusterCancel |
 
 def encode_cluster(message: AnyClusterMessage) -> bytes:
     """One bus message (UTF-8 JSON)."""
-    return message.model_dump_json().encode()
+    return message.__pydantic_serializer__.to_json(message)
+
+
+def encode_events(job_id: str, first_seq: int, frames: Sequence[Frame]) -> bytes:
+    """``encode_cluster(ClusterEvents(job_id=job_id, first_seq=first_seq, frames=frames))``,
+    the same bytes, without building and checking the batch's model: each frame, already a
+    checked model, is serialised by its own model's serializer and the batch written around
+    them. The relay's hot path (issue 40): a quarter of the CPU of the model's way."""
+    if not 1 <= len(frames) <= MAX_BATCH_EVENTS or first_seq < 0:
+        raise ValueError(f"a batch holds 1 to {MAX_BATCH_EVENTS} frames from a seq >= 0")
+    return b"".join((b'{"type":"events","job_id":', orjson.dumps(job_id), b',"first_seq":',
+                     b"%d" % first_seq, b',"frames":[',
+                     b",".join([frame.__pydantic_serializer__.to_json(frame)
+                                for frame in frames]), b"]}"))
 
 
 def decode_cluster(data: bytes | str) -> AnyClusterMessage:

@@ -51,6 +51,7 @@ from shared_schema.cluster import (
     Lost,
     decode_cluster,
     encode_cluster,
+    encode_events,
 )
 
 log = logging.getLogger(__name__)
@@ -165,9 +166,8 @@ class RemoteJobClient:
         self._background: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> RemoteJobClient:
-        self._sub = await self.bus.subscribe(self.reply_to)
-        self._tasks = [asyncio.create_task(self._read(self._sub), name="remote-jobs-reader"),
-                       asyncio.create_task(self._watch(), name="remote-jobs-watch")]
+        self._sub = await self.bus.subscribe(self.reply_to, handler=self._on_item)
+        self._tasks = [asyncio.create_task(self._watch(), name="remote-jobs-watch")]
         return self
 
     async def submit(
@@ -220,14 +220,18 @@ class RemoteJobClient:
             return
         await self._send_cancel(job, reason)
 
-    async def send_outcome(self, replica_id: str, outcome: ClusterOutcome) -> None:
+    def send_outcome(self, replica_id: str, outcome: ClusterOutcome) -> None:
         """Tell the replica that served a job how it ended (its worker's record is kept
-        there); best effort: a replica that is gone has no record to keep."""
+        there), without waiting; best effort: a replica that is gone has no record to keep."""
+        def sent(result: list[int] | Exception) -> None:
+            if isinstance(result, Exception):
+                log.info("outcome of remote job %s not sent: %s", outcome.job_id, result)
+
         try:
-            await self.bus.publish(job_channel(replica_id, self.namespace),
-                                   encode_cluster(outcome))
+            self.bus.publish_soon(job_channel(replica_id, self.namespace),
+                                  (encode_cluster(outcome),), sent)
         except BusUnavailable as exc:
-            log.info("outcome of remote job %s not sent: %s", outcome.job_id, exc)
+            sent(exc)
 
     async def _send_cancel(self, job: RemoteJob, reason: str) -> None:
         try:
@@ -246,27 +250,25 @@ class RemoteJobClient:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _read(self, sub: Subscription) -> None:
-        loop = asyncio.get_running_loop()
-        async for item in sub:
-            if isinstance(item, BusGap):
-                for job in list(self.jobs.values()):
-                    job.stream.reset(item.reason)
-                    self._lose(job, f"the events from replica {job.replica_id} may have a gap "
-                                    f"({item.reason})")
-                continue
-            message = _decoded(item, self.reply_to)
-            if isinstance(message, ClusterEvents):
-                events: Iterable[tuple[int, Frame]] = enumerate(message.frames,
-                                                                message.first_seq)
-            elif isinstance(message, ClusterEvent):  # one event (a replica before batches)
-                events = ((message.seq, message.frame),)
-            else:
-                continue
-            job = self.jobs.get(message.job_id)
-            if job is None:
-                continue  # a late event of a job that ended here
-            self._take(job, events, loop.time())
+    def _on_item(self, item: bytes | BusGap) -> None:
+        """One message on the reply channel, as the bus reads it (no task per message)."""
+        if isinstance(item, BusGap):
+            for job in list(self.jobs.values()):
+                job.stream.reset(item.reason)
+                self._lose(job, f"the events from replica {job.replica_id} may have a gap "
+                                f"({item.reason})")
+            return
+        message = _decoded(item, self.reply_to)
+        if isinstance(message, ClusterEvents):
+            events: Iterable[tuple[int, Frame]] = enumerate(message.frames, message.first_seq)
+        elif isinstance(message, ClusterEvent):  # one event (a replica before batches)
+            events = ((message.seq, message.frame),)
+        else:
+            return
+        job = self.jobs.get(message.job_id)
+        if job is None:
+            return  # a late event of a job that ended here
+        self._take(job, events, asyncio.get_running_loop().time())
 
     def _take(self, job: RemoteJob, events: Iterable[tuple[int, Frame]], now: float) -> None:
         stream = job.stream
@@ -334,28 +336,32 @@ class Emitter:
     """Sends one job's frames to its origin, numbered from 0 (``Accepted`` is 0). Frames
     after the terminal one are refused (``RuntimeError``): a handler bug, never sent.
 
-    The handler does not wait on the bus for each frame: frames queue in order, and one
-    sender per job publishes everything queued as one ``ClusterEvents`` message (up to
-    ``MAX_BATCH_EVENTS`` a message, issue 40), so a burst of tokens costs one publish and one
-    decode, and the first token never waits behind ``Accepted``'s.
+    The handler does not wait on the bus for each frame: frames queue in order, and whatever
+    is queued goes as one ``ClusterEvents`` message (up to ``MAX_BATCH_EVENTS`` a message,
+    issue 40) at the end of the loop's round, or, while a message of this job is on its way,
+    once it has arrived. So a burst of tokens costs one publish and one decode, and the first
+    token never waits behind ``Accepted``'s. Nothing is made per frame but the frame (no task,
+    no future: the bus calls back, ``Bus.publish_soon``).
     Only the terminal frame (and a backlog past ``MAX_QUEUED``) waits for the sending; an
     origin found gone (no receiver) or a bus that failed is raised at the next frame."""
 
-    __slots__ = ("_bus", "_error", "_first", "_out", "_sender", "_seq", "cancel_reason", "ended",
-                 "job", "last_at")
+    __slots__ = ("_bus", "_drained", "_error", "_first", "_loop", "_out", "_sending", "_seq",
+                 "cancel_reason", "ended", "job", "last_at")
 
     MAX_QUEUED = 256  # frames queued before the handler waits for the sender (backpressure)
 
     def __init__(self, bus: Bus, job: ClusterJob, now: float) -> None:
         self._bus = bus
         self.job = job
+        self._loop = asyncio.get_running_loop()
         self._seq = Sequencer()
         self.ended = False
         self.last_at = now
         self.cancel_reason: str | None = None  # set when the origin cancelled the job
         self._out: list[Frame] = []
         self._first = 0  # the sequence number of ``_out[0]``
-        self._sender: asyncio.Task[None] | None = None
+        self._sending = False  # a send is due this round, or a message is on its way
+        self._drained: asyncio.Future[None] | None = None  # woken once nothing is left to send
         self._error: Exception | None = None
 
     async def __call__(self, frame: Frame) -> None:
@@ -366,41 +372,61 @@ class Emitter:
         terminal = isinstance(frame, TERMINAL_FRAMES)
         if terminal:
             self.ended = True
-        self.last_at = asyncio.get_running_loop().time()
+        self.last_at = self._loop.time()
         seq = self._seq.take()
         if not self._out:
             self._first = seq
         self._out.append(frame)
-        if self._sender is None or self._sender.done():
-            self._sender = asyncio.create_task(self._send(), name=f"emit-{self.job.job_id}")
+        if not self._sending:
+            self._sending = True
+            self._loop.call_soon(self._send)
         if terminal or len(self._out) > self.MAX_QUEUED:
-            await asyncio.shield(self._sender)
+            if self._sending:
+                if self._drained is None:
+                    self._drained = self._loop.create_future()
+                await asyncio.shield(self._drained)
             if self._error is not None:
                 raise self._error
 
-    async def _send(self) -> None:
-        while self._out and self._error is None:
-            batch, first, self._out = self._out, self._first, []
-            messages = [encode_cluster(ClusterEvents(
-                job_id=self.job.job_id, first_seq=first + start,
-                frames=batch[start:start + MAX_BATCH_EVENTS]))
-                for start in range(0, len(batch), MAX_BATCH_EVENTS)]
-            try:
-                counts = await self._bus.publish_many(self.job.reply_to, messages)
-            except BusUnavailable as exc:
-                self._error = exc
-                self.ended = True
-                return
-            if 0 in counts:
-                self.ended = True
-                self._error = ReplicaUnavailable(f"replica {self.job.origin} no longer listens "
-                                                 f"for job {self.job.job_id}")
+    def _send(self) -> None:
+        """Publish what is queued (``_sending`` is set); idle again once nothing is."""
+        if not self._out or self._error is not None:
+            self._idle()
+            return
+        batch, first, self._out = self._out, self._first, []
+        messages = [encode_events(self.job.job_id, first + start,
+                                  batch[start:start + MAX_BATCH_EVENTS])
+                    for start in range(0, len(batch), MAX_BATCH_EVENTS)]
+        try:
+            self._bus.publish_soon(self.job.reply_to, messages, self._sent)
+        except BusUnavailable as exc:
+            self._sent(exc)
+
+    def _sent(self, result: list[int] | Exception) -> None:
+        if isinstance(result, Exception):
+            self._fail(result if isinstance(result, BusUnavailable | ReplicaUnavailable)
+                       else BusUnavailable(f"the bus failed: {result}"))
+        elif 0 in result:
+            self._fail(ReplicaUnavailable(f"replica {self.job.origin} no longer listens "
+                                          f"for job {self.job.job_id}"))
+        self._send()
+
+    def _fail(self, error: Exception) -> None:
+        if self._error is None:
+            self._error = error
+        self.ended = True
+        self._out.clear()
+
+    def _idle(self) -> None:
+        self._sending = False
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
 
     def discard(self) -> None:
-        """The job's task ended without its terminal frame sent: drop what is still queued."""
+        """The job's task ended without its terminal frame sent: drop what is still queued
+        (a message already on its way still arrives)."""
         self._out.clear()
-        if self._sender is not None and not self._sender.done():
-            self._sender.cancel()
 
 
 Handler = Callable[[ClusterJob, Emitter], Awaitable[None]]

@@ -13,22 +13,37 @@ everything else (the directory, the queries) stays on redis-py.
 ``RespConnection.open(url)`` understands what ``APIARY_REDIS_URL`` may be (``redis://``,
 ``rediss://`` with redis-py's TLS options, ``unix://``): the URL is read by redis-py itself
 (``parse_url`` and its connection classes), so both clients connect to the same place the
-same way. ``send`` writes commands at once and returns one future a reply, resolved in order;
-a connection that breaks fails every reply still owed with ``ConnectionError``.
+same way. ``send_batch`` writes commands at once and calls back once with all their replies,
+in order (``send`` is the same with one future a reply); a connection that breaks fails every
+reply still owed with ``ConnectionError``.
+
+The publishing path has no task and no future per message: ``Publisher.publish_soon`` queues,
+writes what is queued at the end of the loop's current round (or when the last write's
+replies are in), and calls back from the transport's callback with the receivers of each
+message. ``Publisher.publish`` is the awaitable form.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import hiredis
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 
+log = logging.getLogger(__name__)
+
 Arg = bytes | str | int
+# Called once with a write's replies in order (a ``hiredis.ReplyError`` is a reply), or with
+# the exception that broke the connection before they all came.
+Replied = Callable[[list[Any] | Exception], None]
+# Called once with the receivers of each message published, or why they were not published.
+Published = Callable[[list[int] | Exception], None]
 
 
 def pack(*args: Arg) -> bytes:
@@ -45,13 +60,32 @@ def pack(*args: Arg) -> bytes:
     return b"".join(out)
 
 
+class _Batch:
+    """The replies one write is owed."""
+
+    __slots__ = ("done", "replies", "size")
+
+    def __init__(self, size: int, done: Replied) -> None:
+        self.size = size
+        self.done = done
+        self.replies: list[Any] = []
+
+
+def _call(done: Callable[[Any], None], value: Any) -> None:
+    """A callback's failure is its own bug: logged, never allowed to break the connection."""
+    try:
+        done(value)
+    except Exception:
+        log.exception("a Redis reply's callback failed")
+
+
 class _Replies(asyncio.Protocol):
-    """The transport's side: replies parsed as bytes arrive, handed to the waiting futures in
-    the order their commands were written."""
+    """The transport's side: replies parsed as bytes arrive, handed to the waiting writes in
+    the order they were written."""
 
     def __init__(self, on_push: Callable[[Any], None] | None = None) -> None:
         self.reader = hiredis.Reader()
-        self.waiting: deque[asyncio.Future[Any]] = deque()
+        self.waiting: deque[_Batch] = deque()
         self.transport: asyncio.Transport | None = None
         self.lost: Exception | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -79,9 +113,11 @@ class _Replies(asyncio.Protocol):
                 if self.transport is not None:
                     self.transport.close()
                 return
-            future = waiting.popleft()
-            if not future.done():
-                future.set_result(reply)
+            batch = waiting[0]
+            batch.replies.append(reply)
+            if len(batch.replies) == batch.size:
+                waiting.popleft()
+                _call(batch.done, batch.replies)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(ConnectionError(f"the connection to Redis was lost ({exc or 'closed'})"))
@@ -93,9 +129,7 @@ class _Replies(asyncio.Protocol):
         if not self.closed.done():
             self.closed.set_result(None)
         while self.waiting:
-            future = self.waiting.popleft()
-            if not future.done():
-                future.set_exception(error)
+            _call(self.waiting.popleft().done, error)
 
 
 class RespConnection:
@@ -148,16 +182,32 @@ class RespConnection:
     def usable(self) -> bool:
         return self._protocol.lost is None and not self._transport.is_closing()
 
-    def send(self, commands: Sequence[bytes]) -> list[asyncio.Future[Any]]:
-        """Write ``commands`` (each ``pack``ed) in one buffer; a future for each reply (a
-        ``hiredis.ReplyError`` is a reply, not an exception)."""
+    def send_batch(self, commands: Sequence[bytes], done: Replied) -> None:
+        """Write ``commands`` (each ``pack``ed) in one buffer; ``done`` is called once, from
+        the transport's callback, with their replies in order (or with the connection's
+        failure). Raises the connection's failure if it is already broken."""
         protocol = self._protocol
         if protocol.lost is not None:
             raise protocol.lost
+        protocol.waiting.append(_Batch(len(commands), done))
+        self._transport.write(b"".join(commands))
+
+    def send(self, commands: Sequence[bytes]) -> list[asyncio.Future[Any]]:
+        """``send_batch`` with a future for each reply (a ``hiredis.ReplyError`` is a reply,
+        not an exception)."""
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in commands]
-        protocol.waiting.extend(futures)
-        self._transport.write(b"".join(commands))
+
+        def done(replies: list[Any] | Exception) -> None:
+            for at, future in enumerate(futures):
+                if future.done():
+                    continue
+                if isinstance(replies, Exception):
+                    future.set_exception(replies)
+                else:
+                    future.set_result(replies[at])
+
+        self.send_batch(commands, done)
         return futures
 
     def subscribe(self, *channels: str) -> None:
@@ -185,18 +235,21 @@ class RespConnection:
 class Publisher:
     """Every ``PUBLISH`` of this process over one ``RespConnection``, coalesced: what is asked
     while the last write's replies are on their way goes out as the next write, in order. So
-    the relays of many jobs cost one write and one wake-up between them, and an idle bus sends
-    at once. The connection is made on first use and again after it broke; a publish that
-    failed with it raises ``ConnectionError`` (the bus retries it once)."""
+    the relays of many jobs cost one write between them, and nothing on the way (no task, no
+    future) is made per message. The connection is made on first use and again after it
+    broke; a publish that failed with it is told ``ConnectionError`` (the bus retries it
+    once)."""
 
-    __slots__ = ("_closed", "_connection", "_queue", "_task", "timeout_s", "url", "writes")
+    __slots__ = ("_busy", "_closed", "_connecting", "_connection", "_queue", "timeout_s", "url",
+                 "writes")
 
     def __init__(self, url: str, *, timeout_s: float = 5.0) -> None:
         self.url = url
         self.timeout_s = timeout_s
         self._connection: RespConnection | None = None
-        self._queue: list[tuple[list[bytes], asyncio.Future[list[int]]]] = []
-        self._task: asyncio.Task[None] | None = None
+        self._queue: list[tuple[list[bytes], Published]] = []
+        self._busy = False  # a write is due this round, on its way, or the connection is made
+        self._connecting: asyncio.Task[None] | None = None
         self._closed = False
         self.writes = 0  # writes made (each carries every publish queued since the last)
 
@@ -207,15 +260,30 @@ class Publisher:
         if isinstance(reply, hiredis.ReplyError):
             raise ConnectionError(f"Redis refused PING: {reply}")
 
-    async def publish(self, channel: str, items: Sequence[bytes]) -> list[int]:
-        """Publish each of ``items`` to ``channel``, in order; the receivers of each."""
+    def publish_soon(self, channel: str, items: Sequence[bytes], done: Published) -> None:
+        """Publish each of ``items`` to ``channel``, in order, at the end of this round of the
+        loop (or after the write on its way); ``done`` is called once with the receivers of
+        each. ``ConnectionError`` at once if the publisher is closed."""
         if self._closed:
             raise ConnectionError("the publisher is closed")
+        self._queue.append(([pack("PUBLISH", channel, data) for data in items], done))
+        if not self._busy:
+            self._busy = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    async def publish(self, channel: str, items: Sequence[bytes]) -> list[int]:
+        """``publish_soon``, awaited: the receivers of each of ``items``."""
         future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-        self._queue.append(([pack("PUBLISH", channel, data) for data in items], future))
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._drain(),
-                                                                name="redis-bus-publisher")
+
+        def done(result: list[int] | Exception) -> None:
+            if future.done():
+                return
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+        self.publish_soon(channel, items, done)
         return await future
 
     async def _connected(self) -> RespConnection:
@@ -229,52 +297,70 @@ class Publisher:
             self._connection = connection
         return connection
 
-    async def _drain(self) -> None:
-        while self._queue:
-            batch, self._queue = self._queue, []
-            replies: list[asyncio.Future[Any]] = []
-            try:
-                connection = await self._connected()
-                replies = connection.send([command for commands, _ in batch
-                                           for command in commands])
-                self.writes += 1
-                await replies[-1]  # replies come in order: every earlier one is in too
-            except BaseException as exc:
-                self._fail(batch, replies, exc)
-                if not isinstance(exc, Exception):
-                    raise
-                continue
-            at = 0
-            for commands, future in batch:
-                counts = [reply.result() for reply in replies[at:at + len(commands)]]
-                at += len(commands)
-                refused = next((c for c in counts if isinstance(c, hiredis.ReplyError)), None)
-                if future.done():
-                    continue
-                if refused is not None:
-                    future.set_exception(ConnectionError(f"Redis refused PUBLISH: {refused}"))
-                else:
-                    future.set_result([int(count) for count in counts])
+    def _flush(self) -> None:
+        """Write everything queued (``_busy`` is set); idle again when nothing is."""
+        if not self._queue or self._closed:
+            self._busy = False
+            return
+        connection = self._connection
+        if connection is None or not connection.usable:
+            self._connecting = asyncio.get_running_loop().create_task(
+                self._connect_and_flush(), name="redis-bus-publisher-connect")
+            return
+        batch, self._queue = self._queue, []
+        commands = [command for commands, _ in batch for command in commands]
+        try:
+            connection.send_batch(commands, partial(self._replied, batch))
+        except OSError as exc:  # it broke since it was checked
+            self._replied(batch, exc)
+            return
+        self.writes += 1
 
-    def _fail(self, batch: list[tuple[list[bytes], asyncio.Future[list[int]]]],
-              replies: list[asyncio.Future[Any]], exc: BaseException) -> None:
-        if self._connection is not None:
-            self._connection.close()
+    async def _connect_and_flush(self) -> None:
+        try:
+            await self._connected()
+        except (OSError, ValueError) as exc:
+            queued, self._queue = self._queue, []
+            self._busy = False
+            self._answer(queued, exc)
+            return
+        self._flush()
+
+    def _replied(self, batch: list[tuple[list[bytes], Published]],
+                 replies: list[Any] | Exception) -> None:
+        if isinstance(replies, Exception) and self._connection is not None:
+            self._connection.close()  # broken: the next write makes a fresh one
             self._connection = None
-        for reply in replies:  # retrieved, so none is reported as never retrieved
-            if reply.done() and not reply.cancelled():
-                reply.exception()
-        error = exc if isinstance(exc, OSError) else ConnectionError(
-            f"publishing to Redis failed: {exc!r}")
-        for _, future in batch:
-            if not future.done():
-                future.set_exception(error)
+        self._answer(batch, replies)
+        self._flush()  # what was queued meanwhile
+
+    @staticmethod
+    def _answer(batch: list[tuple[list[bytes], Published]],
+                replies: list[Any] | Exception) -> None:
+        if isinstance(replies, Exception):
+            error = replies if isinstance(replies, OSError) else ConnectionError(
+                f"publishing to Redis failed: {replies!r}")
+            for _, done in batch:
+                _call(done, error)
+            return
+        at = 0
+        for commands, done in batch:
+            counts = replies[at:at + len(commands)]
+            at += len(commands)
+            refused = next((c for c in counts if isinstance(c, hiredis.ReplyError)), None)
+            if refused is not None:
+                _call(done, ConnectionError(f"Redis refused PUBLISH: {refused}"))
+            else:
+                _call(done, [int(count) for count in counts])
 
     async def close(self) -> None:
         self._closed = True
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-        self._fail(self._queue, [], ConnectionError("the publisher is closed"))
-        self._queue = []
+                await self._connecting
+        queued, self._queue = self._queue, []
+        self._answer(queued, ConnectionError("the publisher is closed"))
+        if self._connection is not None:
+            self._connection.close()  # what is on its way fails with the connection
+            self._connection = None

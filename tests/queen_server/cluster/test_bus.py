@@ -29,6 +29,39 @@ async def test_messages_reach_every_subscriber_in_order(bus_factory: BusFactory)
         assert got == messages
 
 
+async def test_a_handler_gets_each_message_as_read_and_its_failure_stops_nothing(
+        bus_factory: BusFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """A subscription with a handler (the relay's replies) holds nothing: every message goes
+    to the handler in order, with no reader task; a handler that raises on one message is
+    logged and still gets the next, and the bus's other subscriptions are untouched."""
+    reader, writer = await bus_factory(), await bus_factory()
+    got: list[bytes] = []
+    last = asyncio.get_running_loop().create_future()
+
+    def handler(item: bytes | BusGap) -> None:
+        assert isinstance(item, bytes)
+        if item == b"m3":
+            raise RuntimeError("a buggy handler")
+        got.append(item)
+        if item == b"m199" and not last.done():
+            last.set_result(None)
+
+    handled = await reader.subscribe("ch", handler=handler)
+    plain = await reader.subscribe("ch")
+    messages = [f"m{i}".encode() for i in range(200)]
+    for at in range(0, len(messages), 7):
+        counts: list[int] = []
+        done = asyncio.get_running_loop().create_future()
+        writer.publish_soon("ch", messages[at:at + 7], done.set_result)
+        counts = await asyncio.wait_for(done, 5)
+        assert all(count >= 1 for count in counts)
+    await asyncio.wait_for(last, 5)
+    assert got == [m for m in messages if m != b"m3"]
+    assert "a buggy handler" in caplog.text
+    assert [await plain.get(timeout=5) for _ in messages] == messages
+    assert handled.take_ready() == []  # nothing was held
+
+
 async def test_nobody_listening_is_zero_receivers(bus_factory: BusFactory) -> None:
     bus = await bus_factory()
     await bus.subscribe("other")
@@ -128,6 +161,20 @@ async def test_redis_restart_marks_a_gap_and_resubscribes(redis_server: RedisSer
     finally:
         await reader.close()
         await writer.close()
+
+
+async def test_a_handler_is_told_of_a_gap_when_redis_restarts(redis_server: RedisServer) -> None:
+    reader = await RedisBus(redis_server.url, seal=bus_seal(), reconnect_s=0.02,
+                            max_reconnect_s=0.2).start()
+    try:
+        gaps: asyncio.Queue[BusGap] = asyncio.Queue()
+        await reader.subscribe("ch", handler=lambda item: isinstance(item, BusGap)
+                               and gaps.put_nowait(item))
+        await asyncio.to_thread(redis_server.restart)
+        gap = await asyncio.wait_for(gaps.get(), 10)
+        assert "lost" in gap.reason
+    finally:
+        await reader.close()
 
 
 async def test_redis_bus_refuses_to_start_without_redis(redis_server: RedisServer) -> None:

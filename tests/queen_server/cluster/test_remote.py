@@ -20,6 +20,7 @@ from queen_server.cluster.remote import (
     job_channel,
     reply_channel,
 )
+from queen_server.cluster.resp import Published
 from queen_server.swarm.jobs import JobEvent, WorkerLost
 from shared_schema import Chunk, JobError, Result, Usage
 from shared_schema.cluster import Assigned, ClusterEvent, ClusterJob, Lost, encode_cluster
@@ -315,7 +316,8 @@ async def test_a_redis_restart_mid_stream_fails_loudly(redis_server: RedisServer
 
 
 class CountingBus:
-    """A bus that counts the round trips the serving side makes (one per ``publish_many``)."""
+    """A bus that counts the round trips the serving side makes (one per ``publish_many`` or
+    ``publish_soon``)."""
 
     def __init__(self, inner: Bus) -> None:
         self.inner = inner
@@ -334,6 +336,11 @@ class CountingBus:
         self.trips += 1
         self.messages += len(items)
         return await self.inner.publish_many(channel, items)
+
+    def publish_soon(self, channel: str, items: list[bytes], done: Published) -> None:
+        self.trips += 1
+        self.messages += len(items)
+        self.inner.publish_soon(channel, items, done)
 
     async def subscribe(self, channel: str, limit: int = 10_000):
         return await self.inner.subscribe(channel, limit)

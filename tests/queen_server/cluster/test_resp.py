@@ -196,3 +196,46 @@ async def test_a_bus_over_tls_trusting_the_operators_ca(
             f"rediss://127.0.0.1:{tls_port}/0?ssl_cert_reqs=none")
         assert await unchecked.send([pack("PING")])[0] == b"PONG"
         unchecked.close()
+
+
+async def test_publish_soon_calls_back_in_order_and_a_failing_callback_breaks_nothing(
+        redis_server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    """The relay's path: no await per message; each ``done`` is called once, in the order the
+    publishes were asked, and a callback that raises is logged without hurting the others or
+    the connection."""
+    publisher = Publisher(redis_server.url)
+    try:
+        got: list[tuple[int, object]] = []
+        finished = asyncio.get_running_loop().create_future()
+
+        def done(n: int, result: object) -> None:
+            got.append((n, result))
+            if n == 2:
+                raise RuntimeError("a buggy callback")
+            if n == 99:
+                finished.set_result(None)
+
+        for n in range(100):
+            publisher.publish_soon("ch", [b"%d" % n] * (1 + n % 3), lambda r, n=n: done(n, r))
+        await asyncio.wait_for(finished, 5)
+        assert [n for n, _ in got] == list(range(100))
+        assert all(result == [0] * (1 + n % 3) for n, result in got)
+        assert publisher.writes < 100  # what was asked in one round went out together
+        assert "a buggy callback" in caplog.text
+        assert await publisher.publish("ch", [b"after"]) == [0]  # the connection is fine
+    finally:
+        await publisher.close()
+
+
+async def test_publish_soon_with_redis_down_calls_back_with_the_error() -> None:
+    publisher = Publisher(f"redis://127.0.0.1:{free_port()}/0", timeout_s=1.0)
+    try:
+        failed = asyncio.get_running_loop().create_future()
+        publisher.publish_soon("ch", [b"x"], failed.set_result)
+        assert isinstance(await asyncio.wait_for(failed, 5), OSError)
+        with pytest.raises(OSError, match=r"refused|failed"):  # the awaited form raises it
+            await publisher.publish("ch", [b"y"])
+    finally:
+        await publisher.close()
+    with pytest.raises(ConnectionError, match="closed"):
+        publisher.publish_soon("ch", [b"z"], lambda result: None)
