@@ -151,6 +151,7 @@ class Phase:
     total_ms: list[float] = field(repr=False)
     cpu_s: dict[str, float]
     pieces: int = 0  # SSE body pieces the client read over the measured answers
+    published: int = 0  # PUBLISHes Redis ran meanwhile (jobs, events, outcomes; reports)
     # With ``--cpus-each``: the share of scheduler periods in which each queen used its whole
     # quota (near 1: that queen was the bottleneck; near 0: it waited on something else).
     capped: dict[str, float] = field(default_factory=dict)
@@ -177,7 +178,8 @@ async def drive(kind: str, target: str, port: int, *, tokens: int, join: int, co
                 warmup: float, duration: float, pids: dict[str, int],
                 on_start: Callable[[], None] | None = None,
                 on_stop: Callable[[], None] | None = None,
-                quotas: CpuQuotas | None = None) -> Phase:
+                quotas: CpuQuotas | None = None,
+                publishes: Callable[[], int] | None = None) -> Phase:
     """Closed-loop load: each connection sends its next request when its answer is complete."""
     loop = asyncio.get_running_loop()
     request = stream_request(port, tokens)
@@ -213,6 +215,7 @@ async def drive(kind: str, target: str, port: int, *, tokens: int, join: int, co
         on_start()
     cpu0 = cpu_snapshot(pids)
     throttle0 = quotas.stats() if quotas is not None else {}
+    published0 = publishes() if publishes is not None else 0
     t0 = time.perf_counter()
     measuring = True
     await asyncio.sleep(duration)
@@ -220,6 +223,7 @@ async def drive(kind: str, target: str, port: int, *, tokens: int, join: int, co
     seconds = time.perf_counter() - t0
     cpu1 = cpu_snapshot(pids)
     capped = quotas.throttled_since(throttle0) if quotas is not None else {}
+    published = publishes() - published0 if publishes is not None else 0
     if on_stop is not None:
         on_stop()
     stopping = True
@@ -230,7 +234,20 @@ async def drive(kind: str, target: str, port: int, *, tokens: int, join: int, co
     return Phase(kind=kind, target=target, tokens=tokens, join=join, concurrency=concurrency,
                  seconds=seconds, requests=len(total), errors=errors, ttft_ms=sorted(ttft),
                  total_ms=sorted(total), cpu_s={k: cpu1[k] - cpu0[k] for k in cpu0},
-                 capped=capped, pieces=pieces)
+                 capped=capped, pieces=pieces, published=published)
+
+
+def publish_counter(url: str) -> Callable[[], int]:
+    """How many PUBLISH commands Redis has run so far (its own command statistics)."""
+    import redis as redis_client
+
+    client = redis_client.Redis.from_url(url)
+
+    def published() -> int:
+        stats = client.info("commandstats").get("cmdstat_publish") or {}
+        return int(stats.get("calls", 0))
+
+    return published
 
 
 def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
@@ -360,6 +377,7 @@ def run(args: argparse.Namespace) -> list[Phase]:
         assert redis.popen is not None
         with database(args, workdir) as dbs:
             ports = start_queens(procs, redis.url, dbs)
+            args.publishes = publish_counter(redis.url)
             if quotas is not None:
                 for name in "AB":
                     quotas.limit(name, procs.pids()[f"queen{name}"], args.cpus_each)
@@ -431,7 +449,8 @@ def run_phase(kind: str, target: str, port: int, *, tokens: int, join: int, conc
         return runner.run(drive(kind, target, port, tokens=tokens, join=join,
                                 concurrency=concurrency, warmup=args.warmup,
                                 duration=args.duration, pids=pids, on_start=hooks[0],
-                                on_stop=hooks[1], quotas=getattr(args, "quotas", None)))
+                                on_stop=hooks[1], quotas=getattr(args, "quotas", None),
+                                publishes=getattr(args, "publishes", None)))
 
 
 def spy_hooks(args: argparse.Namespace, pids: dict[str, int],
@@ -496,8 +515,9 @@ def tables(args: argparse.Namespace, phases: list[Phase]) -> tuple[str, dict[str
               f"{f'; each queen capped at {args.cpus_each:g} CPU' if capped else ''}):", "",
               "| tokens a frame | conc | via | tokens/s | B/A | queen A µs/tok | "
               "queen B µs/tok | worker µs/tok | redis µs/tok | per-queen bound | "
-              f"{'capped A / B | ' if capped else ''}SSE reads an answer | errors |",
-              f"|---|---|---|---|---|---|---|---|---|---|{'---|' if capped else ''}---|---|"]
+              f"{'capped A / B | ' if capped else ''}SSE reads an answer | bus messages an "
+              "answer | errors |",
+              f"|---|---|---|---|---|---|---|---|---|---|{'---|' if capped else ''}---|---|---|"]
     for join in args.join_tokens:
         frames = text_frames(args.tokens, join)
         for conc in args.stream_concurrency:
@@ -518,7 +538,8 @@ def tables(args: argparse.Namespace, phases: list[Phase]) -> tuple[str, dict[str
                     f"{p.tokens_per_s:,.0f} | {ratio} | {p.cpu_us_per_token('A'):.1f} | "
                     f"{p.cpu_us_per_token('B'):.1f} | {p.cpu_us_per_token('worker'):.1f} | "
                     f"{p.cpu_us_per_token('redis'):.1f} | {bound} | {caps}"
-                    f"{p.pieces / max(p.requests, 1):.1f} | {p.errors} |")
+                    f"{p.pieces / max(p.requests, 1):.1f} | "
+                    f"{p.published / max(p.requests, 1):.1f} | {p.errors} |")
                 summary["streams"][f"{join}/{conc}/{p.target}"] = {  # type: ignore[index]
                     "tokens_per_s": p.tokens_per_s, "cpu_us_per_token": {
                         who: p.cpu_us_per_token(who) for who in p.cpu_s}}

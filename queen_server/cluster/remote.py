@@ -341,14 +341,19 @@ class Emitter:
     issue 40) at the end of the loop's round, or, while a message of this job is on its way,
     once it has arrived. So a burst of tokens costs one publish and one decode, and the first
     token never waits behind ``Accepted``'s. Nothing is made per frame but the frame (no task,
-    no future: the bus calls back, ``Bus.publish_soon``).
+    no future: the bus calls back, ``Bus.publish_soon``). ``Accepted`` (``accept``) waits up to
+    ``ACCEPT_HOLD_S`` for company: a worker that starts answering at once sends it in the
+    same message as its first frames, one bus message less a job for both replicas.
     Only the terminal frame (and a backlog past ``MAX_QUEUED``) waits for the sending; an
     origin found gone (no receiver) or a bus that failed is raised at the next frame."""
 
-    __slots__ = ("_bus", "_drained", "_error", "_first", "_loop", "_out", "_sending", "_seq",
-                 "cancel_reason", "ended", "job", "last_at")
+    __slots__ = ("_bus", "_drained", "_error", "_first", "_hold", "_loop", "_out", "_sending",
+                 "_seq", "cancel_reason", "ended", "job", "last_at")
 
     MAX_QUEUED = 256  # frames queued before the handler waits for the sender (backpressure)
+    # How long ``Accepted`` waits for the job's first frames before it goes alone: far inside
+    # the origin's ``accept_s`` (2 s), and no frame with content ever waits for it.
+    ACCEPT_HOLD_S = 0.05
 
     def __init__(self, bus: Bus, job: ClusterJob, now: float) -> None:
         self._bus = bus
@@ -363,6 +368,23 @@ class Emitter:
         self._sending = False  # a send is due this round, or a message is on its way
         self._drained: asyncio.Future[None] | None = None  # woken once nothing is left to send
         self._error: Exception | None = None
+        self._hold: asyncio.TimerHandle | None = None  # ``Accepted`` waiting for company
+
+    def accept(self) -> None:
+        """Queue ``Accepted`` (seq 0, before any other frame); it goes with the next frames,
+        or alone after ``ACCEPT_HOLD_S``."""
+        if self._seq.next_seq != 0:
+            raise RuntimeError(f"job {self.job.job_id}: Accepted must be its first frame")
+        self._seq.take()
+        self._first = 0
+        self._out.append(Accepted())
+        self._hold = self._loop.call_later(self.ACCEPT_HOLD_S, self._held_long_enough)
+
+    def _held_long_enough(self) -> None:
+        self._hold = None
+        if not self._sending:
+            self._sending = True
+            self._send()
 
     async def __call__(self, frame: Frame) -> None:
         if self._error is not None:
@@ -390,6 +412,9 @@ class Emitter:
 
     def _send(self) -> None:
         """Publish what is queued (``_sending`` is set); idle again once nothing is."""
+        if self._hold is not None:  # ``Accepted`` found company
+            self._hold.cancel()
+            self._hold = None
         if not self._out or self._error is not None:
             self._idle()
             return
@@ -427,6 +452,9 @@ class Emitter:
         """The job's task ended without its terminal frame sent: drop what is still queued
         (a message already on its way still arrives)."""
         self._out.clear()
+        if self._hold is not None:
+            self._hold.cancel()
+            self._hold = None
 
 
 Handler = Callable[[ClusterJob, Emitter], Awaitable[None]]
@@ -488,7 +516,7 @@ class JobServer:
 
     async def _run(self, job: ClusterJob, emitter: Emitter) -> None:
         try:
-            await emitter(Accepted())  # seq 0, before the handler's first frame
+            emitter.accept()  # seq 0, before the handler's first frame
             await self.handler(job, emitter)
             if not emitter.ended:
                 await emitter(Lost(reason="the serving replica ended the job without an answer"))

@@ -23,7 +23,15 @@ from queen_server.cluster.remote import (
 from queen_server.cluster.resp import Published
 from queen_server.swarm.jobs import JobEvent, WorkerLost
 from shared_schema import Chunk, JobError, Result, Usage
-from shared_schema.cluster import Assigned, ClusterEvent, ClusterJob, Lost, encode_cluster
+from shared_schema.cluster import (
+    Assigned,
+    ClusterEvent,
+    ClusterEvents,
+    ClusterJob,
+    Lost,
+    decode_cluster,
+    encode_cluster,
+)
 from tests.queen_server.cluster.conftest import until
 from tests.support.redis_server import RedisServer, bus_seal
 
@@ -41,6 +49,7 @@ class Toy:
     chunks: int = 50
     hang_after: int | None = None  # stop sending after this many chunks, and wait forever
     end: str = "result"  # "result", "error", "nothing", "raise"
+    delay_s: float = 0.0  # before its first frame (a worker still reading the prompt)
     started: list[ClusterJob] = field(default_factory=list)
     cancelled: list[str | None] = field(default_factory=list)
     finished: asyncio.Event = field(default_factory=asyncio.Event)
@@ -48,6 +57,8 @@ class Toy:
     async def __call__(self, job: ClusterJob, emit: Emitter) -> None:
         self.started.append(job)
         try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
             await emit(Assigned(worker_key="lnurl-of-w1", worker_id="w1", sha256="ab" * 32))
             for i in range(self.chunks):
                 if self.hang_after is not None and i == self.hang_after:
@@ -323,6 +334,7 @@ class CountingBus:
         self.inner = inner
         self.trips = 0
         self.messages = 0
+        self.sent: list[tuple[float, bytes]] = []  # (loop time, message) of publish_soon
 
     async def start(self) -> CountingBus:
         return self
@@ -340,6 +352,8 @@ class CountingBus:
     def publish_soon(self, channel: str, items: list[bytes], done: Published) -> None:
         self.trips += 1
         self.messages += len(items)
+        now = asyncio.get_running_loop().time()
+        self.sent += [(now, item) for item in items]
         self.inner.publish_soon(channel, items, done)
 
     async def subscribe(self, channel: str, limit: int = 10_000):
@@ -367,6 +381,45 @@ async def test_a_burst_of_frames_goes_out_in_a_few_round_trips_in_order(pair: Pa
     # ``ClusterEvents`` of up to 256).
     assert counting.trips < 303 / 4
     assert counting.trips <= counting.messages < 303 / 4
+
+
+def frame_types(message: bytes) -> list[str]:
+    decoded = decode_cluster(message)
+    assert isinstance(decoded, ClusterEvents)
+    return [frame.type for frame in decoded.frames]
+
+
+async def test_accepted_rides_with_the_first_frames_when_they_come_at_once(
+        pair: Pair) -> None:
+    counting = CountingBus(pair.server_bus)
+    server = await JobServer(counting, "A", Toy(chunks=2), keepalive_s=0.2).start()
+    try:
+        events = await asyncio.wait_for(drain(await submit(pair)), 10)
+    finally:
+        await server.close()
+    assert isinstance(events[-1], Result)
+    assert frame_types(counting.sent[0][1])[:3] == ["accepted", "assigned", "chunk"]
+
+
+async def test_accepted_goes_alone_when_the_first_frame_is_slow_and_the_job_lives(
+        pair: Pair) -> None:
+    """A worker still reading a long prompt: ``Accepted`` does not wait for it (past
+    ``ACCEPT_HOLD_S``), so the origin's short first deadline (``accept_s``, 1 s here) becomes
+    the idle one, and the answer arrives though it started 1.5 s later."""
+    counting = CountingBus(pair.server_bus)
+    loop = asyncio.get_running_loop()
+    asked = loop.time()
+    server = await JobServer(counting, "A", Toy(chunks=2, delay_s=1.5), keepalive_s=0.4
+                             ).start()
+    try:
+        events = await asyncio.wait_for(drain(await submit(pair)), 10)
+    finally:
+        await server.close()
+    assert isinstance(events[-1], Result), events
+    first_at, first = counting.sent[0]
+    assert frame_types(first) == ["accepted"]
+    assert first_at - asked < 1.0  # it did not wait for the first frame
+    assert Emitter.ACCEPT_HOLD_S < 0.5
 
 
 async def test_an_origin_gone_mid_burst_stops_the_handler(pair: Pair) -> None:
