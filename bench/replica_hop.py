@@ -17,7 +17,17 @@ httptools, closed loop, the same for both targets), and measures:
 * **Long streams**: ``--tokens`` tokens an answer, the stub emitting as fast as it can, once
   with its tokens joined into frames as the real worker does (``--join-tokens``, default 32)
   and once one token a frame (1): tokens/s via A and via B, and the CPU each process spent
-  per token (from /proc/<pid>/stat over the measured window).
+  per token (from /proc/<pid>/stat over the measured window), the SSE pieces the client read
+  and the bus messages (Redis's own PUBLISH count) an answer.
+
+**One machine for all, or a CPU for each queen.** On one small machine both queens, Redis, the
+stub workers and the load generator share the CPU, so a relayed token costs the machine both
+queens' work and B/A stays near 0.5-0.7 whatever the relay costs. ``--cpus-each CPUS`` puts
+each queen in a cgroup of its own with that CPU quota (root, cgroup v1 or v2; it says why when
+it cannot): each replica gets the same CPU of its own, as on separate machines, and B/A is
+then what the issue's figure means. Choose the quota so the queens are the only bottleneck
+(0.3 on a 2-core machine: the "capped" column near 1.00 for A serving locally and for the
+busier queen relaying); the "per-queen bound" column estimates the same from CPU per token.
 
 The database: PostgreSQL when ``--db`` or ``APIARY_TEST_POSTGRES_URL`` names a server (a fresh
 database is made on it, migrated with ``db upgrade`` and dropped afterwards), else one SQLite
@@ -28,8 +38,11 @@ ledger, so each replica can keep its own books (the run says which it used).
     .venv/bin/python bench/replica_hop.py --quick               # a smoke run (a few seconds)
     .venv/bin/python bench/replica_hop.py --repeat 2 --concurrency 1,8 --tokens 256
     .venv/bin/python bench/replica_hop.py --profile /tmp/hop    # also py-spy both queens
+    .venv/bin/python bench/replica_hop.py --cpus-each 0.3 --repeat 2 --concurrency 1 \
+        --stream-concurrency 1,8,16                             # a CPU for each queen (root)
 
-See bench/RESULTS.md, "Cross-replica hop (issue 18)".
+See bench/RESULTS.md, "Cross-replica hop (issue 18)" and "The relay with a CPU for each queen
+(issue 40)".
 """
 
 from __future__ import annotations

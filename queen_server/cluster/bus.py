@@ -32,10 +32,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from queen_server.cluster.errors import BusUnavailable
-from queen_server.cluster.resp import Published, Publisher, RespConnection
+from queen_server.cluster.resp import Published, Publisher, RespConnection, awaited
 from queen_server.cluster.seal import BusSeal
 
 log = logging.getLogger(__name__)
@@ -303,18 +304,7 @@ class RedisBus:
         return (await self.publish_many(channel, (data,)))[0]
 
     async def publish_many(self, channel: str, items: Sequence[bytes]) -> list[int]:
-        future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-
-        def done(result: list[int] | Exception) -> None:
-            if future.done():
-                return
-            if isinstance(result, Exception):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
-
-        self.publish_soon(channel, items, done)
-        return await future
+        return await awaited(partial(self.publish_soon, channel, items))
 
     def publish_soon(self, channel: str, items: Sequence[bytes], done: Published) -> None:
         """In order, coalesced with every other publish of this process into one write

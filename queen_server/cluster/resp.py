@@ -60,6 +60,23 @@ def pack(*args: Arg) -> bytes:
     return b"".join(out)
 
 
+async def awaited(publish_soon: Callable[[Published], None]) -> list[int]:
+    """Wait for a publish made with a callback: the receivers of each message, or its failure
+    raised."""
+    future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+
+    def done(result: list[int] | Exception) -> None:
+        if future.done():
+            return
+        if isinstance(result, Exception):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
+
+    publish_soon(done)
+    return await future
+
+
 class _Batch:
     """The replies one write is owed."""
 
@@ -273,18 +290,7 @@ class Publisher:
 
     async def publish(self, channel: str, items: Sequence[bytes]) -> list[int]:
         """``publish_soon``, awaited: the receivers of each of ``items``."""
-        future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-
-        def done(result: list[int] | Exception) -> None:
-            if future.done():
-                return
-            if isinstance(result, Exception):
-                future.set_exception(result)
-            else:
-                future.set_result(result)
-
-        self.publish_soon(channel, items, done)
-        return await future
+        return await awaited(partial(self.publish_soon, channel, items))
 
     async def _connected(self) -> RespConnection:
         connection = self._connection
