@@ -41,7 +41,11 @@ def page_data(html: str) -> tuple[str, Any]:
 
 
 async def test_every_page_shows_what_its_json_route_answers(tmp_path: Path) -> None:
-    async with queen_with_pages(tmp_path, auth="keys", escrow_jobs=0) as queen:
+    # Nothing here is about heartbeats, and every table must have its worker's rows: a worker
+    # silent through one long pause of a loaded full run (its loop is the test's) is not
+    # dropped. A full CI run once read /admin/models empty, here only, never alone.
+    async with queen_with_pages(tmp_path, auth="keys", escrow_jobs=0,
+                                heartbeat_misses=1000) as queen:
         worker = await ScriptedWorker(queen.ws_url).start()
         try:
             wid = public_id(worker.pubkey)
