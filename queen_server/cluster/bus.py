@@ -218,12 +218,13 @@ class InProcessBus:
         return self  # nothing to connect to
 
     async def publish(self, channel: str, data: bytes) -> int:
+        return self._deliver(channel, data)
+
+    def _deliver(self, channel: str, data: bytes) -> int:
         if self._closed:
             raise BusUnavailable("the bus is closed")
-        subs = self._subs.get(channel)
-        if not subs:
-            return 0
-        for sub in tuple(subs):
+        subs = tuple(self._subs.get(channel, ()))
+        for sub in subs:
             sub.put(data)
         return len(subs)
 
@@ -231,13 +232,8 @@ class InProcessBus:
         return [await self.publish(channel, data) for data in items]
 
     def publish_soon(self, channel: str, items: Sequence[bytes], done: Published) -> None:
-        if self._closed:
-            raise BusUnavailable("the bus is closed")
-        subs = tuple(self._subs.get(channel, ()))
-        for data in items:
-            for sub in subs:
-                sub.put(data)
-        asyncio.get_running_loop().call_soon(done, [len(subs)] * len(items))
+        counts = [self._deliver(channel, data) for data in items]
+        asyncio.get_running_loop().call_soon(done, counts)
 
     async def subscribe(self, channel: str, limit: int = DEFAULT_QUEUE_LIMIT,
                         handler: Handler | None = None) -> Subscription:
@@ -315,7 +311,8 @@ class RedisBus:
             raise BusUnavailable("the bus is closed")
         sealed = [self.seal.seal(channel, data) for data in items]
 
-        def retried(result: list[int] | Exception) -> None:
+        def finish(result: list[int] | Exception) -> None:
+            """The answer ``done`` gets: the receivers, or any failure as ``BusUnavailable``."""
             if isinstance(result, Exception) and not isinstance(result, BusUnavailable):
                 log.debug("publishing %d to %s failed (%s)", len(items), channel, result)
                 result = BusUnavailable(f"publishing to {channel} failed: {result}")
@@ -326,11 +323,11 @@ class RedisBus:
                 log.debug("publishing %d to %s failed (%s); again on a fresh connection",
                           len(items), channel, result)
                 try:
-                    self._publisher.publish_soon(channel, sealed, retried)
+                    self._publisher.publish_soon(channel, sealed, finish)
                 except OSError as exc:
-                    retried(exc)
+                    finish(exc)
                 return
-            retried(result)
+            finish(result)
 
         try:
             self._publisher.publish_soon(channel, sealed, first)

@@ -325,7 +325,7 @@ class Publisher:
     async def _connect_and_flush(self) -> None:
         try:
             await self._connected()
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # every publish waiting is told, whatever broke: none hangs
             queued, self._queue = self._queue, []
             self._busy = False
             self._answer(queued, exc)
