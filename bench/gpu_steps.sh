@@ -9,6 +9,8 @@
 #                                          # which allowance it needs (bench/gpu_sandbox_probe.py)
 #     bash bench/gpu_steps.sh batching     # aggregate tok/s at 1/2/4/8 streams, all on the GPU:
 #                                          # raw llama.cpp, the worker through a queen, llama-server
+#     bash bench/gpu_steps.sh step_cost    # the batch engine's host work a step beside the GPU's
+#                                          # decode, 1 and 8 streams (bench/step_cost.py)
 #
 # The wheel's build makes llama-server when run.sh's CMake arguments add
 # -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON (llama.cpp's tools then add
@@ -43,6 +45,11 @@ step_batching() {
             --json "$W/batching-$mode.json" "${args[@]}" || { rc=$?; echo "batching: mode $mode rc=$rc"; }
     done
     return "$rc"
+}
+
+step_step_cost() {
+    "$PY" -X faulthandler "$PROJ/bench/step_cost.py" --model "$M_BIGQ" --gpu-layers -1 \
+        --threads "$THREADS" --streams 1 8 --max-tokens "$BENCH_TOKENS" --rounds 3
 }
 
 "step_$1" "${@:2}"

@@ -31,6 +31,8 @@ import sys
 import threading
 from typing import Any
 
+import orjson
+
 from desktop_worker.sandbox.confine import confine
 from desktop_worker.sandbox.ipc import ChildLink, frame
 from desktop_worker.sandbox.process import (
@@ -91,11 +93,16 @@ class Channel:
     def send(self, message: Any) -> None:
         self.sock.sendall(ChildLink.reply(message))
 
-    def send_chunk(self, job: int, data: dict[str, Any]) -> None:
-        """A chunk without a pydantic round trip: it is the hot path (one per token)."""
-        import orjson
+    def send_all(self, frames: list[bytes]) -> None:
+        """Several framed messages in one write (a step's events: one system call, not one a
+        stream)."""
+        if frames:
+            self.sock.sendall(b"".join(frames))
 
-        self.sock.sendall(frame(orjson.dumps({"type": "chunk", "job": job, "data": data})))
+    @staticmethod
+    def chunk(job: int, data: dict[str, Any]) -> bytes:
+        """A chunk's frame without a pydantic round trip: it is the hot path (one per token)."""
+        return frame(orjson.dumps({"type": "chunk", "job": job, "data": data}))
 
 
 def main() -> int:
@@ -335,17 +342,20 @@ class _Server:
                 self.cancels.pop(message.job, None)
 
     def _send(self, events: list[Any]) -> None:
+        """A step's events, in order, in one write."""
+        frames: list[bytes] = []
         for event in events:
             if event.kind == "chunk":
-                self.channel.send_chunk(event.job, event.data)
+                frames.append(Channel.chunk(event.job, event.data))
             elif event.kind == "done":
                 usage = event.data or {}
-                self.channel.send(Done(job=event.job,
-                                       prompt_tokens=int(usage.get("prompt_tokens", 0)),
-                                       completion_tokens=int(usage.get("completion_tokens", 0)),
-                                       total_tokens=int(usage.get("total_tokens", 0))))
+                frames.append(ChildLink.reply(Done(
+                    job=event.job, prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                    completion_tokens=int(usage.get("completion_tokens", 0)),
+                    total_tokens=int(usage.get("total_tokens", 0)))))
             else:
-                self.channel.send(_failure(event.error, event.job))
+                frames.append(ChildLink.reply(_failure(event.error, event.job)))
+        self.channel.send_all(frames)
 
 
 # --- train ---------------------------------------------------------------------------------------

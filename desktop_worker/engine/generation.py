@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import llama_cpp
-import numpy as np
 
 from desktop_worker.engine.logprobs import Scorer
-from desktop_worker.engine.sampler import SamplerChain
+from desktop_worker.engine.sampler import SamplerChain, logits_row
 from desktop_worker.engine.settings import GenerationSettings, choice_seed
 from desktop_worker.engine.text import Released, TextStream
 from desktop_worker.errors import UnsupportedRequest
@@ -117,8 +116,7 @@ class Choice:
         piece = self._pieces(token)
         entry = None
         if self._scorer is not None:
-            logits = np.ctypeslib.as_array(
-                llama_cpp.llama_get_logits_ith(ctx, output), shape=(self._n_vocab,))
+            logits = logits_row(ctx, output, self._n_vocab)
             entry = self._scorer.score(logits, token, piece)
         released = self._stream.push(piece, entry)
         chunks = [chunk] if (chunk := self._emitter.content(released)) is not None else []

@@ -5,6 +5,13 @@ penalties, then the grammar, then greedy (temperature 0) or top-k 40 / top-p / m
 temperature / seeded draw (llama-cpp-python's defaults, which the worker has always used). It
 runs in C over the whole vocabulary; Python sees one token per step.
 
+A greedy chain with nothing before it (no logit bias, penalties or grammar) is llama.cpp's
+greedy sampler alone: the first token of the highest logit. ``sample`` reads that from the
+logits row itself (``numpy.argmax``, which also takes the first of equal maxima) instead of
+``llama_sampler_sample``, which copies the whole vocabulary into a new candidate array first:
+about 5 against 52 us a token on the 2-core development VM, for every stream of every step
+(``bench/step_cost.py``). The greedy sampler keeps no state, so there is nothing to accept.
+
 The grammar sampler is kept out of the chain. Applying a grammar to the whole vocabulary each
 step halves the speed (bench/grammar_cost.py), so, as llama.cpp's own ``common_sampler`` does,
 the chain first picks a token freely and the grammar checks only that one; only when it
@@ -16,6 +23,7 @@ inside llama.cpp, which aborts the process.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 from collections.abc import Sequence
 
@@ -50,6 +58,23 @@ def fill_candidates(data: np.ndarray, ids: np.ndarray, logits: np.ndarray,
     return candidates
 
 
+def logits_row(ctx: llama_cpp.llama_context_p, output: int, n_vocab: int) -> np.ndarray:
+    """The logits of output ``output`` of the last decode, as a view (valid until the next
+    decode); ``RuntimeError`` when llama.cpp has none there."""
+    pointer = llama_cpp.llama_get_logits_ith(ctx, output)
+    if not pointer:
+        raise RuntimeError(f"llama.cpp has no logits for output {output} of the last decode")
+    # A ctypes array type made once per vocabulary size: 1.3 us a row, where
+    # ``np.ctypeslib.as_array`` makes one each call (13 us).
+    return np.frombuffer(_row_type(n_vocab).from_address(ctypes.addressof(pointer.contents)),
+                         dtype=np.float32)
+
+
+@functools.cache
+def _row_type(n_vocab: int) -> type[ctypes.Array[ctypes.c_float]]:
+    return ctypes.c_float * n_vocab
+
+
 class SamplerChain:
     """A sampler chain for one choice; ``close`` frees it (and every sampler in it)."""
 
@@ -71,6 +96,7 @@ class SamplerChain:
         self._candidates = llama_cpp.llama_token_data_array()
         self._check = llama_cpp.llama_token_data_array()
         self._candidate = llama_cpp.llama_token_data()
+        self._argmax = False  # the chain is the greedy sampler alone: ``sample`` reads argmax
         try:
             self._build(vocab, n_vocab, n_ctx, settings, seed, grammar)
         except BaseException:
@@ -101,6 +127,8 @@ class SamplerChain:
                                          "response_format schema")
             self._grammar = sampler
         if settings.temperature <= 0:
+            self._argmax = (not settings.logit_bias and grammar is None
+                            and not (settings.presence_penalty or settings.frequency_penalty))
             self._add(llama_cpp.llama_sampler_init_greedy())
             return
         self._add(llama_cpp.llama_sampler_init_top_k(TOP_K))
@@ -116,10 +144,11 @@ class SamplerChain:
     def sample(self, ctx: llama_cpp.llama_context_p, output: int = -1) -> int:
         """Sample (and accept) a token from the logits of output ``output`` of the last
         decode (-1: its last)."""
+        if self._argmax:
+            return int(logits_row(ctx, output, self._n_vocab).argmax())
         if self._grammar is None:
             return int(llama_cpp.llama_sampler_sample(self._chain, ctx, output))
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, output),
-                                       shape=(self._n_vocab,))
+        logits = logits_row(ctx, output, self._n_vocab)
         token = self._pick(logits, constrained=False)
         if not self.allows(token):
             token = self._pick(logits, constrained=True)

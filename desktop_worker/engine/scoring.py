@@ -49,7 +49,7 @@ from llama_cpp import Llama
 
 from desktop_worker.engine.constraints import Mask, ScoreConstraints
 from desktop_worker.engine.logprobs import log_softmax
-from desktop_worker.engine.sampler import MIN_P, TOP_K
+from desktop_worker.engine.sampler import MIN_P, TOP_K, logits_row
 from desktop_worker.engine.scores import (
     KINDS,
     MAX_ANSWER_CHARS,
@@ -249,8 +249,7 @@ def teacher_forced(
                 position = start + i
                 if position < first:
                     continue
-                logits, allowed = constraints.row(np.ctypeslib.as_array(
-                    llama_cpp.llama_get_logits_ith(ctx, i), shape=(n_vocab,)))
+                logits, allowed = constraints.row(logits_row(ctx, i, n_vocab))
                 seen = logits if allowed is None else np.where(
                     allowed, logits, np.float32(-np.inf)).astype(np.float32)
                 target = position + 1 - len(prompt)  # the answer token these logits predict
