@@ -11,6 +11,8 @@
 #                                          # raw llama.cpp, the worker through a queen, llama-server
 #     bash bench/gpu_steps.sh step_cost    # the batch engine's host work a step beside the GPU's
 #                                          # decode, 1 and 8 streams (bench/step_cost.py)
+#     bash bench/gpu_steps.sh train        # fine-tuning SmolLM2-135M in the sandboxed train
+#                                          # child, CPU then GPU (bench/train_device.py)
 #
 # The wheel's build makes llama-server when run.sh's CMake arguments add
 # -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON (llama.cpp's tools then add
@@ -50,6 +52,11 @@ step_batching() {
 step_step_cost() {
     "$PY" -X faulthandler "$PROJ/bench/step_cost.py" --model "$M_BIGQ" --gpu-layers -1 \
         --threads "$THREADS" --streams 1 8 --max-tokens "$BENCH_TOKENS" --rounds 3
+}
+
+step_train() {
+    "$PY" -X faulthandler "$PROJ/bench/train_device.py" --threads "$THREADS" --rows 40 \
+        --epochs 1 --devices cpu gpu --json "$W/train.json"
 }
 
 "step_$1" "${@:2}"

@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--train", action="store_true", default=None,
                         help="take fine-tuning jobs: train LoRA adapters of the models served "
                         "(APIARY_TRAIN; off by default)")
+    parser.add_argument("--train-on-gpu", action="store_true", default=None,
+                        help="train on the GPU when it has room (APIARY_TRAIN_ON_GPU; off by "
+                        "default: training runs on the CPU)")
     parser.add_argument("--images", action="store_true", default=None,
                         help="render images with the diffusion models served (a .gguf or "
                         ".safetensors --model; APIARY_IMAGES; off by default)")
@@ -96,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def settings_from(args: argparse.Namespace) -> WorkerSettings:
     names = ("queen_url", "ln_url", "models", "models_dir", "max_jobs", "gpu_layers", "n_ctx",
-             "threads", "local_group", "train", "images")
+             "threads", "local_group", "train", "train_on_gpu", "images")
     overrides = {name: getattr(args, name, None) for name in names}
     if overrides["queen_url"] is not None:  # --queen, repeatable: one comma-separated list
         overrides["queen_url"] = ",".join(overrides["queen_url"])

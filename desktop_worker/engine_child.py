@@ -414,7 +414,7 @@ def serve_train(channel: Channel, scratch: str) -> int:
             resume_from=Path(train.resume_from) if train.resume_from else None,
             resume_step=train.resume_step)
         result = LoraTrainer(spec, folder, threads=train.n_threads or os.cpu_count() or 1,
-                             cancel=cancel, emit=emit).run()
+                             cancel=cancel, emit=emit, gpu_layers=train.n_gpu_layers).run()
     except Exception as exc:  # every reason the run failed goes to the worker, then we end
         channel.send(_failure(exc, train.job))
         return 1

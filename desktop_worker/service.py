@@ -170,7 +170,8 @@ class WorkerService:
         )
         # Fine-tuning jobs (issue 37), when the owner opted in: a folder each under the model
         # store (its disk), counted against the store's quota.
-        training = (TrainingJobs(SandboxedTrainer(n_threads=settings.threads),
+        training = (TrainingJobs(SandboxedTrainer(n_threads=settings.threads,
+                                                  free_vram_mb=self._train_vram()),
                                  settings.models_dir / TRAINING_DIR, self._model_path,
                                  room_bytes=store_room(self.store))
                     if settings.train else None)
@@ -228,6 +229,13 @@ class WorkerService:
             return self.store.get(name) if name in self.store else None
         except WorkerError:
             return None
+
+    def _train_vram(self) -> Callable[[], int | None] | None:
+        """What a fine-tuning run reads its free GPU memory from, when the owner lets training
+        use the GPU (``train_on_gpu``, and layers are not kept off it); None: the CPU."""
+        if not self.settings.train_on_gpu or self.settings.gpu_layers == 0:
+            return None
+        return self.free_vram_mb
 
     def _group_gpus(self) -> bool:
         """Whether a model group gets this worker's GPUs (``rpc.group_devices``), as a member

@@ -178,6 +178,11 @@ class WorkerSettings(BaseSettings):
         "the queen may have this worker train a LoRA adapter of a model it holds, in a "
         "sandboxed child on the CPU, its files in a folder under models_dir counted against "
         "the disk quota; off: training jobs are refused"))
+    train_on_gpu: bool = Field(default=False, description=(
+        "train on the GPU when it has room for the run (the base's F32 copy and its work, plus "
+        "1 GB), else on the CPU; a GPU run that fails before its first report runs again on "
+        "the CPU. Off by default until it has been measured on a real GPU: training is "
+        "CPU-only then. Not when gpu_layers is 0"))
     images: bool = Field(default=False, description=(
         "render images (issue 38): the hello's capabilities then include 'image', and the "
         "queen may send this worker image jobs for the diffusion models it holds, rendered by "

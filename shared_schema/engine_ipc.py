@@ -47,7 +47,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 from shared_schema.base import WireModel
 from shared_schema.errors import ProtocolError
 
-ENGINE_IPC_VERSION = 4
+ENGINE_IPC_VERSION = 5
 HEADER_BYTES = 4
 # A job's request as the queen sent it (its frames are at most 16 MiB), with room to spare.
 MAX_TO_CHILD_BYTES = 32 * 1024 * 1024
@@ -230,6 +230,9 @@ class Train(WireModel):
     resume_from: Path_ | None = None
     resume_step: Count = 0
     n_threads: Annotated[int, Field(ge=1, le=4096)] | None = None
+    # llama.cpp's n_gpu_layers for the run (``engine.training.plan_train_device``): 0 the CPU,
+    # -1 every layer on the GPU
+    n_gpu_layers: Annotated[int, Field(ge=-1, le=4096, strict=True)] = 0
 
 
 class LoadImage(WireModel):

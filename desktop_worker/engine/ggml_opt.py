@@ -245,6 +245,7 @@ class SessionConfig:
     learning_rate: float
     threads: int
     optimizer: int = OPTIMIZER_ADAMW
+    gpu_layers: int = 0  # llama.cpp's n_gpu_layers (-1: every layer on the GPU)
 
 
 class Session:
@@ -261,7 +262,8 @@ class Session:
         try:
             self.llm = Llama(model_path=str(base_f32), lora_path=str(adapter), use_mmap=False,
                              n_ctx=config.n_ctx, n_batch=config.n_ctx, n_ubatch=config.n_ctx,
-                             type_k=0, type_v=0, flash_attn=False, n_gpu_layers=0,
+                             type_k=0, type_v=0, flash_attn=False,
+                             n_gpu_layers=config.gpu_layers,
                              n_threads=config.threads, n_threads_batch=config.threads,
                              verbose=False)
         except (ValueError, RuntimeError) as exc:
@@ -366,7 +368,7 @@ def step_ratios(snapshots: list[Any]) -> tuple[float, ...]:
 
 def self_check(api: GgmlOpt, base_f32: Path, shapes: dict[str, tuple[int, int]],
                window: list[int], folder: Path, threads: int, *, seed: int = 0,
-               reset_gradients: bool = True) -> SelfCheck:
+               reset_gradients: bool = True, gpu_layers: int = 0) -> SelfCheck:
     """Plain SGD on ``window`` ``SELF_CHECK_STEPS`` times with a rank-1 LoRA on one tensor of
     the last layer (the backward pass stops there: cheap): if the accumulators were not
     zeroed, step k would move it k times as far as the first step.
@@ -382,7 +384,8 @@ def self_check(api: GgmlOpt, base_f32: Path, shapes: dict[str, tuple[int, int]],
     write_lora_gguf(adapter, tensors, 1.0)
     session = Session(api, base_f32, adapter, probe,
                       SessionConfig(n_ctx=len(window) - 1, learning_rate=SELF_CHECK_LR,
-                                    threads=threads, optimizer=OPTIMIZER_SGD))
+                                    threads=threads, optimizer=OPTIMIZER_SGD,
+                                    gpu_layers=gpu_layers))
     session.reset_gradients = reset_gradients
     try:
         watched = session.lora[f"{last}.lora_b"]

@@ -84,10 +84,14 @@ class LoraTrainer:
     ``emit`` hears progress and checkpoints (the files are in ``folder``)."""
 
     def __init__(self, spec: TrainSpec, folder: Path, *, threads: int,
-                 cancel: threading.Event, emit: Callable[[TrainEvent], None]) -> None:
+                 cancel: threading.Event, emit: Callable[[TrainEvent], None],
+                 gpu_layers: int = 0) -> None:
+        """``gpu_layers``: llama.cpp's n_gpu_layers for the sessions (0: the CPU); the F32
+        copy is made on the CPU either way."""
         self.spec = spec
         self.folder = folder
         self.threads = threads
+        self.gpu_layers = gpu_layers
         self.cancel = cancel
         self.emit = emit
 
@@ -114,7 +118,7 @@ class LoraTrainer:
                                      self.threads)
         self._check_cancel()
         check = ggml_opt.self_check(api, base_f32, shapes, list(windows[0].ids), self.folder,
-                                    self.threads, seed=spec.seed)
+                                    self.threads, seed=spec.seed, gpu_layers=self.gpu_layers)
         if not check.ok:
             raise TrainingUnsupported(
                 "this llama.cpp adds up gradients across training steps (each step moved a "
@@ -129,7 +133,8 @@ class LoraTrainer:
             ggml_opt.write_lora_gguf(adapter, ggml_opt.initial_lora(shapes, spec.rank,
                                                                     spec.seed), alpha, arch)
         session = ggml_opt.Session(api, base_f32, adapter, shapes, ggml_opt.SessionConfig(
-            n_ctx=spec.n_ctx, learning_rate=spec.learning_rate, threads=self.threads))
+            n_ctx=spec.n_ctx, learning_rate=spec.learning_rate, threads=self.threads,
+            gpu_layers=self.gpu_layers))
         try:
             return self._steps(session, windows, schedule, alpha, arch)
         finally:

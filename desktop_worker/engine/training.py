@@ -21,6 +21,12 @@ worker's own process never does) first has ``ggml_opt.self_check`` prove that th
 gradients do not pile up across steps; training refuses to start when they do. A checkpoint
 holds the adapter only (llama.cpp keeps AdamW's moments out of reach): a resumed run starts its
 optimizer afresh.
+
+Where it runs (``plan_train_device``, pure): on the CPU, unless the owner lets training use the
+GPU (``train_on_gpu``) and the GPU has room for the F32 copy and the run's work
+(``TrainLimits.memory_mb``) plus ``TRAIN_VRAM_MARGIN_MB``; then every layer goes on the GPU.
+A GPU run that fails before its first step (a load, the self-check, a crash) runs again on the
+CPU (``sandbox.training``).
 """
 
 from __future__ import annotations
@@ -40,6 +46,36 @@ log = logging.getLogger(__name__)
 ADAPTER_NAME = "adapter.gguf"
 EXAMPLES_NAME = "examples.jsonl"  # the run's examples, one row a line, in its folder
 ALPHA_PER_RANK = 2.0
+# On the GPU beside the run's own memory: the CUDA context, cuBLAS's workspace, the compute
+# buffers llama.cpp sizes for a window.
+TRAIN_VRAM_MARGIN_MB = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TrainDevice:
+    """Where a run trains: ``n_gpu_layers`` as llama.cpp takes it (0: the CPU; -1: every layer
+    on the GPU), and why."""
+
+    n_gpu_layers: int
+    reason: str
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.n_gpu_layers != 0
+
+
+def plan_train_device(need_mb: int, free_vram_mb: int | None, *, allowed: bool) -> TrainDevice:
+    """Every layer on the GPU when the owner allows it and ``free_vram_mb`` holds ``need_mb``
+    (the run's memory, ``TrainLimits.memory_mb``) and the margin; else the CPU."""
+    if not allowed:
+        return TrainDevice(0, "training on the CPU (train_on_gpu is off)")
+    if free_vram_mb is None:
+        return TrainDevice(0, "training on the CPU (no GPU memory detected)")
+    wanted = need_mb + TRAIN_VRAM_MARGIN_MB
+    if free_vram_mb < wanted:
+        return TrainDevice(0, f"training on the CPU (the GPU has {free_vram_mb:,} MB free; the "
+                              f"run needs {wanted:,})")
+    return TrainDevice(-1, f"training on the GPU ({wanted:,} of {free_vram_mb:,} MB free)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -166,11 +166,12 @@ class TrainLimits:
 
 
 def train_policy(*, model_files: Sequence[str], limits: TrainLimits, scratch: str | None = None,
-                 extra_read: Sequence[str] = ()) -> SandboxPolicy:
+                 extra_read: Sequence[str] = (), gpus: bool = False) -> SandboxPolicy:
     """A train child's policy: like a context's (reads Python, the system's libraries and the
-    base model's files, writes only its scratch folder, no socket at all), no GPU (training
-    runs on the CPU), and its own file and memory limits (``TrainLimits``). ``extra_read``:
-    the checkpoint a resumed run starts from."""
+    base model's files, writes only its scratch folder, no socket at all), the GPU only for a
+    run planned there (``gpus``: ``engine.training.plan_train_device``), and its own file and
+    memory limits (``TrainLimits``). ``extra_read``: the checkpoint a resumed run starts
+    from."""
     policy = policy_for("train", scratch=scratch, model_files=model_files,
-                        memory_mb=limits.memory_mb, extra_read=extra_read, gpus=False)
+                        memory_mb=limits.memory_mb, extra_read=extra_read, gpus=gpus)
     return policy.model_copy(update={"max_file_mb": limits.max_file_mb})

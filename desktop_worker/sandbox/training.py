@@ -13,6 +13,10 @@ read itself.
 
 A cancel is sent to the child, which stops between two steps (``TrainingCancelled``); a child
 that does not stop within ``cancel_grace_s`` is killed.
+
+A run planned on the GPU (``engine.training.plan_train_device``) gets the GPU's device files and
+starts the driver inside the sandbox, as a context child does; one that fails before its first
+report runs again, from the start, in a new child on the CPU.
 """
 
 from __future__ import annotations
@@ -29,14 +33,17 @@ from desktop_worker.engine.training import (
     ADAPTER_NAME,
     EXAMPLES_NAME,
     TrainCheckpoint,
+    TrainDevice,
     TrainProgress,
     TrainResult,
     TrainSpec,
     check_spec,
+    plan_train_device,
     write_examples,
 )
 from desktop_worker.errors import (
     EngineCrashed,
+    EngineError,
     TrainingCancelled,
     TrainingError,
     TrainingUnsupported,
@@ -102,13 +109,23 @@ def raise_train_failure(failed: Failed) -> None:
 
 
 class SandboxedTrainer:
-    """Runs ``TrainSpec``s, each in a new train child."""
+    """Runs ``TrainSpec``s, each in a new train child: on the GPU when ``free_vram_mb`` is
+    given (the owner's ``train_on_gpu``) and says the GPU has room
+    (``plan_train_device``), else on the CPU. A GPU run that fails before it reported
+    anything (llama.cpp's load, the self-check, a crash) runs again on the CPU."""
 
     def __init__(self, *, n_threads: int | None = None,
-                 cancel_grace_s: float = CANCEL_GRACE_S) -> None:
+                 cancel_grace_s: float = CANCEL_GRACE_S,
+                 free_vram_mb: Callable[[], int | None] | None = None) -> None:
         self.n_threads = n_threads
         self.cancel_grace_s = cancel_grace_s
+        self.free_vram_mb = free_vram_mb
         self.last_process: EngineProcess | None = None  # the tests' window on the child
+        self.last_device: TrainDevice | None = None  # where the last run trained
+
+    def plan(self, limits: TrainLimits) -> TrainDevice:
+        free = self.free_vram_mb() if self.free_vram_mb is not None else None
+        return plan_train_device(limits.memory_mb, free, allowed=self.free_vram_mb is not None)
 
     async def train(self, spec: TrainSpec, out_dir: Path, cancel: threading.Event,
                     on_event: TrainEventHandler) -> TrainResult:
@@ -118,9 +135,35 @@ class SandboxedTrainer:
         check_spec(spec)
         info = read_gguf_info(spec.base_path)  # InvalidModelFile: the store's own check
         limits = TrainLimits.of(info.parameter_count)
+        device = self.plan(limits)
+        if not device.on_gpu:
+            return await self._attempt(spec, out_dir, cancel, on_event, limits, device)
+        reported = False
+
+        async def heard(event: TrainProgress | TrainCheckpoint) -> None:
+            nonlocal reported
+            reported = True
+            await on_event(event)
+
+        try:
+            return await self._attempt(spec, out_dir, cancel, heard, limits, device)
+        except EngineError as exc:  # a failed run, a crashed child, a load
+            if reported or cancel.is_set() or isinstance(exc, TrainingCancelled):
+                raise
+            log.warning("training %s on the GPU failed before its first report (%s); "
+                        "training on the CPU instead", spec.base_path.name, exc)
+            cpu = TrainDevice(0, f"training on the CPU (on the GPU it failed: {exc})")
+            return await self._attempt(spec, out_dir, cancel, on_event, limits, cpu)
+
+    async def _attempt(self, spec: TrainSpec, out_dir: Path, cancel: threading.Event,
+                       on_event: TrainEventHandler, limits: TrainLimits, device: TrainDevice
+                       ) -> TrainResult:
+        """One run in a new child on ``device``."""
+        self.last_device = device
+        log.info("fine-tuning %s: %s", spec.base_path.name, device.reason)
         extra = [str(spec.resume_from)] if spec.resume_from is not None else []
         policy = train_policy(model_files=split_parts(str(spec.base_path)), limits=limits,
-                              extra_read=extra)
+                              extra_read=extra, gpus=device.on_gpu)
         process = EngineProcess("train", policy, label=f"train {spec.base_path.name}",
                                 scratch_quota_mb=limits.scratch_mb)
         self.last_process = process
@@ -128,13 +171,13 @@ class SandboxedTrainer:
             write_examples(Path(process.scratch) / EXAMPLES_NAME, spec.examples)
             await asyncio.to_thread(process.start)
             return await self._run(process, spec, out_dir, cancel, on_event,
-                                   limits.max_file_mb * 2**20)
+                                   limits.max_file_mb * 2**20, device.n_gpu_layers)
         finally:
             await asyncio.to_thread(process.close)
 
     async def _run(self, process: EngineProcess, spec: TrainSpec, out_dir: Path,
-                   cancel: threading.Event, on_event: TrainEventHandler, max_bytes: int
-                   ) -> TrainResult:
+                   cancel: threading.Event, on_event: TrainEventHandler, max_bytes: int,
+                   n_gpu_layers: int) -> TrainResult:
         job = process.link.next_job()
         process.send(process.link.train(Train(
             job=job, base_path=str(spec.base_path), n_epochs=spec.n_epochs,
@@ -142,7 +185,8 @@ class SandboxedTrainer:
             rank=spec.rank, n_ctx=spec.n_ctx, progress_every_steps=spec.progress_every_steps,
             checkpoint_every_steps=spec.checkpoint_every_steps,
             resume_from=str(spec.resume_from) if spec.resume_from is not None else None,
-            resume_step=spec.resume_step, n_threads=self.n_threads)))
+            resume_step=spec.resume_step, n_threads=self.n_threads,
+            n_gpu_layers=n_gpu_layers)))
         scratch = Path(process.scratch)
         watch = CancelWatch(process, job, cancel, self.cancel_grace_s)
         while True:

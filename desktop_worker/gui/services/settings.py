@@ -60,8 +60,8 @@ LIVE_FIELDS = ("queen_url", "ln_url")
 RESTART_FIELDS = ("models_dir", "disk_quota_gb", "disk_headroom_gb", "vram_cap_mb", "threads",
                   "max_jobs",
                   "pause_on_battery", "pause_gpu_busy_pct", "pause_fullscreen", "active_hours",
-                  "accept_fetch", "swarm_models", "train", "images", "join_groups", "lan_groups",
-                  "group_family")
+                  "accept_fetch", "swarm_models", "train", "train_on_gpu", "images", "join_groups",
+                  "lan_groups", "group_family")
 # How each field that applies at restart is named to the owner.
 RESTART_NAMES = {
     "models_dir": "the models folder",
@@ -77,6 +77,7 @@ RESTART_NAMES = {
     "accept_fetch": "models placed by the queen",
     "swarm_models": "models chosen by the swarm",
     "train": "fine-tuning jobs",
+    "train_on_gpu": "fine-tuning on the GPU",
     "images": "making images",
     "join_groups": "helping run big models",
     "lan_groups": "direct connections on your home network",

