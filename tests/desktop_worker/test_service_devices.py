@@ -150,3 +150,21 @@ async def test_automatic_jobs_at_once_tell_the_queen_what_the_loaded_batch_holds
         assert (await owners.status()).max_jobs == 5
     finally:
         await owners.pool.close()
+
+
+@pytest.mark.parametrize(("settings", "on_gpu"), [
+    ({"train": True}, False),  # train_on_gpu is off by default
+    ({"train": True, "train_on_gpu": True}, True),
+    ({"train": True, "train_on_gpu": True, "gpu_layers": 0}, False),  # layers kept off the GPU
+    ({"train": True, "train_on_gpu": True, "vram_cap_mb": 500}, False),  # no room under the cap
+])
+async def test_a_fine_tuning_run_goes_on_the_gpu_only_as_the_owner_allows(
+        make: Make, settings: dict[str, Any], on_gpu: bool) -> None:
+    """The RTX 3060 machine (about 11 GB free): SmolLM2-135M's run needs about 1.8 GB there."""
+    from desktop_worker.sandbox.policy import TrainLimits
+
+    service = make(NullRpc(), **settings)
+    await service.detect()
+    assert service.runner.training is not None
+    plan = service.runner.training.trainer.plan(TrainLimits.of(134_515_008))
+    assert plan.on_gpu is on_gpu
