@@ -8,6 +8,11 @@
 #     .gpu-img/whl/*.whl    cp312 wheels the image lacks: pydantic, pydantic-core, gguf, orjson,
 #                           jsonschema and kin, pillow (from ../shared/gpu-check's payload)
 #
+# The image audit's band: the GPU's renders of bench/image_band.py's orders come back in
+# $OUT/band; compare them here with the CPU's (about 2.5 min on 2 cores):
+#     .venv/bin/python bench/image_band.py --write /tmp/band-cpu
+#     .venv/bin/python bench/image_band.py --compare /tmp/band-cpu FILES_AT/band
+#
 #     bash bench/gpu_images.sh               # on the GPU machine: OUT is where results go
 #     IMG_LOCAL=1 OUT=/tmp/o bash bench/gpu_images.sh   # a dry run here: a CPU build
 set -u -o pipefail
@@ -57,4 +62,7 @@ grep -i -E 'cuda|ggml_cuda|backend' "$OUT/speed.log" | head -5 | while read -r l
 run sandboxed 60 "$PY" "$PROJ/bench/gpu_images_sandboxed.py" "$W/sdxs.gguf" --side 512 --steps 20 --threads "$THREADS"
 grep -E '^sandboxed|^in process' "$OUT/sandboxed.log" | while read -r l; do summ "$l"; done
 tail -5 "$OUT/sandboxed.log" | while read -r l; do summ "sandboxed tail: $l"; done
+# the audit's band: the GPU's renders of the band's orders (compared with the CPU's here, after)
+run band 120 "$PY" "$PROJ/bench/image_band.py" --write "$OUT/band" --threads "$THREADS"
+grep -E 'bytes in|wrote' "$OUT/band.log" | while read -r l; do summ "band: $l"; done
 summ "done"
