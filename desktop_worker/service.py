@@ -261,7 +261,8 @@ class WorkerService:
                 log.warning("llama.cpp's devices could not be listed, so the queen is not told "
                             "each device's memory for model groups: %s", exc)
             return None
-        found = device_free_mb(devices, self.pool.budget_mb, gpus=self._group_gpus())
+        found = device_free_mb(devices, self.pool.budget_mb, gpus=self._group_gpus(),
+                               vram_cap_mb=self.settings.vram_cap_mb)
         return [min(mb, MAX_VRAM_MB) for mb in found[:MAX_MEMBER_DEVICES]] or None
 
     def model_room_mb(self) -> int:

@@ -91,13 +91,25 @@ def group_devices(devices: Sequence[Device], *, gpus: bool) -> list[Device]:
     return found or [d for d in local if d.type == DeviceType.CPU][:1]
 
 
-def device_free_mb(devices: Sequence[Device], budget_mb: int, *, gpus: bool) -> list[int]:
+def device_free_mb(devices: Sequence[Device], budget_mb: int, *, gpus: bool,
+                   vram_cap_mb: int | None = None) -> list[int]:
     """The memory, MB, of each device ``group_devices`` gives a group, as the queen plans with
-    it: a GPU's free memory as llama.cpp reports it (MiB, rounded down); the CPU's is the
-    pool's ``budget_mb`` (RAM the owner lets models use, not all the machine has). Empty when
-    llama.cpp lists no usable device."""
-    return [max(0, budget_mb) if d.type == DeviceType.CPU else max(0, d.free_bytes) // MIB
-            for d in group_devices(devices, gpus=gpus)]
+    it: a GPU's free memory as llama.cpp reports it (MiB, rounded down), within the owner's
+    ``vram_cap_mb`` (the most GPU memory the worker may use, shared out over the GPUs in
+    llama.cpp's order); the CPU's is the pool's ``budget_mb`` (RAM the owner lets models use,
+    not all the machine has). Empty when llama.cpp lists no usable device."""
+    left = vram_cap_mb
+    found: list[int] = []
+    for device in group_devices(devices, gpus=gpus):
+        if device.type == DeviceType.CPU:
+            found.append(max(0, budget_mb))
+            continue
+        free = max(0, device.free_bytes) // MIB
+        if left is not None:
+            free = min(free, left)
+            left -= free
+        found.append(free)
+    return found
 
 
 class RpcSupport(Protocol):

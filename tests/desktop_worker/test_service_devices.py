@@ -67,6 +67,14 @@ async def test_a_two_gpu_worker_names_both_in_its_hello_and_statuses(make: Make)
     assert service.groups.gpus() is True
 
 
+async def test_the_owners_vram_cap_bounds_what_the_queen_is_told_of_the_gpus(make: Make) -> None:
+    """An owner who lets the worker use 10 GB of GPU memory: the queen is never told more, so a
+    group's share (which a member's gate enforces) stays within it."""
+    service = make(DevicesRpc(TWO_GPUS), vram_cap_mb=10_000)
+    assert (await hello_of(service)).device_free_mb == [7_900, 2_100]
+    assert (await service.status()).device_free_mb == [7_900, 2_100]
+
+
 async def test_gpu_layers_0_gives_the_cpu_at_the_budget_everywhere(make: Make) -> None:
     """The owner keeps layers off the GPU: the queen plans one device (its budget), the head
     keeps its layers on its CPU and the member serves its CPU."""

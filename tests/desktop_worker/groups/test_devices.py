@@ -35,6 +35,15 @@ def test_two_gpus_give_their_free_memory_in_llama_cpps_order() -> None:
     assert device_free_mb((CPU, GPU1, IGPU), BUDGET, gpus=True) == [23_500, 2_000]
 
 
+def test_the_owners_vram_cap_is_shared_out_over_the_gpus_in_order() -> None:
+    """A group's share of this worker's GPUs never passes the owner's cap: the queen plans with
+    what it is told, and a member's gate enforces the queen's plan."""
+    assert device_free_mb(TWO_GPUS, BUDGET, gpus=True, vram_cap_mb=10_000) == [7_900, 2_100]
+    assert device_free_mb(TWO_GPUS, BUDGET, gpus=True, vram_cap_mb=5_000) == [5_000, 0]
+    assert device_free_mb(TWO_GPUS, BUDGET, gpus=True, vram_cap_mb=99_000) == [7_900, 23_500]
+    assert device_free_mb(NO_GPU, BUDGET, gpus=True, vram_cap_mb=1_000) == [BUDGET]  # RAM
+
+
 def test_an_owner_who_keeps_layers_off_the_gpu_gives_the_cpu_at_the_pools_budget() -> None:
     assert group_devices(TWO_GPUS, gpus=False) == [CPU]
     assert device_free_mb(TWO_GPUS, BUDGET, gpus=False) == [BUDGET]
