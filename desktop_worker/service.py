@@ -183,7 +183,8 @@ class WorkerService:
             self.pool)
         # Image jobs (issue 38), when the owner opted in and the image engine is installed.
         # Each image child's memory is reserved from the text models' budget (``ModelPool``).
-        self.images = (ImageJobs(SandboxedImages(n_threads=settings.threads, memory=self.pool),
+        self.images = (ImageJobs(SandboxedImages(n_threads=settings.threads, memory=self.pool,
+                                                 gpus=settings.gpu_layers != 0),
                                  self._model_info, self._model_path)
                        if capabilities.IMAGE in worker_capabilities(settings) else None)
         self.runner = JobRunner(

@@ -34,7 +34,14 @@ from desktop_worker.errors import (
 )
 from desktop_worker.sandbox.policy import policy_for
 from desktop_worker.sandbox.process import CancelWatch, EngineProcess
-from shared_schema.engine_ipc import Failed, ImageLoaded, LoadImage, Render, Rendered
+from shared_schema.engine_ipc import (
+    Failed,
+    ImageLoaded,
+    LoadImage,
+    Render,
+    Rendered,
+    SandboxPolicy,
+)
 from shared_schema.images import ImageOrder, RenderedImage, diffusion_memory_mb
 
 log = logging.getLogger(__name__)
@@ -82,12 +89,16 @@ def image_policy(model_path: Path, taesd_path: Path | None) -> tuple[list[str], 
 
 
 class SandboxedImages:
-    """Diffusion models, each in an image child, rendering ``ImageOrder``s."""
+    """Diffusion models, each in an image child, rendering ``ImageOrder``s. ``gpus``: whether
+    a child may open the GPU's device files (not when the owner keeps models off the GPU,
+    ``gpu_layers=0``: stable-diffusion.cpp then renders on the CPU)."""
 
     def __init__(self, *, n_threads: int | None = None, max_models: int = 1,
                  cancel_grace_s: float = CANCEL_GRACE_S,
-                 memory: MemoryBudget | None = None) -> None:
+                 memory: MemoryBudget | None = None, gpus: bool = True) -> None:
         self.n_threads = n_threads
+        self.gpus = gpus
+        self.last_policy: SandboxPolicy | None = None
         self.memory = memory or NoBudget()
         self.max_models = max_models
         self.cancel_grace_s = cancel_grace_s
@@ -132,7 +143,8 @@ class SandboxedImages:
 
     def _open(self, model_path: Path, taesd_path: Path | None, files: list[str],
               memory_mb: int) -> _Child:
-        policy = policy_for("image", model_files=files, memory_mb=memory_mb)
+        policy = policy_for("image", model_files=files, memory_mb=memory_mb, gpus=self.gpus)
+        self.last_policy = policy  # the tests' window on what the child was allowed
         process = EngineProcess("image", policy, label=f"image {model_path.name}")
         try:
             process.start()

@@ -176,3 +176,14 @@ async def test_a_fine_tuning_run_goes_on_the_gpu_only_as_the_owner_allows(
     assert service.runner.training is not None
     plan = service.runner.training.trainer.plan(TrainLimits.of(134_515_008))
     assert plan.on_gpu is on_gpu
+
+
+@pytest.mark.parametrize(("settings", "gpus"), [
+    ({"images": True}, True),
+    ({"images": True, "gpu_layers": 0}, False),  # the owner keeps models off the GPU
+])
+async def test_image_children_get_the_gpu_unless_the_owner_keeps_models_off_it(
+        make: Make, settings: dict[str, Any], gpus: bool) -> None:
+    service = make(NullRpc(), **settings)
+    assert service.images is not None
+    assert service.images.engine.gpus is gpus

@@ -159,3 +159,23 @@ async def test_a_child_s_memory_is_reserved_from_the_budget_while_it_lives(
     finally:
         await engine.close()
     assert budget.held == {}
+
+
+async def test_an_owner_who_keeps_models_off_the_gpu_keeps_image_children_off_it(
+        monkeypatch, diffusion_model) -> None:  # noqa: F811
+    """``gpu_layers=0``: the worker makes its image engine with ``gpus=False``, and its child
+    is given none of the GPU's device files even where the machine has them; it renders on
+    the CPU."""
+    from desktop_worker.sandbox import policy
+
+    monkeypatch.setattr(policy, "device_paths", lambda: ["/dev/nvidia0", "/dev/nvidiactl"])
+    engine = SandboxedImages(n_threads=2, gpus=False)
+    try:
+        done = await engine.render(diffusion_model.path, order(n=1), threading.Event())
+        assert len(done.images) == 1
+        assert engine.last_policy is not None
+        assert engine.last_policy.device_paths == []
+        assert not engine.last_policy.gpu_driver
+    finally:
+        await engine.close()
+    assert SandboxedImages().gpus  # the default: the GPU where there is one
