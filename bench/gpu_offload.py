@@ -79,6 +79,11 @@ class Vram:
             return None
         return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used) // 2**20
 
+    def free_mb(self) -> int | None:
+        if self.nvml is None:
+            return None
+        return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).free) // 2**20
+
     def process_mb(self) -> int | None:
         """This process's GPU memory, where the driver can say (not in every container)."""
         if self.nvml is None:

@@ -31,6 +31,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_offload import Vram  # noqa: E402
+
 from desktop_worker.engine.training import TrainProgress, TrainSpec  # noqa: E402
 from desktop_worker.sandbox.training import SandboxedTrainer  # noqa: E402
 
@@ -46,32 +50,7 @@ def rows(count: int) -> list[dict[str, Any]]:
             for i in range(count)]
 
 
-class Nvml:
-    """Device 0's free and used memory, when an NVIDIA driver answers."""
-
-    def __init__(self) -> None:
-        self.nvml: Any = None
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-            self.nvml = pynvml
-        except Exception:  # no driver, no GPU
-            self.nvml = None
-
-    def free_mb(self) -> int | None:
-        if self.nvml is None:
-            return None
-        return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).free) // 2**20
-
-    def used_mb(self) -> int | None:
-        if self.nvml is None:
-            return None
-        return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used) // 2**20
-
-
-async def one_run(device: str, spec: TrainSpec, threads: int, nvml: Nvml,
+async def one_run(device: str, spec: TrainSpec, threads: int, nvml: Vram,
                   out: Path) -> dict[str, Any]:
     vram = nvml.free_mb if device == "gpu" else None
     trainer = SandboxedTrainer(n_threads=threads, free_vram_mb=vram)
@@ -108,7 +87,7 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     spec = TrainSpec(base_path=args.model, examples=rows(args.rows), n_epochs=args.epochs,
                      batch_size=4, learning_rate=3e-3, seed=1, progress_every_steps=1,
                      checkpoint_every_steps=10_000)
-    nvml = Nvml()
+    nvml = Vram()
     results = []
     with tempfile.TemporaryDirectory() as work:
         for i, device in enumerate(args.devices):
