@@ -13,6 +13,8 @@
 #                                          # decode, 1 and 8 streams (bench/step_cost.py)
 #     bash bench/gpu_steps.sh train        # fine-tuning SmolLM2-135M in the sandboxed train
 #                                          # child, CPU then GPU (bench/train_device.py)
+#     bash bench/gpu_steps.sh groups       # a group of three (head, two members) on one GPU,
+#                                          # through a queen (bench/group_routes.py --gpu)
 #
 # The wheel's build makes llama-server when run.sh's CMake arguments add
 # -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON (llama.cpp's tools then add
@@ -57,6 +59,10 @@ step_step_cost() {
 step_train() {
     "$PY" -X faulthandler "$PROJ/bench/train_device.py" --threads "$THREADS" --rows 40 \
         --epochs 1 --devices cpu gpu --json "$W/train.json"
+}
+
+step_groups() {
+    "$PY" -X faulthandler "$PROJ/bench/group_routes.py" --gpu --tokens 64 --repeat 2
 }
 
 "step_$1" "${@:2}"

@@ -15,6 +15,13 @@ Per token: the bytes the queen relayed each way (``GroupRelay.usage``) over the 
 
     .venv/bin/python bench/group_routes.py                  # about 1 min on 2 cores
     .venv/bin/python bench/group_routes.py --tokens 128 --repeat 3
+    python bench/group_routes.py --gpu                      # a group on one GPU (issue 41)
+
+``--gpu``: every worker also caps its GPU memory at ``GPU_CAP_MB`` (256 MB, the owner's
+``vram_cap_mb``), so the queen is told 256 MB of the GPU for each (``device_free_mb``) and, as
+on the CPU, forms a group of three; on a machine with one GPU the head and both members then
+offload their layers to that same GPU, each from its own sandboxed child. Where llama.cpp lists
+no GPU it measures what it measures without the flag.
 
 See bench/RESULTS.md, "Model groups (issue 19)".
 """
@@ -46,6 +53,7 @@ GROUPS = {"group_heads": "*", "group_reserve_mb": 176, "group_headroom_fraction"
           "group_interval_s": 0.5, "group_setup_timeout_s": 60, "group_load_timeout_s": 120}
 QUEEN = {"auth": "keys", "escrow_jobs": 0, "total_timeout_s": 120, "first_token_timeout_s": 60}
 MEMBER = {"memory_budget_mb": 256, "threads": 1, "max_jobs": 1}
+GPU_CAP_MB = 256  # --gpu: each worker's vram_cap_mb, as the group rows' memory budget
 MESSAGES = [{"role": "user", "content": "Write a long story about a lighthouse."}]
 
 
@@ -90,6 +98,8 @@ async def measure(tmp: Path, hub: FakeHub, setup: str, args: argparse.Namespace)
     settings = {**QUEEN, **({} if alone else GROUPS)}
     member = {"threads": 1, "max_jobs": 1} if alone else {
         **MEMBER, "lan_groups": setup.endswith("direct")}
+    if args.gpu and not alone:
+        member["vram_cap_mb"] = GPU_CAP_MB
     async with running_queen(tmp / setup, hub_endpoint=hub.url, **settings) as queen, \
             contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(
@@ -135,11 +145,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--gpu", action="store_true",
+                        help=f"the group rows' workers cap their GPU memory at {GPU_CAP_MB} MB")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     rows = asyncio.run(run(args))
     print(f"SmolLM2-135M Q4_1 through a queen on 127.0.0.1, {args.tokens} tokens greedy, best "
-          f"of {args.repeat}, 1 thread a process, {os.cpu_count()} cores")
+          f"of {args.repeat}, 1 thread a process, {os.cpu_count()} cores"
+          + (f", group workers' GPU memory capped at {GPU_CAP_MB} MB" if args.gpu else ""))
     print(table(rows))
 
 
