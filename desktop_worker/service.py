@@ -165,7 +165,7 @@ class WorkerService:
             lan_groups=settings.lan_groups,
             queen_host=urlsplit(settings.queen_url).hostname or "",
             head_gpus=self._head_gpus,
-            gpus=self._group_gpus,
+            gpus=self._gpus_allowed,
             memory_mb=self.group_memory_mb,  # a member's share when the queen sends none
         )
         # Fine-tuning jobs (issue 37), when the owner opted in: a folder each under the model
@@ -184,7 +184,7 @@ class WorkerService:
         # Image jobs (issue 38), when the owner opted in and the image engine is installed.
         # Each image child's memory is reserved from the text models' budget (``ModelPool``).
         self.images = (ImageJobs(SandboxedImages(n_threads=settings.threads, memory=self.pool,
-                                                 gpus=settings.gpu_layers != 0),
+                                                 gpus=self._gpus_allowed()),
                                  self._model_info, self._model_path)
                        if capabilities.IMAGE in worker_capabilities(settings) else None)
         self.runner = JobRunner(
@@ -234,19 +234,20 @@ class WorkerService:
     def _train_vram(self) -> Callable[[], int | None] | None:
         """What a fine-tuning run reads its free GPU memory from, when the owner lets training
         use the GPU (``train_on_gpu``, and layers are not kept off it); None: the CPU."""
-        if not self.settings.train_on_gpu or self.settings.gpu_layers == 0:
+        if not self.settings.train_on_gpu or not self._gpus_allowed():
             return None
         return self.free_vram_mb
 
-    def _group_gpus(self) -> bool:
-        """Whether a model group gets this worker's GPUs (``rpc.group_devices``), as a member
-        and as a head: not when the owner keeps layers off the GPU (``gpu_layers=0``)."""
+    def _gpus_allowed(self) -> bool:
+        """Whether models may use this worker's GPUs: a model group's (``rpc.group_devices``,
+        as a member and as a head), an image child's and a fine-tuning run's; not when the
+        owner keeps layers off the GPU (``gpu_layers=0``)."""
         return self.settings.gpu_layers != 0
 
     def _head_gpus(self) -> int:
         """How many local GPUs a group's head offloads its own layers to: the GPUs among the
         devices it gives a group (none: its own layers stay on its CPU). Blocking."""
-        devices = group_devices(self.rpc.devices(), gpus=self._group_gpus())
+        devices = group_devices(self.rpc.devices(), gpus=self._gpus_allowed())
         return sum(1 for device in devices if device.type != DeviceType.CPU)
 
     def group_memory_mb(self) -> list[int] | None:
@@ -262,7 +263,7 @@ class WorkerService:
                 log.warning("llama.cpp's devices could not be listed, so the queen is not told "
                             "each device's memory for model groups: %s", exc)
             return None
-        found = device_free_mb(devices, self.pool.budget_mb, gpus=self._group_gpus(),
+        found = device_free_mb(devices, self.pool.budget_mb, gpus=self._gpus_allowed(),
                                vram_cap_mb=self.settings.vram_cap_mb)
         return [min(mb, MAX_VRAM_MB) for mb in found[:MAX_MEMBER_DEVICES]] or None
 
